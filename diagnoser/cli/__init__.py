@@ -1,0 +1,47 @@
+"""``diagnose``: the command line. Subcommands live in their own modules and are imported lazily so
+that ``diagnose --once --log`` starts fast.
+
+    diagnose [--once] [--url URL …] [--log PATH|-] …   run (one pass with --once, else watch)
+    diagnose rules                                      list the rule catalogue
+    diagnose explain RULE                               print one rule's doc
+    diagnose serve …                                    web dashboard + /metrics exporter
+    diagnose record …                                   record a bundle
+    diagnose replay-server FILE …                       serve a bundle as a live SGLang
+    diagnose plan …                                     offline capacity planner
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "rules": "diagnoser.cli.rules_cmd",
+    "explain": "diagnoser.cli.rules_cmd",
+    "serve": "diagnoser.cli.serve",
+    "record": "diagnoser.cli.record",
+    "replay-server": "diagnoser.cli.replay_server",
+    "plan": "diagnoser.cli.plan",
+}
+
+
+class UsageError(Exception):
+    """A user error: printed as one sentence, exit code 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            mod = importlib.import_module(SUBCOMMANDS[argv[0]])
+            return int(mod.main(argv[0], argv[1:]))
+        from diagnoser.cli import run
+
+        return int(run.main(argv))
+    except UsageError as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

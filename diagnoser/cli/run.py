@@ -1,0 +1,160 @@
+"""``diagnose [--once]``: sample the targets for a window, evaluate the rules, report.
+
+Exit codes: 0 = nothing at or above ``--fail-on`` (default warning); 1 = a finding at or above it;
+2 = a usage error, or no usable data was read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from diagnoser import __version__
+from diagnoser.cli import UsageError
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    t = str(text).strip().lower()
+    try:
+        if t and t[-1] in DURATION_UNITS:
+            return float(t[:-1]) * DURATION_UNITS[t[-1]]
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use seconds or 30s, 10m, 2h") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one sentence, exit 2, no usage dump
+        raise UsageError(f"{message}. See 'diagnose --help'.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="diagnose", description="Why is my SGLang server slow, and what should I change?")
+    p.add_argument("--version", action="version", version=f"diagnose {__version__}")
+    p.add_argument("--once", action="store_true", help="sample for --duration, report once and exit")
+    p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable), e.g. http://127.0.0.1:30000")
+    p.add_argument("--log", action="append", default=[], help="server log file, or - for stdin (repeatable)")
+    p.add_argument("--replay", help="replay a recorded bundle instead of live inputs")
+    p.add_argument("--prometheus", help="read targets from a Prometheus server (fleet mode)")
+    p.add_argument("--selector", default="", help="PromQL label selector for --prometheus, e.g. '{job=\"sglang\"}'")
+    p.add_argument("--duration", type=parse_duration, default=10.0, help="sampling window for --once with --url (default 10s)")
+    p.add_argument("--interval", type=parse_duration, default=2.0, help="seconds between scrapes (default 2)")
+    p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m")
+    p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per request in seconds (default 5)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--fail-on", default="warning", choices=("info", "warning", "critical"), help="lowest severity that exits 1")
+    p.add_argument("--config", help="TOML file with rule thresholds ([rules.NAME] tables)")
+    p.add_argument("--set", action="append", default=[], metavar="RULE.KEY=VALUE", help="override a rule threshold")
+    p.add_argument("--select", action="append", default=[], help="only run these rules (name or code)")
+    p.add_argument("--ignore", action="append", default=[], help="skip these rules (name or code)")
+    p.add_argument("--job-requests", type=int, default=None, help="total requests in the batch job, for the ETA")
+    p.add_argument("--client-concurrency", type=int, default=None, help="requests the client keeps in flight, if known")
+    p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
+    p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
+    p.add_argument("--verbose", "-v", action="store_true", help="show every evidence line")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.once and not args.replay:
+        from diagnoser.cli import watch
+
+        return int(watch.main(args))
+    return run_once(args)
+
+
+def load_thresholds(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    from diagnoser.thresholds import load_thresholds as _load
+
+    try:
+        return _load(args.config, args.set)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def gather(args: argparse.Namespace, adapter: Any) -> Any:
+    """Collect the inputs the arguments name into a Collection."""
+    if args.replay:
+        from diagnoser.replay import collect_replay
+
+        return collect_replay(args.replay, adapter)
+    if args.prometheus:
+        from diagnoser.fleet import collect_prometheus
+
+        return collect_prometheus(args, adapter)
+    if not args.url and not args.log:
+        raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin)")
+    from diagnoser.collect import collect_once
+
+    progress = None
+    if args.url and sys.stderr.isatty() and args.duration > 0:
+        def progress(msg: str) -> None:
+            print(f"\r  sampling {msg} …", end="", file=sys.stderr, flush=True)
+    col = collect_once(adapter, args.url, args.log, duration=args.duration, interval=args.interval, progress=progress,
+                       client=_client(args) if args.url else None)
+    if progress:
+        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    return col
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from diagnoser.sources.http import make_client
+
+    return make_client(timeout=args.timeout)
+
+
+def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict[str, Any]]:
+    from diagnoser.evaluate import evaluate, select_rules
+    from diagnoser.model import Severity
+
+    thresholds = load_thresholds(args)
+    if args.last:
+        for i, tl in enumerate(col.timelines):
+            start, end = tl.span()
+            if end is not None and not tl.untimed:
+                col.timelines[i] = tl.window(end - args.last, end)
+    extras = {
+        "job_requests": args.job_requests,
+        "client_concurrency": args.client_concurrency,
+        "model_config": args.model_config,
+        "avg_tokens_per_request": args.avg_tokens_per_request,
+        "unreachable": getattr(col, "unreachable", {}),
+    }
+    report = evaluate(col.timelines, adapter, thresholds, select_rules(args.select, args.ignore), extras)
+    try:
+        from diagnoser.capacity.wiring import enrich
+
+        enrich(report, col.timelines, extras)
+    except ImportError:
+        pass
+    from diagnoser.outputs.report import build
+
+    doc = build(col, report, Severity.parse(args.fail_on))
+    return report, doc
+
+
+def run_once(args: argparse.Namespace) -> int:
+    from diagnoser.engines import get_adapter
+
+    adapter = get_adapter("sglang")
+    col = gather(args, adapter)
+    report, doc = analyse(args, col, adapter)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    else:
+        from diagnoser.outputs.text import render
+
+        sys.stdout.write(render(doc, verbose=args.verbose))
+    if doc["status"] == "error":
+        if args.format == "text":
+            msgs = [m for i in doc["inputs"] for m in i.get("messages", [])]
+            hint = msgs[0] if msgs else "No usable data was read from the inputs given."
+            print(f"diagnose: {hint}", file=sys.stderr)
+        return 2
+    return 1 if doc["status"] == "problems" else 0
+

@@ -1,0 +1,146 @@
+"""Collect inputs into timelines: scrape URLs for a window, read logs, fetch config.
+
+This is the glue between sources and the timeline; it knows nothing about rules or outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.model import InputReport
+from diagnoser.sources.logs import read_log
+from diagnoser.timeline import Timeline
+
+
+@dataclass(slots=True)
+class Collection:
+    timelines: list[Timeline] = field(default_factory=list)
+    inputs: list[InputReport] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    versions: dict[str, VersionRange] = field(default_factory=dict)  # target → range
+    unreachable: dict[str, str] = field(default_factory=dict)  # target → last error
+    raw_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def usable(self) -> bool:
+        return any(tl.series or tl.events or tl.config for tl in self.timelines)
+
+
+def finalize(tl: Timeline, version: VersionRange) -> None:
+    """Aggregate ranks, settle the version and derived config facts."""
+    tl.aggregate_ranks()
+    v = tl.cfg("version")
+    if v:
+        from diagnoser.engines.sglang.versions import parse_version
+
+        pv = parse_version(str(v))
+        if pv:
+            version.set_exact(pv, "server info")
+    tl.version = version.text()
+    tl.meta["version_best"] = list(version.best()) if version.known else None
+    tl.meta["version_reasons"] = list(version.reasons or [])
+    # a pool size read from a series also counts as a config fact
+    if "max_total_tokens" not in tl.config:
+        s = tl.get("max_total_tokens")
+        if s is not None:
+            tl.set_config("max_total_tokens", int(s.values[-1]), s.sources[-1])
+    if "max_total_tokens" not in tl.config and "kv_pool_tokens_log" in tl.config:
+        f = tl.config["kv_pool_tokens_log"]
+        tl.set_config("max_total_tokens", f.value, f.source)
+
+
+def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None) -> Collection:
+    col = Collection()
+    for path in paths:
+        tl = Timeline(target=target or path)
+        reader = read_log(adapter, tl, path, stream=stdin if path == "-" else None)
+        tl.inputs.append(reader.report)
+        col.inputs.append(reader.report)
+        tl.untimed = bool(reader.parser.untimed_lines) and not reader.parser.saw_date and reader.parser.untimed_lines >= reader.report.lines_recognized
+        version = reader.parser.version
+        finalize(tl, version)
+        col.versions[tl.target] = version
+        col.timelines.append(tl)
+    return col
+
+
+def collect_once(
+    adapter: Any,
+    urls: list[str],
+    logs: list[str],
+    duration: float = 10.0,
+    interval: float = 2.0,
+    client: Any = None,
+    stdin: IO[bytes] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] | None = None,
+) -> Collection:
+    """Scrape every URL each ``interval`` for ``duration`` seconds and read the logs once.
+
+    With one URL, the logs belong to that target; with several, each log is a target of its own.
+    """
+    col = Collection()
+    if not urls:
+        return collect_logs(adapter, logs, stdin)
+
+    from diagnoser.sources.http import make_client
+    from diagnoser.sources.metrics import MetricsTarget
+    from diagnoser.sources.serverinfo import fetch_config
+
+    own_client = client is None
+    client = client or make_client()
+    try:
+        targets = [MetricsTarget(u, adapter) for u in urls]
+        tls = {t.url: Timeline(target=t.report.source) for t in targets}
+        ranges = {t.url: VersionRange() for t in targets}
+        for t in targets:
+            rep, raw = fetch_config(client, t.url, adapter, tls[t.url], ranges[t.url])
+            col.raw_config[t.report.source] = raw
+            if rep.scrapes:
+                tls[t.url].inputs.append(rep)
+                col.inputs.append(rep)
+        n = max(1, int(round(duration / interval)) + 1) if duration > 0 else 1
+        for i in range(n):
+            t0 = time.monotonic()
+            for t in targets:
+                t.scrape(client, tls[t.url])
+            if progress:
+                progress(f"scrape {i + 1}/{n}")
+            if i < n - 1:
+                sleep(max(0.0, interval - (time.monotonic() - t0)))
+        for t in targets:
+            tl = tls[t.url]
+            tl.inputs.insert(0, t.report)
+            col.inputs.insert(0, t.report)
+            ranges[t.url].merge(t.state.version)
+            if t.report.scrapes == 0:
+                col.unreachable[tl.target] = t.last_error
+                tl.meta["unreachable"] = t.last_error
+                tl.meta["engine_exposition"] = t.is_engine
+        if logs:
+            if len(targets) == 1:
+                only = tls[targets[0].url]
+                for path in logs:
+                    reader = read_log(adapter, only, path, stream=stdin if path == "-" else None)
+                    only.inputs.append(reader.report)
+                    col.inputs.append(reader.report)
+                    ranges[targets[0].url].merge(reader.parser.version)
+            else:
+                extra = collect_logs(adapter, logs, stdin)
+                col.timelines.extend(extra.timelines)
+                col.inputs.extend(extra.inputs)
+                col.versions.update(extra.versions)
+        for t in targets:
+            tl = tls[t.url]
+            finalize(tl, ranges[t.url])
+            col.versions[tl.target] = ranges[t.url]
+            col.timelines.append(tl)
+        # keep URL targets first, in the order given
+        col.timelines.sort(key=lambda tl: (tl.target not in {tls[t.url].target for t in targets}))
+    finally:
+        if own_client:
+            client.close()
+    return col

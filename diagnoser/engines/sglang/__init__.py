@@ -1,0 +1,61 @@
+"""The SGLang engine adapter: everything SGLang-specific (metric names, log formats, flag spellings,
+version detection) lives under this package. A second engine is another adapter with the same shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnoser.engines.sglang import config, flags, metrics
+from diagnoser.engines.sglang.logs import SGLangLogParser
+from diagnoser.engines.sglang.versions import VersionRange, parse_version
+from diagnoser.model import SignalSink
+
+NAME = "sglang"
+
+# endpoints, in the order tried (reference §4)
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info", "/get_server_args")
+MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
+LOADS_PATH = "/v1/loads"
+METRICS_PATH = "/metrics"
+
+# formats a log is expected to contain, for the "no recognised line" message
+EXPECTED_LOG_FORMATS = (
+    "'Decode batch' / 'Prefill batch' scheduler lines (any version 0.1–0.5.23)",
+    "'KV cache pool is full. Retract requests.' / 'Decode out of memory happened.'",
+    "startup lines such as 'max_total_num_tokens=…' or 'server_args=ServerArgs(…)'",
+)
+
+
+class SGLangAdapter:
+    name = NAME
+    server_info_paths = SERVER_INFO_PATHS
+    model_info_paths = MODEL_INFO_PATHS
+    loads_path = LOADS_PATH
+    metrics_path = METRICS_PATH
+    expected_log_formats = EXPECTED_LOG_FORMATS
+
+    def log_parser(self, sink: SignalSink, source_name: str) -> SGLangLogParser:
+        return SGLangLogParser(sink, source_name)
+
+    def new_metrics_state(self) -> metrics.MetricsState:
+        return metrics.MetricsState()
+
+    def ingest_families(self, families: Any, ts: float, sink: SignalSink, state: metrics.MetricsState, source: str) -> int:
+        return metrics.ingest_families(families, ts, sink, state, source)
+
+    def is_engine_exposition(self, families: list[Any]) -> bool:
+        return metrics.looks_like_sglang(families)
+
+    def ingest_server_info(self, info: dict[str, Any], sink: SignalSink, source: str, version: VersionRange) -> None:
+        config.facts_from_server_info(info, sink, source, version)
+
+    def ingest_model_info(self, info: dict[str, Any], sink: SignalSink, source: str) -> None:
+        config.facts_from_model_info(info, sink, source)
+
+    def flag(self, concept: str, version: tuple[int, int, int] | None = None) -> str:
+        return flags.spelling(concept, version)
+
+
+ADAPTER = SGLangAdapter()
+
+__all__ = ["ADAPTER", "SGLangAdapter", "VersionRange", "parse_version", "flags"]

@@ -1,0 +1,82 @@
+"""Flag spellings per SGLang version (reference §5). Rules ask for a concept; this answers the spelling.
+
+Examples: ``--cuda-graph-max-bs`` (0.3.5–0.5.13; a deprecated alias 0.5.14–0.5.19, removed 0.5.20) vs
+``--cuda-graph-max-bs-decode`` (0.5.14+); ``--enable-dp-attention`` (0.3.6+, deprecated 0.5.22) vs
+``--attn-dp-size N`` (0.5.22+); ``--disable-cuda-graph`` vs ``--cuda-graph-backend-decode=disabled``
+(0.5.14+); ``--enable-hierarchical-cache`` (0.4.3+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diagnoser.engines.sglang.versions import NEWEST_KNOWN, Version, fmt
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSpelling:
+    flag: str
+    value_form: str  # how the value is written: "N", "F", "", "=disabled"…
+    note: str = ""
+
+
+def _v(version: Version | None) -> Version:
+    return version or NEWEST_KNOWN
+
+
+def flag(concept: str, version: Version | None = None) -> FlagSpelling:
+    """The spelling of a concept's flag for a version (unknown → the newest known)."""
+    v = _v(version)
+    if concept == "cuda_graph_max_bs":
+        if v >= (0, 5, 14):
+            return FlagSpelling("--cuda-graph-max-bs-decode", "N", "--cuda-graph-max-bs is gone from 0.5.20")
+        return FlagSpelling("--cuda-graph-max-bs", "N")
+    if concept == "disable_cuda_graph":
+        if v >= (0, 5, 14):
+            return FlagSpelling("--cuda-graph-backend-decode", "disabled", "--disable-cuda-graph is deprecated from 0.5.14")
+        return FlagSpelling("--disable-cuda-graph", "")
+    if concept == "enable_cuda_graph":
+        if v >= (0, 5, 14):
+            return FlagSpelling("--cuda-graph-backend-decode", "<backend>", "remove '--cuda-graph-backend-decode=disabled'")
+        return FlagSpelling("--disable-cuda-graph", "", "remove --disable-cuda-graph")
+    if concept == "dp_attention":
+        if v >= (0, 5, 22):
+            return FlagSpelling("--attn-dp-size", "N", "replaces --dp-size N --enable-dp-attention (0.5.22+)")
+        return FlagSpelling("--enable-dp-attention", "", "with --dp-size N")
+    if concept == "hierarchical_cache":
+        return FlagSpelling("--enable-hierarchical-cache", "")
+    simple = {
+        "mem_fraction_static": "--mem-fraction-static",
+        "max_running_requests": "--max-running-requests",
+        "chunked_prefill_size": "--chunked-prefill-size",
+        "max_prefill_tokens": "--max-prefill-tokens",
+        "schedule_conservativeness": "--schedule-conservativeness",
+        "kv_cache_dtype": "--kv-cache-dtype",
+        "context_length": "--context-length",
+        "tp_size": "--tp-size",
+        "dp_size": "--dp-size",
+        "hicache_size": "--hicache-size",
+        "hicache_ratio": "--hicache-ratio",
+        "enable_mixed_chunk": "--enable-mixed-chunk",
+        "speculative_num_steps": "--speculative-num-steps",
+        "speculative_eagle_topk": "--speculative-eagle-topk",
+        "speculative_num_draft_tokens": "--speculative-num-draft-tokens",
+        "swa_full_tokens_ratio": "--swa-full-tokens-ratio",
+        "page_size": "--page-size",
+        "disable_radix_cache": "--disable-radix-cache",
+        "cuda_graph_bs": "--cuda-graph-bs",
+        "enable_metrics": "--enable-metrics",
+        "max_total_tokens": "--max-total-tokens",
+        "decode_log_interval": "--decode-log-interval",
+    }
+    if concept in simple:
+        return FlagSpelling(simple[concept], "")
+    raise KeyError(f"unknown flag concept {concept!r}")
+
+
+def spelling(concept: str, version: Version | None = None) -> str:
+    return flag(concept, version).flag
+
+
+def version_note(version: Version | None) -> str:
+    return f"spelling for SGLang {fmt(version)}" if version else f"spelling for SGLang {fmt(NEWEST_KNOWN)} (version unknown)"

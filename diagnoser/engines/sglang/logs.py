@@ -1,0 +1,537 @@
+"""SGLang server log lines → canonical signals, events and config facts.
+
+Covers every scheduler-line format in ``../shared/reference/sglang.md`` §3 (0.1.x … 0.5.23):
+
+* prefixes (§3.1): time-only ``[HH:MM:SS TP0]``, date-time, milliseconds, any order of DP/PP/ATTN_CP/
+  MOE_DP/TP/EP tags, Ray's ``(SGLangEngine pid=…[, ip=…])``, docker-compose ``name  | ``, container
+  RFC3339 stamps, and a missing leading ``[`` as pasted in issue threads;
+* "Prefill batch" / "Decode batch" lines (§3.2, §3.3) with ``.``, ``,`` or `` [N],`` headers, every field
+  optional, optional trailing comma and suffixes, hybrid SWA/SSM, PD, speculative and graph fields;
+* retraction (three generations) and OOM messages (§3.4);
+* startup lines (§3.5): the summary line, ``KV Cache is allocated``, CUDA-graph capture, HiCache
+  allocation, ``server_args=ServerArgs(…)``, the reduced max_running_requests notices;
+* access-log lines (counted with their status codes).
+
+Lines that match nothing are counted by the caller, never fatal.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections import Counter
+from typing import Any
+
+from diagnoser.engines.sglang.config import facts_from_args
+from diagnoser.engines.sglang.serverargs import parse_server_args_repr
+from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.model import LogEvent, SignalSink
+
+# ---------------------------------------------------------------------------------------------------
+# prefix
+
+_PREFIX_RE = re.compile(
+    r"^(?:[\w.-]+\s+\|\s)?"  # docker compose: "sglang-1  | "
+    r"(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+)?"  # container stamp
+    r"(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?"  # Ray
+    r"(?:\[|(?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\]))?"  # "[" (or missing "[" before a stamp)
+    r"(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
+    r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\]\s?"
+)
+_TAG_RE = re.compile(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
+
+_BATCH_RE = re.compile(r"(Prefill|Decode) batch(?:\s*\(mixed #running-req: (\d+)\))?\s*(?:\[(\d+)\])?\s*[.,]?\s*")
+
+# field label in a batch line → canonical signal (None = recognised but not a timeline signal)
+_DECODE_FIELDS: dict[str, str | None] = {
+    "#running-req": "running_reqs",
+    "#token": "used_tokens",
+    "#full token": "used_tokens",
+    "token usage": "token_usage",
+    "full token usage": "full_token_usage",
+    "swa token usage": "swa_token_usage",
+    "mamba usage": "mamba_usage",
+    "gen throughput (token/s)": "gen_throughput_tps",
+    "#queue-req": "queue_reqs",
+    "accept len": "spec_accept_len",
+    "accept rate": "spec_accept_rate",
+    "cuda graph": "cuda_graph",
+    "cpu graph": "cuda_graph",
+    "npu graph": "cuda_graph",
+    "musa graph": "cuda_graph",
+    "#retracted-req": None,
+    "#swa token": None,
+    "mamba num": None,
+    "pre-allocated usage": None,
+    "#prealloc-req": None,
+    "#transfer-req": None,
+    "#host-receive-req": None,
+    "largest-len": None,
+    "waiting-image-req": None,
+    "cap len": None,
+    "block accept len": None,
+    "fwd occupancy": None,
+    "#gpu token": None,
+    "gpu token usage": None,
+    "#cpu token": None,
+    "cpu token usage": None,
+}
+_PREFILL_FIELDS: dict[str, str | None] = {
+    "#new-seq": "prefill_new_seqs",
+    "#new-token": "prefill_new_tokens",
+    "#cached-token": "prefill_cached_tokens",
+    "cache hit rate": "cache_hit_rate",
+    "token usage": "token_usage",
+    "full token usage": "full_token_usage",
+    "swa token usage": "swa_token_usage",
+    "mamba usage": "mamba_usage",
+    "#running-req": "running_reqs",
+    "#queue-req": "queue_reqs",
+    "#pending-token": "pending_tokens",
+    "input throughput (token/s)": "input_throughput_tps",
+    "cuda graph": None,
+    "cpu graph": None,
+    "npu graph": None,
+    "musa graph": None,
+    "#unbootstrapped-req": None,
+    "#transferring-req": None,
+    "#prealloc-req": None,
+    "#bootstrap-req": None,
+    "#inflight-req": None,
+    "#optimistic-req": None,
+    "#replay-token": None,
+    "time": None,
+    "waiting-image-req": None,
+    "fwd occupancy": None,
+}
+_SUFFIX_PREFIXES = ("est. ",)
+
+_RETRACT_RE = re.compile(
+    r"(?:KV cache pool is full\. Retract requests\.|Decode out of memory happened\.|Testing retraction\.)"
+    r"\s*#retracted_reqs: (\d+)(?:, #new_tokens_gained: (\d+))?(?:, #mamba_num_gained: (\d+))?"
+    r"(?:, #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
+)
+_OOM_RE = re.compile(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
+_SUMMARY_RE = re.compile(r"max_total_num_tokens=(\d+)(?:, .*)?$")
+_KV_RE = re.compile(
+    r"KV Cache is allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+)
+_LOAD_END_RE = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
+_LOAD_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
+_MEMPOOL_END_RE = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, ]*)\]")
+_GRAPH_END_RE = re.compile(
+    r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\..*?(?:mem usage=([\d.]+) GB)?[.,]?\s*(?:avail mem=([\d.]+) GB)?"
+)
+_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, ]*)\]")
+_HICACHE_RE = re.compile(
+    r"Allocating (?:([\d.]+) GB host memory for hierarchical KV cache|(\w+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory)"
+)
+_REDUCED_RE = re.compile(r"max_running_requests was reduced from requested (\d+) to (\d+)")
+_MAX_NUM_REQS_RE = re.compile(r"max_num_reqs\s*=\s*(\d+)")
+_SPEC_RESET_RE = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
+_AUTO_MEM_RE = re.compile(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
+_NOT_ENOUGH_MEM = ("Not enough memory. Please try to increase --mem-fraction-static", "leave no GPU memory for the KV cache")
+_HOST_MEM_ERR_RE = re.compile(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
+_PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
+
+
+def _num(text: str) -> float | None:
+    text = text.strip().rstrip(",.")
+    if text in ("True", "False"):
+        return 1.0 if text == "True" else 0.0
+    pct = text.endswith("%")
+    if pct:
+        text = text[:-1]
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v / 100.0 if pct else v
+
+
+def _split_fields(body: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for part in body.split(", "):
+        part = part.strip().rstrip(",")
+        if not part:
+            continue
+        key, sep, val = part.partition(": ")
+        if not sep:
+            continue
+        out.append((key.strip(), val.strip()))
+    return out
+
+
+class SGLangLogParser:
+    """Stateful line parser: one per log source (it keeps the version hints and the last timestamp)."""
+
+    def __init__(self, sink: SignalSink, source_name: str = "server.log") -> None:
+        self.sink = sink
+        self.source_name = source_name
+        self.version = VersionRange()
+        self.last_ts: float | None = None
+        self.untimed_lines = 0
+        self.kinds: Counter[str] = Counter()
+        self.status_codes: Counter[str] = Counter()
+        self._day_cache: dict[str, int] = {}
+        self._retract_seen: set[tuple[float, str, str]] = set()
+        self.saw_date = False
+
+    # -- prefix --------------------------------------------------------------------------------
+    def _ts(self, m: re.Match[str]) -> float:
+        date, hh, mm, ss, frac = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
+        if date:
+            self.saw_date = True
+            day = self._day_cache.get(date)
+            if day is None:
+                y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
+                day = self._day_cache[date] = calendar.timegm((y, mo, d, 0, 0, 0, 0, 0, 0))
+        else:
+            # time-only prefix (<= 0.3.3, or abbreviated when pasted): keep the day of the last stamp
+            day = 0 if self.last_ts is None else int(self.last_ts // 86400) * 86400
+            if self.last_ts is not None:
+                t = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
+                if t + 43200 < self.last_ts:  # wrapped past midnight
+                    day += 86400
+        ts = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
+        return ts + (float("0." + frac) if frac else 0.0)
+
+    @staticmethod
+    def _rank(tags: str) -> tuple[str, dict[str, int]]:
+        parsed = {k: int(v) for k, v in _TAG_RE.findall(tags)} if tags else {}
+        parts = []
+        if "DP" in parsed:
+            parts.append(f"dp{parsed['DP']}")
+        if parsed.get("PP"):
+            parts.append(f"pp{parsed['PP']}")
+        return "/".join(parts), parsed
+
+    # -- main entry ----------------------------------------------------------------------------
+    def feed(self, line: str, line_no: int) -> bool:
+        """Parse one line. Returns True when the line was recognised."""
+        line = line.rstrip("\r\n")
+        m = _PREFIX_RE.match(line)
+        if m:
+            ts = self._ts(m)
+            rank, tags = self._rank(m.group(6) or "")
+            msg = line[m.end():]
+            if m.group(1) is None and not self.saw_date:
+                self.version.at_most((0, 3, 3), "time-only log prefix") if tags else None
+            if m.group(5):
+                self.version.at_least((0, 5, 6), "milliseconds in the log prefix (SGLANG_LOG_MS)")
+            self.last_ts = ts
+        else:
+            msg = line.lstrip()
+            # strip Ray / compose prefixes even without a timestamp
+            msg = re.sub(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?", "", msg)
+            rank, tags = "", {}
+            ts = self._untimed_ts()
+        src = f"{self.source_name}:{line_no}"
+        return self._message(msg, ts, rank, tags, src, line_no)
+
+    def _untimed_ts(self) -> float:
+        # Lines with no timestamp (pasted without prefix): order them one second apart after the last stamp.
+        self.untimed_lines += 1
+        base = self.last_ts if self.last_ts is not None else 0.0
+        self.last_ts = base + 1.0
+        return self.last_ts
+
+    def _message(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
+        sink = self.sink
+        if "batch" in msg:
+            bm = _BATCH_RE.search(msg)
+            if bm and bm.start() < 40:
+                return self._batch(msg, bm, ts, rank, src)
+        if msg.startswith("new fill batch."):
+            return self._old_fill(msg, ts, rank, src)
+        if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
+            fields = _split_fields(msg)
+            self._emit(fields, _DECODE_FIELDS, ts, rank, src)
+            self.version.at_most((0, 2, 99), "v0.1.x decode line without header")
+            self.kinds["decode"] += 1
+            return True
+        if "retracted_reqs" in msg:
+            rm = _RETRACT_RE.search(msg)
+            if rm:
+                return self._retract(msg, rm, ts, rank, tags, src, line_no)
+        if "out of memory" in msg:
+            om = _OOM_RE.search(msg)
+            if om:
+                sink.add_event(LogEvent("oom", ts, line_no, src, {"phase": om.group(1).lower(), "text": msg[:200]}, rank))
+                self.kinds["oom"] += 1
+                return True
+        if "max_total_num_tokens=" in msg:
+            return self._summary(msg, ts, src, line_no)
+        if msg.startswith("server_args=ServerArgs(") or msg.startswith("server_args="):
+            args = parse_server_args_repr(msg)
+            facts_from_args(args, sink, src)
+            sink.add_event(LogEvent("server_args", ts, line_no, src, {"count": len(args)}, rank))
+            self.kinds["server_args"] += 1
+            return True
+        if "KV Cache is allocated" in msg:
+            km = _KV_RE.search(msg)
+            if km:
+                dtype, tokens, k, v, kv = km.groups()
+                if tokens:
+                    sink.set_config("kv_pool_tokens_log", int(tokens), src)
+                size = float(kv) if kv else (float(k or 0) + float(v or 0))
+                sink.set_config("kv_cache_gb", size, src)
+                if k:
+                    sink.set_config("kv_k_size_gb", float(k), src)
+                sink.set_config("attention_kind_hint", "mla" if kv else "mha", src)
+                if dtype:
+                    sink.set_config("kv_cache_dtype_log", dtype, src)
+                    self.version.at_least((0, 5, 13), "dtype in the KV Cache allocation line")
+                if tokens:
+                    self.version.at_least((0, 4, 4), "#tokens in the KV Cache allocation line")
+                self.kinds["startup"] += 1
+                return True
+        if "Load weight" in msg:
+            lm = _LOAD_END_RE.search(msg)
+            if lm:
+                sink.set_config("avail_mem_after_weights_gb", float(lm.group(1)), src)
+                if lm.group(2):
+                    sink.set_config("weight_mem_gb", float(lm.group(2)), src)
+                self.kinds["startup"] += 1
+                return True
+            lb = _LOAD_BEGIN_RE.search(msg)
+            if lb:
+                sink.set_config("avail_mem_before_weights_gb", float(lb.group(1)), src)
+                self.kinds["startup"] += 1
+                return True
+        if "Memory pool end" in msg:
+            mp = _MEMPOOL_END_RE.search(msg)
+            if mp:
+                sink.set_config("avail_mem_after_pool_gb", float(mp.group(1)), src)
+                self.kinds["startup"] += 1
+                return True
+        if "graph" in msg and "Capture" in msg or "Capturing batches" in msg:
+            gb = _GRAPH_BS_RE.search(msg) or _GRAPH_END_BS_RE.search(msg)
+            if gb:
+                sizes = [int(x) for x in gb.group(1).replace(" ", "").split(",") if x]
+                if sizes:
+                    sink.set_config("cuda_graph_bs", sizes, src)
+                    sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
+            ge = _GRAPH_END_RE.search(msg)
+            if ge and ge.group(2):
+                sink.set_config("avail_mem_after_graph_gb", float(ge.group(2)), src)
+            if ge and ge.group(1):
+                sink.set_config("graph_mem_gb", float(ge.group(1)), src)
+            self.kinds["startup"] += 1
+            return True
+        if "hierarchical" in msg or "HiCache" in msg:
+            hm = _HICACHE_RE.search(msg)
+            if hm:
+                gb = hm.group(1) or hm.group(4)
+                sink.set_config("hicache_host_gb", float(gb), src)
+                if hm.group(3):
+                    sink.set_config("hicache_host_tokens", int(hm.group(3)), src)
+                sink.set_config("enable_hierarchical_cache", True, src)
+                self.kinds["startup"] += 1
+                return True
+            he = _HOST_MEM_ERR_RE.search(msg)
+            if he:
+                sink.add_event(LogEvent("hicache_host_oom", ts, line_no, src, {"requested_gb": float(he.group(1)), "free_gb": float(he.group(2))}, rank))
+                return True
+        if "max_running_requests was reduced" in msg:
+            rr = _REDUCED_RE.search(msg)
+            if rr:
+                sink.set_config("max_running_requests_requested", int(rr.group(1)), src)
+                sink.set_config("max_running_requests", int(rr.group(2)), src)
+                sink.add_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": int(rr.group(1)), "effective": int(rr.group(2))}, rank))
+                self.kinds["startup"] += 1
+                return True
+        if "max_num_reqs" in msg:
+            mn = _MAX_NUM_REQS_RE.search(msg)
+            if mn:
+                sink.set_config("max_running_requests", int(mn.group(1)), src, override=False)
+                sink.set_config("req_pool_size", int(mn.group(1)), src)
+                self.kinds["startup"] += 1
+                return True
+        if "Max running requests is reset" in msg:
+            sm = _SPEC_RESET_RE.search(msg)
+            if sm:
+                sink.set_config("max_running_requests", int(sm.group(1)), src)
+                sink.add_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": None, "effective": int(sm.group(1)), "reason": "speculative decoding"}, rank))
+                self.kinds["startup"] += 1
+                return True
+        if "HTTP/" in msg:
+            am = _ACCESS_RE.search(msg)
+            if am:
+                code = am.group(3)
+                self.status_codes[code] += 1
+                sink.add_event(LogEvent("access", ts, line_no, src, {"method": am.group(1), "path": am.group(2), "status": int(code)}, rank))
+                self.kinds["access"] += 1
+                return True
+        if "fired up and ready to roll" in msg:
+            sink.add_event(LogEvent("ready", ts, line_no, src, {}, rank))
+            self.kinds["startup"] += 1
+            return True
+        if "mem-fraction-static" in msg:
+            am2 = _AUTO_MEM_RE.search(msg)
+            if am2:
+                sink.set_config("mem_fraction_static", float(am2.group(1)), src)
+                self.kinds["startup"] += 1
+                return True
+            if any(s in msg for s in _NOT_ENOUGH_MEM):
+                sink.add_event(LogEvent("startup_oom", ts, line_no, src, {"text": msg[:200]}, rank))
+                self.kinds["oom"] += 1
+                return True
+        if "larger than the profiled value" in msg:
+            pm = _PROFILED_RE.search(msg)
+            if pm:
+                sink.set_config("max_total_tokens_requested", int(pm.group(1)), src)
+                return True
+        if msg.startswith("Cuda graph is disabled"):
+            sink.set_config("cuda_graph_disabled_reason", msg[len("Cuda graph is disabled"):].strip(" .") or "disabled", src)
+            sink.set_config("disable_cuda_graph", True, src)
+            self.kinds["startup"] += 1
+            return True
+        if "leak detected" in msg:
+            sink.add_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
+            return True
+        if "Health check failed" in msg:
+            sink.add_event(LogEvent("health_failed", ts, line_no, src, {"text": msg[:200]}, rank))
+            return True
+        if "Scheduler hit an exception" in msg or msg.startswith("Traceback"):
+            sink.add_event(LogEvent("exception", ts, line_no, src, {"text": msg[:200]}, rank))
+            return True
+        return False
+
+    # -- batch lines ---------------------------------------------------------------------------
+    def _batch(self, msg: str, bm: re.Match[str], ts: float, rank: str, src: str) -> bool:
+        kind = bm.group(1)
+        header = msg[bm.start():bm.end()]
+        body = msg[bm.end():]
+        fields = _split_fields(body)
+        if not fields:
+            return False
+        table = _DECODE_FIELDS if kind == "Decode" else _PREFILL_FIELDS
+        self._emit(fields, table, ts, rank, src, decode=kind == "Decode")
+        if bm.group(2):  # "Prefill batch(mixed #running-req: N)"
+            self.sink.add("running_reqs", ts, float(bm.group(2)), src, rank)
+        self._batch_version_hints(kind, header, body, fields)
+        self.kinds[kind.lower()] += 1
+        return True
+
+    def _emit(self, fields: list[tuple[str, str]], table: dict[str, str | None], ts: float, rank: str, src: str, decode: bool = False) -> None:
+        add = self.sink.add
+        usages = []
+        for key, val in fields:
+            if key.startswith(_SUFFIX_PREFIXES):
+                continue
+            signal = table.get(key)
+            if signal is None:
+                continue
+            v = _num(val)
+            if v is None:
+                continue
+            add(signal, ts, v, src, rank)
+            if signal in ("full_token_usage", "swa_token_usage", "mamba_usage"):
+                usages.append(v)
+        if usages and not any(k == "token usage" for k, _ in fields):
+            # hybrid models: the scheduler's token_usage gauge is max over the pools (§2.1)
+            add("token_usage", ts, max(usages), src, rank)
+
+    def _batch_version_hints(self, kind: str, header: str, body: str, fields: list[tuple[str, str]]) -> None:
+        vr = self.version
+        keys = {k for k, _ in fields}
+        if header.rstrip().endswith(","):
+            if "[" in header:
+                vr.at_least((0, 5, 4), f"'{kind} batch [N],' header")
+            else:
+                vr.at_least((0, 5, 5), f"'{kind} batch,' header")
+        elif header.rstrip().endswith("."):
+            vr.at_most((0, 5, 3), f"'{kind} batch.' header")
+        if "#pending-token" in keys:
+            vr.at_least((0, 5, 11), "#pending-token field")
+        if "accept rate" in keys:
+            vr.at_least((0, 5, 4), "accept rate field")
+        if kind == "Decode" and keys & {"cuda graph", "cpu graph", "npu graph"}:
+            vr.at_least((0, 4, 7), "graph field in decode lines")
+        if "npu graph" in keys:
+            vr.at_least((0, 5, 9), "npu graph label")
+        if kind == "Prefill" and keys & {"cuda graph", "cpu graph", "npu graph"}:
+            vr.at_least((0, 5, 9), "graph field in prefill lines")
+        if kind == "Prefill" and "cache hit rate" in keys:
+            vr.at_most((0, 4, 3), "cache hit rate in prefill lines")
+        if "largest-len" in keys:
+            vr.at_least((0, 4, 4), "largest-len field")
+        if kind == "Decode" and header.rstrip().endswith(",") and not body.rstrip().endswith(","):
+            vr.at_least((0, 5, 9), "decode line without trailing comma")
+        if kind == "Decode" and body.rstrip().endswith(",") and header.rstrip().endswith(","):
+            vr.at_most((0, 5, 8), "decode line with trailing comma")
+
+    def _old_fill(self, msg: str, ts: float, rank: str, src: str) -> bool:
+        vals = dict(re.findall(r"(#?\w+): ([\d.]+%?)", msg))
+        m = {"#seq": "prefill_new_seqs", "#new_token": "prefill_new_tokens", "#cached_token": "prefill_cached_tokens",
+             "#running_req": "running_reqs", "#remaining_req": "queue_reqs", "tree_cache_hit_rate": "cache_hit_rate"}
+        for k, sig in m.items():
+            if k in vals:
+                v = _num(vals[k])
+                if v is not None:
+                    self.sink.add(sig, ts, v, src, rank)
+        self.version.at_most((0, 2, 99), "v0.1.x 'new fill batch' line")
+        self.kinds["prefill"] += 1
+        return True
+
+    def _retract(self, msg: str, rm: re.Match[str], ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
+        n = int(rm.group(1))
+        if "Decode out of memory happened" in msg:
+            self.version.at_most((0, 4, 6), "'Decode out of memory happened' retraction wording")
+        elif rm.group(2) is not None:
+            self.version.at_least((0, 5, 7), "#new_tokens_gained in the retraction line")
+        elif "KV cache pool is full" in msg:
+            self.version.at_least((0, 4, 7), "'KV cache pool is full' retraction wording")
+        # Every TP rank of one DP group prints the same retraction: count it once.
+        key = (ts, rank, msg)
+        fields: dict[str, Any] = {"retracted_reqs": n}
+        if rm.group(2):
+            fields["new_tokens_gained"] = int(rm.group(2))
+        if rm.group(4):
+            fields["new_token_ratio_before"] = float(rm.group(4))
+            fields["new_token_ratio_after"] = float(rm.group(5))
+        if key in self._retract_seen:
+            self.kinds["retract_dup"] += 1
+            return True
+        self._retract_seen.add(key)
+        if len(self._retract_seen) > 4096:
+            self._retract_seen.clear()
+            self._retract_seen.add(key)
+        self.sink.add_event(LogEvent("retraction", ts, line_no, src, fields, rank))
+        self.sink.add("retracted_reqs", ts, float(n), src, rank)
+        if rm.group(5):
+            self.sink.add("new_token_ratio", ts, float(rm.group(5)), src, rank)
+        self.kinds["retraction"] += 1
+        return True
+
+    def _summary(self, msg: str, ts: float, src: str, line_no: int) -> bool:
+        if not _SUMMARY_RE.search(msg):
+            return False
+        facts = dict(re.findall(r"(\w+)=([\d.]+)", msg))
+        sink = self.sink
+        mapping = {
+            "max_total_num_tokens": "max_total_tokens",
+            "chunked_prefill_size": "chunked_prefill_size",
+            "max_prefill_tokens": "max_prefill_tokens",
+            "max_running_requests": "max_running_requests",
+            "context_len": "context_len",
+        }
+        for k, name in mapping.items():
+            if k in facts:
+                sink.set_config(name, int(float(facts[k])), src)
+        if "max_total_num_tokens" in facts:
+            sink.add("max_total_tokens", ts, float(facts["max_total_num_tokens"]), src)
+        for mem_key in ("available_gpu_mem", "available_cpu_mem"):
+            if mem_key in facts:
+                sink.set_config("available_gpu_mem_gb", float(facts[mem_key]), src)
+                sink.set_config("device", "cpu" if mem_key == "available_cpu_mem" else "gpu", src)
+                self.version.at_least((0, 4, 7), f"{mem_key} in the summary line")
+        if "chunked_prefill_size" in facts:
+            self.version.at_least((0, 4, 2), "chunked_prefill_size in the summary line")
+        elif "max_prefill_tokens" in facts:
+            self.version.at_most((0, 4, 1), "summary line without chunked_prefill_size")
+        self.kinds["startup"] += 1
+        return True

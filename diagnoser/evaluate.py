@@ -1,0 +1,205 @@
+"""Evaluate the rule catalogue over each target's timeline window.
+
+* Each rule is isolated: one that raises is listed under ``errors`` and the rest still run.
+* Suggestions are merged across findings and checked: none proposes the current value, none
+  contradicts another (same flag, different value or direction), none is on the never-propose list
+  (``--cpu-offload-gb`` never raises throughput).
+* Live use: :class:`Hysteresis` turns per-pass findings into pending → firing → resolved states.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.model import Finding, Severity, Suggestion
+from diagnoser.rules import REGISTRY, Rule
+from diagnoser.rules.base import RuleContext
+from diagnoser.timeline import Timeline
+
+NEVER_PROPOSE = {"--cpu-offload-gb"}
+
+
+@dataclass(slots=True)
+class RuleError:
+    rule: str
+    target: str
+    error: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"rule": self.rule, "target": self.target, "error": self.error}
+
+
+@dataclass(slots=True)
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[RuleError] = field(default_factory=list)
+    duration_s: float = 0.0
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # suggestions refused by the checks
+
+
+def version_tuple(tl: Timeline) -> tuple[int, int, int] | None:
+    from diagnoser.engines.sglang.versions import parse_version
+
+    v = tl.meta.get("version_best")
+    if v:
+        return tuple(v)  # type: ignore[return-value]
+    return parse_version(tl.version) if tl.version and tl.version[0].isdigit() else None
+
+
+def select_rules(select: list[str] | None = None, ignore: list[str] | None = None) -> list[type[Rule]]:
+    rules = list(REGISTRY)
+    if select:
+        want = set(select)
+        rules = [r for r in rules if r.name in want or r.code in want]
+    if ignore:
+        drop = set(ignore)
+        rules = [r for r in rules if r.name not in drop and r.code not in drop]
+    return rules
+
+
+def evaluate(
+    timelines: list[Timeline],
+    adapter: Any,
+    thresholds: dict[str, dict[str, Any]] | None = None,
+    rules: list[type[Rule]] | None = None,
+    extras: dict[str, Any] | None = None,
+) -> Report:
+    t0 = time.perf_counter()
+    report = Report()
+    rules = rules if rules is not None else list(REGISTRY)
+    thresholds = thresholds or {}
+    instances = [r() for r in rules]
+    for tl in timelines:
+        version = version_tuple(tl)
+        for rule in instances:
+            if rule.scope != "target":
+                continue
+            cfg = dict(rule.defaults)
+            cfg.update(thresholds.get(rule.name, {}))
+            ctx = RuleContext(tl, cfg, adapter, version, dict(extras or {}))
+            try:
+                out = rule.evaluate(ctx)
+            except Exception as e:  # isolation: a broken rule is reported, the rest still run
+                report.errors.append(RuleError(rule.name, tl.target, f"{type(e).__name__}: {e}"))
+                continue
+            if out is None:
+                continue
+            for f in out if isinstance(out, list) else [out]:
+                report.findings.append(f)
+    fleet_rules = [r for r in instances if r.scope == "fleet"]
+    for rule in fleet_rules:
+        cfg = dict(rule.defaults)
+        cfg.update(thresholds.get(rule.name, {}))
+        try:
+            out = rule.evaluate_fleet(timelines, cfg, adapter)  # type: ignore[attr-defined]
+        except Exception as e:
+            report.errors.append(RuleError(rule.name, "fleet", f"{type(e).__name__}: {e}"))
+            continue
+        for f in out or []:
+            report.findings.append(f)
+    check_suggestions(report, timelines)
+    report.findings.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
+    report.duration_s = time.perf_counter() - t0
+    return report
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, str):
+        s = v.strip().lower()
+        try:
+            return float(s)
+        except ValueError:
+            return s
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float):
+        return float(v)
+    return v
+
+
+def _direction(s: Suggestion) -> int:
+    try:
+        cur, new = float(s.current), float(s.proposed)
+    except (TypeError, ValueError):
+        return 0
+    return (new > cur) - (new < cur)
+
+
+def check_suggestions(report: Report, timelines: list[Timeline]) -> None:
+    """Refuse suggestions that propose the current value, a never-propose flag, or contradict."""
+    chosen: dict[tuple[str, str], tuple[Finding, Suggestion]] = {}
+    order = sorted(report.findings, key=lambda f: (-int(f.severity), -{"high": 3, "medium": 2, "low": 1}.get(f.confidence, 0)))
+    for f in order:
+        kept: list[Suggestion] = []
+        for s in f.suggestions:
+            reason = ""
+            if s.flag in NEVER_PROPOSE:
+                reason = f"{s.flag} is never proposed: it frees GPU memory but slows every decode step"
+            elif s.current is not None and _norm(s.current) == _norm(s.proposed):
+                reason = "proposes the current value"
+            else:
+                key = (f.target, s.flag)
+                prev = chosen.get(key)
+                if prev is not None:
+                    pf, ps = prev
+                    same_dir = _direction(ps) == _direction(s) and _direction(s) != 0
+                    if _norm(ps.proposed) == _norm(s.proposed):
+                        reason = f"same change already suggested by {pf.rule}"
+                    elif same_dir:
+                        reason = f"{pf.rule} already suggests {s.flag} {ps.proposed}"
+                    else:
+                        reason = f"contradicts {pf.rule}, which suggests {s.flag} {ps.proposed}"
+                else:
+                    chosen[key] = (f, s)
+            if reason:
+                report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
+                if reason.startswith("same change") or "already suggests" in reason:
+                    f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
+            else:
+                kept.append(s)
+        kept.sort(key=lambda s: -(s.gain or 0.0))
+        f.suggestions = kept
+
+
+@dataclass(slots=True)
+class _State:
+    since: float
+    state: str
+    finding: Finding
+
+
+class Hysteresis:
+    """pending → firing after the rule's ``for`` duration; firing → resolved when it stops matching."""
+
+    def __init__(self, for_seconds: dict[str, float] | None = None) -> None:
+        self.for_seconds = for_seconds or {r.name: r.for_seconds for r in REGISTRY}
+        self.active: dict[tuple[str, str], _State] = {}
+        self.resolved: list[Finding] = []
+
+    def update(self, findings: list[Finding], now: float | None = None) -> list[Finding]:
+        now = time.time() if now is None else now
+        seen = set()
+        out: list[Finding] = []
+        for f in findings:
+            key = (f.target, f.rule)
+            seen.add(key)
+            st = self.active.get(key)
+            hold = self.for_seconds.get(f.rule, 0.0)
+            if f.severity <= Severity.INFO or f.rule in ("source_unreachable", "metrics_disabled"):
+                hold = 0.0
+            if st is None:
+                st = self.active[key] = _State(now, "pending", f)
+            st.finding = f
+            st.state = "firing" if now - st.since >= hold else "pending"
+            f.state = st.state
+            out.append(f)
+        self.resolved = []
+        for key in list(self.active):
+            if key not in seen:
+                st = self.active.pop(key)
+                if st.state == "firing":
+                    st.finding.state = "resolved"
+                    self.resolved.append(st.finding)
+        return out

@@ -1,0 +1,159 @@
+"""The data model shared by every layer: plain frozen dataclasses, no I/O, no imports from the package.
+
+Layers (each imports only the ones before it):
+    model → engines (adapters) → sources → timeline → rules → engine (evaluation) → capacity → outputs/web/cli
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+
+class Severity(enum.IntEnum):
+    INFO = 1
+    WARNING = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}; use one of info, warning, critical") from None
+
+
+CONFIDENCE_LEVELS = ("low", "medium", "high")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One number that supports a finding, traceable to where it was read."""
+
+    signal: str
+    observed: Any
+    threshold: Any = None
+    window: str = ""
+    source: str = ""  # "server.log:1842" or "scrape@2026-11-29T10:00:02Z sglang:num_queue_reqs"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """A concrete flag change: current → proposed, why, and what it should buy."""
+
+    flag: str
+    current: Any
+    proposed: Any
+    why: str
+    effect: str = ""
+    assumptions: tuple[str, ...] = ()
+    gain: float | None = None  # expected relative gain (0.3 = +30 % gen throughput); used for ranking
+    projection: dict[str, Any] | None = None  # numbers from the capacity model, when it has them
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["assumptions"] = list(self.assumptions)
+        return d
+
+
+@dataclass(slots=True)
+class Finding:
+    rule: str
+    severity: Severity
+    confidence: str
+    target: str
+    summary: str
+    evidence: list[Evidence] = field(default_factory=list)
+    suggestions: list[Suggestion] = field(default_factory=list)
+    docs: str = ""
+    state: str = "firing"  # pending / firing / resolved (hysteresis in live mode)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "severity": self.severity.label,
+            "confidence": self.confidence,
+            "target": self.target,
+            "summary": self.summary,
+            "evidence": [e.to_dict() for e in self.evidence],
+            "suggestions": [s.to_dict() for s in self.suggestions],
+            "docs": self.docs,
+            "state": self.state,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFact:
+    """A configuration value and where it came from (server_info, log line, metric, CLI)."""
+
+    value: Any
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+@dataclass(slots=True)
+class InputReport:
+    """What one input delivered: counts of what was read, recognised and skipped."""
+
+    kind: str  # "metrics" | "log" | "server_info" | "replay" | "prometheus"
+    source: str
+    scrapes: int = 0
+    lines_read: int = 0
+    lines_recognized: int = 0
+    errors: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "source": self.source}
+        if self.kind == "log":
+            d["lines_read"] = self.lines_read
+        else:
+            d["scrapes"] = self.scrapes
+        d["lines_recognized"] = self.lines_recognized
+        d["errors"] = self.errors
+        if self.messages:
+            d["messages"] = list(self.messages)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """A discrete event read from a log: retraction, OOM, startup notice, access-log line…"""
+
+    kind: str
+    ts: float
+    line_no: int
+    source: str
+    fields: dict[str, Any]
+    rank: str = ""
+
+
+class SignalSink(Protocol):
+    """Where sources write what they read. :class:`diagnoser.timeline.Timeline` implements it."""
+
+    def add(self, signal: str, ts: float, value: float, source: str, rank: str = "") -> None: ...
+
+    def add_event(self, event: LogEvent) -> None: ...
+
+    def set_config(self, name: str, value: Any, source: str, *, override: bool = True) -> None: ...
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds → ``2026-11-29T10:00:00Z`` (``None`` for a missing time)."""
+    if ts is None or math.isnan(ts):
+        return None
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")

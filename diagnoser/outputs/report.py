@@ -1,0 +1,57 @@
+"""Build the report document (the fixed JSON shape) from a collection and an evaluation.
+
+    {"status": "ok"|"problems"|"error", "engine": "sglang", "version": …,
+     "inputs": [{"kind", "source", "scrapes"|"lines_read", "lines_recognized", "errors"}],
+     "window": {"start", "end"}, "config": {TARGET: {NAME: {"value", "source"}}},
+     "signals": {TARGET: {SIGNAL: {"last", "mean", "min", "max", "p50", "p95", "n"}}},
+     "findings": [], "errors": []}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnoser.model import Severity, iso
+from diagnoser.redact import redact
+from diagnoser.timeline import SIGNALS, Timeline
+
+
+def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    names = sorted({name for (name, rank) in tl.series if rank == ""}, key=lambda n: (list(SIGNALS).index(n) if n in SIGNALS else 999, n))
+    for name in names:
+        out[name] = tl.stats(name)
+    for (name, rank) in sorted(tl.series):
+        if rank:
+            out[f"{name}[{rank}]"] = tl.stats(name, rank)
+    return out
+
+
+def config_table(tl: Timeline) -> dict[str, dict[str, Any]]:
+    return {k: redact({"value": v.value, "source": v.source}) if not k.startswith("arg.") else {"value": redact({k[4:]: v.value})[k[4:]], "source": v.source} for k, v in sorted(tl.config.items())}
+
+
+def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, engine: str = "sglang", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    tls: list[Timeline] = collection.timelines
+    starts = [s for tl in tls for s in [tl.span()[0]] if s is not None]
+    ends = [e for tl in tls for e in [tl.span()[1]] if e is not None]
+    version = next((tl.version for tl in tls if tl.version), None)
+    usable = collection.usable()
+    findings = [f.to_dict() for f in report.findings]
+    problems = any(f.severity >= fail_on for f in report.findings)
+    status = "error" if not usable else ("problems" if problems else "ok")
+    untimed = any(tl.untimed for tl in tls)
+    doc: dict[str, Any] = {
+        "status": status,
+        "engine": engine,
+        "version": version,
+        "inputs": [i.to_dict() for i in collection.inputs],
+        "window": {"start": None if untimed else iso(min(starts)) if starts else None, "end": None if untimed else iso(max(ends)) if ends else None},
+        "config": {tl.target: config_table(tl) for tl in tls},
+        "signals": {tl.target: signal_table(tl) for tl in tls},
+        "findings": findings,
+        "errors": [e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors],
+    }
+    if extra:
+        doc.update(extra)
+    return doc

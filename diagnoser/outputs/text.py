@@ -1,0 +1,108 @@
+"""Terminal rendering of a report document, readable at 80 columns: headline numbers first."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+WIDTH = 80
+HEADLINE = [
+    ("running_reqs", "running", "{:.0f}"),
+    ("queue_reqs", "queued", "{:.0f}"),
+    ("token_usage", "KV usage", "{:.2f}"),
+    ("gen_throughput_tps", "gen tok/s", "{:.0f}"),
+    ("cache_hit_rate", "cache hit", "{:.0%}"),
+    ("ttft_seconds_p95", "TTFT p95 s", "{:.2f}"),
+]
+SEV_MARK = {"critical": "CRIT", "warning": "WARN", "info": "info"}
+
+
+def _fmt(fmt: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    try:
+        return fmt.format(v)
+    except (ValueError, TypeError):
+        return str(v)
+
+
+def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=first if first is not None else indent, subsequent_indent=indent) or [indent.rstrip()]
+
+
+def render(doc: dict[str, Any], verbose: bool = False) -> str:
+    out: list[str] = []
+    status = doc["status"]
+    title = f"diagnoser · {doc.get('engine', 'sglang')} {doc.get('version') or '(version unknown)'} · status: {status.upper()}"
+    out.append(title[:WIDTH])
+    w = doc.get("window") or {}
+    if w.get("start"):
+        out.append(f"window {w['start']} → {w['end']}")
+    out.append("")
+    for target, sigs in doc.get("signals", {}).items():
+        out.append(f"▸ {target}"[:WIDTH])
+        cells = []
+        for key, label, fmt in HEADLINE:
+            st = sigs.get(key)
+            if not st or not st.get("n"):
+                continue
+            if key in ("running_reqs", "queue_reqs") and st["min"] != st["max"]:
+                val = f"{_fmt(fmt, st['min'])}–{_fmt(fmt, st['max'])}"
+            elif key == "token_usage":
+                val = f"{_fmt(fmt, st['mean'])} (max {_fmt(fmt, st['max'])})"
+            else:
+                val = _fmt(fmt, st["mean"] if key != "ttft_seconds_p95" else st["max"])
+            cells.append(f"{label} {val}")
+        line = "  "
+        for c in cells:
+            if len(line) + len(c) + 3 > WIDTH:
+                out.append(line.rstrip())
+                line = "  "
+            line += c + " · "
+        if line.strip():
+            out.append(line.rstrip(" ·"))
+        cfg = doc.get("config", {}).get(target, {})
+        facts = []
+        for k, label in (("max_total_tokens", "pool"), ("max_running_requests", "max running"), ("mem_fraction_static", "mem frac"), ("chunked_prefill_size", "chunk"), ("tp_size", "tp")):
+            if k in cfg:
+                v = cfg[k]["value"]
+                facts.append(f"{label} {v:,}" if isinstance(v, int) else f"{label} {v}")
+        if facts:
+            out.extend(_wrap(" · ".join(facts), "  "))
+        out.append("")
+    findings = doc.get("findings", [])
+    if findings:
+        out.append(f"Findings ({len(findings)})")
+        for f in findings:
+            mark = SEV_MARK.get(f["severity"], f["severity"])
+            head = f"[{mark}] {f['rule']} ({f['confidence']} confidence)"
+            if len(doc.get("signals", {})) > 1:
+                head += f" · {f['target']}"
+            out.append(head[:WIDTH])
+            out.extend(_wrap(f["summary"], "    "))
+            if f.get("evidence"):
+                for e in f["evidence"][: (None if verbose else 4)]:
+                    thr = f" (threshold {e['threshold']})" if e.get("threshold") not in (None, "") else ""
+                    src = f" ← {e['source']}" if e.get("source") else ""
+                    out.extend(_wrap(f"{e['signal']} = {e['observed']}{thr}{src}", "      ", "    · "))
+            for i, s in enumerate(f.get("suggestions", [])):
+                cur = "unset" if s["current"] is None else s["current"]
+                out.extend(_wrap(f"{s['flag']} {cur} → {s['proposed']}: {s['why']}", "      ", f"    {i + 1}. "))
+                if s.get("effect"):
+                    out.extend(_wrap(f"effect: {s['effect']}", "       "))
+            for n in f.get("notes", []):
+                out.extend(_wrap(n, "      ", "    note: "))
+            out.append(f"    docs: {f['docs']}"[:WIDTH])
+            out.append("")
+    elif status != "error":
+        out.append("No problem found: nothing at warning or above.")
+        out.append("")
+    for i in doc.get("inputs", []):
+        what = f"{i.get('lines_read', i.get('scrapes', 0))} {'lines' if i['kind'] == 'log' else 'reads'}"
+        line = f"input {i['kind']} {i['source']}: {what}, {i['lines_recognized']} recognised, {i['errors']} errors"
+        out.extend(_wrap(line, "  ", ""))
+        for m in i.get("messages", []):
+            out.extend(_wrap(m, "    ", "  ! "))
+    for e in doc.get("errors", []):
+        out.extend(_wrap(f"{e.get('rule', e.get('source'))}: {e['error']}", "    ", "  ! "))
+    return "\n".join(out).rstrip() + "\n"

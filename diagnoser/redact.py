@@ -1,0 +1,73 @@
+"""Secret redaction, applied on ingestion so no later output (text, JSON, web, exporter, bundle) can leak.
+
+Redacted: ``api_key``, ``admin_api_key`` and any key whose name looks like a key, token, secret,
+password or credential; credentials inside URLs (``https://user:pass@host`` → ``https://***@host``);
+and ``--api-key VALUE`` style pairs inside command lines.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REDACTED = "***"
+
+_SECRET_KEY_RE = re.compile(
+    r"(?:^|_|-)(?:api_?key|key|token|secret|password|passwd|pwd|credentials?|auth|authorization|cookie)s?(?:$|_|-)",
+    re.IGNORECASE,
+)
+# Keys that merely contain "key"/"token" but are not secrets (sizes, counts, flags).
+_NOT_SECRET = re.compile(
+    r"(?:tokens?_(?:size|len|num|ratio|usage|budget|per|limit|buckets?|id|map|interval)|(?:max|min|num|total|chunk|prefill|new|cached|pending|draft|page|context)_.*token|token_?(?:izer|s_total|_usage)|^(?:skip_tokenizer_init|tokenizer.*|key_?(?:s|value)?_?(?:dtype|layout)|.*_keys_active|kv_.*)$)",
+    re.IGNORECASE,
+)
+_URL_CRED_RE = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
+_CLI_SECRET_RE = re.compile(
+    r"(--(?:admin-)?api-key|--[\w-]*(?:token|secret|password)[\w-]*)(=|\s+)(\S+)", re.IGNORECASE
+)
+_INLINE_SECRET_RE = re.compile(
+    r"""((?:admin_)?api_key|[\w]*(?:secret|password|passwd|_token|token_|credential)\w*)(\s*[=:]\s*)('[^']*'|"[^"]*"|[^,\s)]+)""",
+    re.IGNORECASE,
+)
+
+
+def is_secret_key(key: str) -> bool:
+    k = str(key)
+    if _NOT_SECRET.search(k):
+        return False
+    return bool(_SECRET_KEY_RE.search(k))
+
+
+def redact_text(text: str) -> str:
+    """Redact URL credentials, ``--api-key X`` pairs and ``api_key='x'`` assignments inside free text."""
+    if not text:
+        return text
+    text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = _CLI_SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+    def _inline(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group(1)):
+            return m.group(0)
+        val = m.group(3)
+        if val in ("None", "null", "''", '""'):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}'{REDACTED}'"
+
+    return _INLINE_SECRET_RE.sub(_inline, text)
+
+
+def redact_value(key: str, value: Any) -> Any:
+    if is_secret_key(key) and value not in (None, "", False):
+        return REDACTED
+    return redact(value)
+
+
+def redact(obj: Any) -> Any:
+    """Deep-copy ``obj`` with secrets replaced. Strings are scanned for URL credentials."""
+    if isinstance(obj, dict):
+        return {k: redact_value(str(k), v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj

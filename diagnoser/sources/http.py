@@ -1,0 +1,104 @@
+"""HTTP access to engine endpoints: one httpx connection pool, timeouts, a response-size cap, and one
+clear sentence (cause + next step) for every way a fetch can fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from diagnoser import __version__
+from diagnoser.redact import redact_text
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+
+
+def base_url(url: str) -> str:
+    """``http://h:30000/metrics`` → ``http://h:30000``; adds ``http://`` when the scheme is missing."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    for suffix in ("/metrics", "/server_info", "/get_server_info"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def display_url(url: str) -> str:
+    return redact_text(url)
+
+
+@dataclass(slots=True)
+class Fetched:
+    url: str
+    ok: bool
+    status: int = 0
+    text: str = ""
+    content_type: str = ""
+    error: str = ""  # one sentence: cause and next step
+    elapsed_s: float = 0.0
+    truncated: bool = False
+
+
+def make_client(timeout: float = DEFAULT_TIMEOUT, headers: dict[str, str] | None = None, transport: Any = None) -> httpx.Client:
+    h = {"User-Agent": f"diagnoser/{__version__}", "Accept": "text/plain;version=0.0.4;q=1, */*;q=0.1"}
+    if headers:
+        h.update(headers)
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout),
+        headers=h,
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        transport=transport,
+        follow_redirects=True,
+    )
+
+
+def fetch(client: httpx.Client, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "") -> Fetched:
+    shown = display_url(url)
+    try:
+        with client.stream("GET", url) as resp:
+            chunks: list[bytes] = []
+            size = 0
+            truncated = False
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    chunks.append(chunk[: max(0, max_bytes - (size - len(chunk)))])
+                    truncated = True
+                    break
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            elapsed = resp.elapsed.total_seconds() if hasattr(resp, "_elapsed") else 0.0
+            ctype = resp.headers.get("content-type", "")
+            status = resp.status_code
+    except httpx.ConnectTimeout:
+        return Fetched(url, False, error=f"Connecting to {shown} timed out. Check the host and port, and that no firewall drops the traffic.")
+    except httpx.TimeoutException:
+        return Fetched(url, False, error=f"{shown} did not answer within the timeout. The server may be overloaded or hung; raise --timeout or check it.")
+    except httpx.ConnectError as e:
+        reason = "connection refused" if "refused" in str(e).lower() else "cannot connect"
+        return Fetched(url, False, error=f"Could not connect to {shown} ({reason}). Check that SGLang is running and that host and port are right.")
+    except httpx.UnsupportedProtocol:
+        return Fetched(url, False, error=f"{shown} is not an http(s) URL. Pass something like http://127.0.0.1:30000.")
+    except httpx.HTTPError as e:
+        return Fetched(url, False, error=f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server.")
+    text = body.decode("utf-8", errors="replace")
+    if status >= 400:
+        if status == 404 and url.endswith("/metrics"):
+            msg = f"{shown} answered 404: the server has no /metrics. Start SGLang with --enable-metrics."
+        elif status in (401, 403):
+            msg = f"{shown} answered {status} (not authorised). Pass the right credentials, or scrape from an allowed host."
+        else:
+            msg = f"{shown} answered HTTP {status}{(' for ' + what) if what else ''}. Check the URL and the server's state."
+        return Fetched(url, False, status=status, text=text, content_type=ctype, error=msg, elapsed_s=elapsed)
+    return Fetched(url, True, status=status, text=text, content_type=ctype, elapsed_s=elapsed, truncated=truncated)
+
+
+def looks_like_html(f: Fetched) -> bool:
+    head = f.text[:512].lstrip().lower()
+    return "text/html" in f.content_type or head.startswith("<!doctype html") or head.startswith("<html")

@@ -1,0 +1,178 @@
+"""Log source: read a server log from a file or stdin (``-``), or follow a growing file across
+rotation and truncation. Lines go through the engine adapter's parser; what is not recognised is
+counted, binary junk is skipped and counted, nothing is fatal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from diagnoser.model import InputReport, SignalSink
+
+MAX_LINE = 64 * 1024  # longer "lines" are junk (or a server_args line we keep whole up to this)
+
+
+def _is_junk(raw: bytes) -> bool:
+    if b"\x00" in raw:
+        return True
+    # mostly non-text bytes (not UTF-8 decodable and few printable ASCII characters)
+    try:
+        raw.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        printable = sum(1 for b in raw if 32 <= b < 127 or b in (9, 10, 13))
+        return printable < 0.8 * len(raw)
+
+
+@dataclass(slots=True)
+class LogReader:
+    """Feeds lines to a parser and keeps the counts for the input report."""
+
+    parser: Any
+    report: InputReport
+    line_no: int = 0
+
+    def feed_bytes(self, raw: bytes) -> None:
+        self.line_no += 1
+        self.report.lines_read += 1
+        if len(raw) > MAX_LINE or _is_junk(raw):
+            self.report.errors += 1
+            return
+        line = raw.decode("utf-8", errors="replace")
+        if not line.strip():
+            return
+        try:
+            ok = self.parser.feed(line, self.line_no)
+        except Exception:  # a parser bug on one odd line must not stop the read
+            self.report.errors += 1
+            return
+        if ok:
+            self.report.lines_recognized += 1
+
+    def feed_lines(self, lines: Iterable[bytes]) -> None:
+        for raw in lines:
+            self.feed_bytes(raw)
+
+
+def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:
+    name = "stdin" if source == "-" else os.path.basename(source)
+    report = InputReport(kind="log", source=source)
+    return LogReader(adapter.log_parser(sink, name), report)
+
+
+def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | None = None) -> LogReader:
+    """Read a whole log (file path, or ``-`` for stdin) and return the reader with its counts."""
+    reader = open_log_reader(adapter, sink, source)
+    if stream is None and source == "-":
+        stream = sys.stdin.buffer
+    if stream is not None:
+        reader.feed_lines(stream)
+    else:
+        try:
+            with open(source, "rb") as fh:
+                reader.feed_lines(fh)
+        except FileNotFoundError:
+            reader.report.messages.append(f"Log file {source} does not exist. Check the path, or pass --log - to read stdin.")
+            reader.report.errors += 1
+        except IsADirectoryError:
+            reader.report.messages.append(f"{source} is a directory, not a log file. Pass the server's log file itself.")
+            reader.report.errors += 1
+        except PermissionError:
+            reader.report.messages.append(f"Log file {source} cannot be read (permission denied). Run as a user who can read it.")
+            reader.report.errors += 1
+    finish_report(adapter, reader)
+    return reader
+
+
+def finish_report(adapter: Any, reader: LogReader) -> None:
+    rep = reader.report
+    if rep.lines_read and not rep.lines_recognized and not rep.messages:
+        formats = "; ".join(adapter.expected_log_formats)
+        rep.messages.append(
+            f"No line of {rep.source} was recognised as an SGLang log line ({rep.lines_read} read). "
+            f"Expected {formats}. Check that this is the server's own log at --log-level info."
+        )
+    if rep.errors and rep.lines_read:
+        rep.messages.append(f"Skipped {rep.errors} unreadable line(s) (binary or over-long) in {rep.source}.")
+
+
+class LogFollower:
+    """Follow a growing file like ``tail -F``: survives rotation (new inode) and truncation.
+
+    Call :meth:`poll` periodically; it feeds every new complete line to the reader. A partial last
+    line is kept until its newline arrives.
+    """
+
+    def __init__(self, reader: LogReader, path: str, from_start: bool = True) -> None:
+        self.reader = reader
+        self.path = path
+        self.fh: IO[bytes] | None = None
+        self.inode: int | None = None
+        self.pos = 0
+        self.partial = b""
+        self.from_start = from_start
+        self.rotations = 0
+        self.truncations = 0
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")
+        except OSError:
+            return False
+        st = os.fstat(fh.fileno())
+        self.fh, self.inode = fh, st.st_ino
+        if not self.from_start:
+            fh.seek(0, os.SEEK_END)
+            self.from_start = True
+        self.pos = fh.tell()
+        return True
+
+    def poll(self, max_bytes: int = 64 * 1024 * 1024) -> int:
+        """Read what is new. Returns the number of complete lines fed."""
+        if self.fh is None and not self._open():
+            return 0
+        assert self.fh is not None
+        fed = self._drain(max_bytes)
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return fed
+        if st.st_ino != self.inode:  # rotated: finish the old file, then start the new one
+            fed += self._drain(max_bytes)
+            if self.partial:
+                self.reader.feed_bytes(self.partial)
+                self.partial = b""
+                fed += 1
+            self.fh.close()
+            self.fh = None
+            self.rotations += 1
+            if self._open():
+                fed += self._drain(max_bytes)
+        elif st.st_size < self.pos:  # truncated in place (copytruncate)
+            self.truncations += 1
+            self.fh.seek(0)
+            self.pos = 0
+            self.partial = b""
+            fed += self._drain(max_bytes)
+        return fed
+
+    def _drain(self, max_bytes: int) -> int:
+        assert self.fh is not None
+        data = self.fh.read(max_bytes)
+        if not data:
+            return 0
+        self.pos = self.fh.tell()
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        for raw in lines:
+            self.reader.feed_bytes(raw)
+        return len(lines)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None

@@ -1,0 +1,57 @@
+"""Config source: ``/server_info`` (falling back to ``/get_server_info``, then ``/get_server_args``),
+``/model_info`` (or ``/get_model_info``) and ``/v1/loads``. Everything is redacted on ingestion."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from diagnoser.model import InputReport, SignalSink
+from diagnoser.redact import redact
+from diagnoser.sources.http import fetch
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version: Any) -> tuple[InputReport, dict[str, Any]]:
+    """Fetch what config endpoints exist; returns the input report and the raw (redacted) payloads."""
+    report = InputReport(kind="server_info", source=base)
+    raw: dict[str, Any] = {}
+    for path in adapter.server_info_paths:
+        f = fetch(client, base + path, 8 * 1024 * 1024, "server info")
+        if f.ok:
+            data = _json(f.text)
+            if isinstance(data, dict):
+                data = redact(data)
+                raw[path] = data
+                adapter.ingest_server_info(data, sink, path.lstrip("/"), version)
+                report.scrapes += 1
+                report.lines_recognized += 1
+                break
+        elif f.status == 0:  # unreachable: the metrics source reports it; stop here
+            report.errors += 1
+            return report, raw
+    for path in adapter.model_info_paths:
+        f = fetch(client, base + path, 1024 * 1024, "model info")
+        if f.ok:
+            data = _json(f.text)
+            if isinstance(data, dict):
+                data = redact(data)
+                raw[path] = data
+                adapter.ingest_model_info(data, sink, path.lstrip("/"))
+                report.scrapes += 1
+                break
+    f = fetch(client, base + adapter.loads_path, 4 * 1024 * 1024, "loads")
+    if f.ok:
+        data = _json(f.text)
+        if isinstance(data, dict):
+            raw[adapter.loads_path] = redact(data)
+            report.scrapes += 1
+    if not raw:
+        report.messages.append(f"{base} has no server-info endpoint; config facts come from logs and metrics only.")
+    return report, raw
