@@ -15,7 +15,7 @@ LAYERS = [
     ("timeline", ["diagnoser.timeline", "diagnoser.collect", "diagnoser.replay", "diagnoser.bundle", "diagnoser.fleet"]),
     ("capacity", ["diagnoser.capacity"]),
     ("rules", ["diagnoser.rules", "diagnoser.thresholds"]),
-    ("evaluate", ["diagnoser.evaluate", "diagnoser.live"]),
+    ("evaluate", ["diagnoser.evaluate", "diagnoser.advice", "diagnoser.live"]),
     ("outputs", ["diagnoser.outputs", "diagnoser.web", "diagnoser.cli", "diagnoser.__main__"]),
 ]
 

@@ -127,7 +127,7 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
     }
     report = evaluate(col.timelines, adapter, thresholds, select_rules(args.select, args.ignore), extras)
     try:
-        from diagnoser.capacity.wiring import enrich
+        from diagnoser.advice import enrich
 
         enrich(report, col.timelines, extras)
     except ImportError:
