@@ -6,6 +6,7 @@ complete lines; lines the parser rejects are skipped and counted.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +24,26 @@ class ParseResult:
     truncated: bool = False
 
 
+_JUNK_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+
+
+def cut_partial_line(text: str) -> tuple[str, bool]:
+    """Drop an incomplete last line (an exposition cut off mid-line); True when something was cut."""
+    if not text or text.endswith("\n"):
+        return text, False
+    cut = text.rfind("\n")
+    return (text[: cut + 1] if cut >= 0 else ""), True
+
+
+def has_junk(text: str) -> bool:
+    """Control characters or undecodable bytes: the text is not a clean exposition."""
+    return _JUNK_RE.search(text) is not None
+
+
 def parse_exposition(text: str) -> ParseResult:
-    """Parse an exposition; on a parser error, salvage line by line and count what was dropped."""
-    truncated = bool(text) and not text.endswith("\n")
-    if truncated:
-        cut = text.rfind("\n")
-        text = text[: cut + 1] if cut >= 0 else ""
+    """Parse an exposition with prometheus_client; on a parser error, salvage line by line and count
+    what was dropped. A partial last line is dropped first."""
+    text, truncated = cut_partial_line(text)
     try:
         return ParseResult(list(text_string_to_metric_families(text)), 0, truncated)
     except Exception:
@@ -37,6 +52,9 @@ def parse_exposition(text: str) -> ParseResult:
     bad = 0
     for line in text.splitlines():
         if not line.strip():
+            continue
+        if has_junk(line):
+            bad += 1
             continue
         try:
             list(text_string_to_metric_families(line + "\n"))
@@ -73,28 +91,46 @@ class MetricsTarget:
     def metrics_url(self) -> str:
         return self.url + self.adapter.metrics_path
 
-    def ingest_text(self, text: str, ts: float, sink: SignalSink, fetched: Fetched | None = None) -> bool:
-        """Parse and ingest one exposition. Returns False (with ``last_error`` set) if unusable."""
+    def ingest_text(self, text: str, ts: float, sink: SignalSink, fetched: Fetched | None = None, *, fast: bool = True) -> bool:
+        """Parse and ingest one exposition. Returns False (with ``last_error`` set) if unusable.
+
+        Clean text goes through the adapter's fast path; text with junk bytes, or in which the fast path
+        finds nothing, goes through prometheus_client (the reference), which also counts bad lines."""
         shown = display_url(self.metrics_url)
-        if fetched is not None and looks_like_html(fetched):
+        if (fetched is not None and looks_like_html(fetched)) or _looks_like_html_text(text):
             return self._fail(f"{shown} returned an HTML page, not Prometheus metrics. Point --url at the SGLang server itself (host:port), not a dashboard or login page.")
-        pr = parse_exposition(text)
-        if pr.bad_lines:
-            self.report.errors += pr.bad_lines
-        if pr.truncated:
-            self.report.messages.append(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
-        if not pr.families:
-            return self._fail(f"{shown} returned no parseable Prometheus metrics. Check that the URL is SGLang's /metrics.")
-        if not self.adapter.is_engine_exposition(pr.families):
-            self.is_engine = False
-            return self._fail(f"{shown} serves Prometheus metrics, but none are SGLang's (no sglang:/sglang_ series). Check the port (SGLang's default is 30000) and --enable-metrics.")
+        text, truncated = cut_partial_line(text)
+        if truncated:
+            self._note(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
+        source = f"scrape@{_iso(ts)}"
+        samples = None
+        if fast and not has_junk(text):
+            samples = self.adapter.fast_samples(text)
+        if not samples:
+            pr = parse_exposition(text)
+            if pr.bad_lines:
+                self.report.errors += pr.bad_lines
+                self._note(f"{pr.bad_lines} unreadable line(s) in the exposition from {shown} were skipped (binary junk or broken lines); the rest was used.")
+            if not pr.families:
+                return self._fail(f"{shown} returned no parseable Prometheus metrics. Check that the URL is SGLang's /metrics (e.g. http://HOST:30000).")
+            if not self.adapter.is_engine_exposition(pr.families):
+                self.is_engine = False
+                return self._fail(f"{shown} serves Prometheus metrics, but none are SGLang's (no sglang:/sglang_ series). Check the port (SGLang's default is 30000) and that SGLang runs with --enable-metrics.")
+            samples = self.adapter.samples_from_families(pr.families)
+            if not samples:
+                self.is_engine = True
+                return self._fail(f"{shown} serves sglang series, but none of the scheduler or request metrics diagnoser reads. Point --url at an SGLang server (not the router) started with --enable-metrics.")
         self.is_engine = True
-        used = self.adapter.ingest_families(pr.families, ts, sink, self.state, f"scrape@{_iso(ts)}")
+        used = self.adapter.ingest_samples(samples, ts, sink, self.state, source)
         self.report.scrapes += 1
         self.report.lines_recognized += used
         self.consecutive_failures = 0
         self.last_error = ""
         return True
+
+    def _note(self, msg: str) -> None:
+        if msg not in self.report.messages:
+            self.report.messages.append(msg)
 
     def _fail(self, msg: str) -> bool:
         self.last_error = msg
@@ -112,8 +148,13 @@ class MetricsTarget:
         if not f.ok:
             return self._fail(f.error), f
         if f.truncated:
-            self.report.messages.append(f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; raise --max-bytes if this is expected.")
+            self._note(f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
         return self.ingest_text(f.text, ts, sink, f), f
+
+
+def _looks_like_html_text(text: str) -> bool:
+    head = text[:512].lstrip().lower()
+    return head.startswith("<!doctype html") or head.startswith("<html")
 
 
 def _iso(ts: float) -> str:

@@ -44,7 +44,19 @@ class SGLangAdapter:
         return metrics.ingest_families(families, ts, sink, state, source)
 
     def is_engine_exposition(self, families: list[Any]) -> bool:
-        return metrics.looks_like_sglang(families)
+        return metrics.has_sglang_family(families)
+
+    def fast_samples(self, text: str) -> list[metrics.Sample]:
+        return metrics.fast_samples(text)
+
+    def samples_from_families(self, families: Any) -> list[metrics.Sample]:
+        return metrics.samples_from_families(families)
+
+    def ingest_samples(self, samples: list[metrics.Sample], ts: float, sink: SignalSink, state: metrics.MetricsState, source: str) -> int:
+        return metrics.ingest_samples(samples, ts, sink, state, source)
+
+    def window_quantiles(self, state: metrics.MetricsState) -> dict[str, float]:
+        return metrics.window_quantiles(state)
 
     def ingest_server_info(self, info: dict[str, Any], sink: SignalSink, source: str, version: VersionRange) -> None:
         config.facts_from_server_info(info, sink, source, version)

@@ -2,22 +2,34 @@
 
 Handles both spellings (``sglang:x`` as served, ``sglang_x`` after a Prometheus or router hop), the
 2024 pre-release names with a ``name`` label, and every label generation (``model_name``,
-``engine_type``, ``tp_rank``, ``dp_rank``, ``pp_rank``, ``moe_ep_rank``, extra labels, ``pid``).
+``engine_type``, ``tp_rank``, ``dp_rank``, ``pp_rank``, ``moe_ep_rank``, ``--extra-metric-labels``,
+``priority``, extra ``pid`` series).
 
-Per-DP-rank series stay apart (rank key ``dp0``…); the timeline aggregates them with each signal's rule.
-Counters become rates that survive resets; histograms become per-interval quantiles.
+Two parsers feed one ingestion step (:func:`ingest_samples`):
+- the reference path, prometheus_client's ``text_string_to_metric_families`` (:func:`samples_from_families`);
+- a fast path (:func:`fast_samples`) that reads only the lines of the families mapped here with one
+  compiled regex and skips HELP/TYPE and unmapped families. Tests check both give identical signals on
+  every real exposition; ``bench/bench_tick.py`` measures the fast path against the bare library parse.
+
+Per-DP-rank series stay apart (rank key ``dp0``…); the timeline aggregates them with each signal's rule
+(sum running/queued requests, never sum a ratio). Counters become per-interval rates that survive a
+reset; histograms become per-interval quantiles, and :func:`window_quantile` gives the whole window's.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.model import SignalSink
 
-# gauge (normalised name, no prefix) → canonical signal
+Sample = tuple[str, dict[str, str], float]  # (name without the sglang prefix, labels, value)
+
+# gauge (normalised name) → canonical signal
 GAUGES: dict[str, str] = {
     "num_running_reqs": "running_reqs",
     "num_queue_reqs": "queue_reqs",
@@ -36,13 +48,20 @@ GAUGES: dict[str, str] = {
     "num_retracted_reqs": "retracted_reqs",
     "decode_sum_seq_lens": "decode_sum_seq_lens",
     "http_requests_active": "http_requests_active",
+    "kv_available_tokens": "kv_available_tokens",
+    "kv_evictable_tokens": "kv_evictable_tokens",
+    "num_paused_reqs": "paused_reqs",
+    "num_grammar_queue_reqs": "grammar_queue_reqs",
     # 2024 pre-release names (label `name`)
     "num_requests_running": "running_reqs",
     "num_requests_waiting": "queue_reqs",
+    "new_seq": "prefill_new_seqs",
+    "new_token": "prefill_new_tokens",
+    "cached_token": "prefill_cached_tokens",
 }
-# gauges whose per-process (`pid`) series add up; every other gauge takes the max over pids
+# gauges whose per-process (`pid`) series add up; every other gauge takes the max over duplicates
 PID_SUMMED = {"num_retracted_reqs", "num_paused_reqs", "http_requests_active"}
-# gauges that are configuration constants
+# gauges that are configuration constants → config fact
 CONFIG_GAUGES: dict[str, str] = {
     "max_total_num_tokens": "max_total_tokens",
     "page_size": "page_size",
@@ -58,13 +77,15 @@ CONFIG_GAUGES: dict[str, str] = {
     "max_prefill_tokens": "max_prefill_tokens",
     "max_running_requests": "max_running_requests",
 }
-# counter (normalised, with _total) → (rate signal, running-total signal or None)
+# counter (exposed name, with _total) → (rate signal, running-total signal)
 COUNTERS: dict[str, tuple[str | None, str | None]] = {
     "prompt_tokens_total": ("prompt_tps", None),
     "generation_tokens_total": ("output_tps", None),
     "num_requests_total": ("request_rate", "requests_completed"),
     "request_success_total": ("request_rate", "requests_completed"),  # pre-release
     "num_retracted_requests_total": (None, "retractions_total"),
+    "realtime_tokens_total": (None, None),  # by mode → prefill tokens (below)
+    "prefill_effective_tokens_total": (None, None),  # by mode → prefill tokens (below)
 }
 # histogram base name → signal stem
 HISTOGRAMS: dict[str, str] = {
@@ -73,6 +94,8 @@ HISTOGRAMS: dict[str, str] = {
     "time_per_output_token_seconds": "itl_seconds",  # <= 0.4.4 name
     "e2e_request_latency_seconds": "e2e_seconds",
     "queue_time_seconds": "queue_time_seconds",
+    "queue_time_s": "queue_time_seconds",  # 0.5.2 only
+    "waiting_request_latency_seconds": "queue_time_seconds",  # pre-release
 }
 HISTOGRAM_QUANTILES: dict[str, tuple[float, ...]] = {
     "ttft_seconds": (0.5, 0.95),
@@ -80,40 +103,71 @@ HISTOGRAM_QUANTILES: dict[str, tuple[float, ...]] = {
     "e2e_seconds": (0.95,),
     "queue_time_seconds": (0.95,),
 }
-
-# (normalised name, low, high) version evidence from what an exposition contains
+# (sample name, low, high): version evidence from which names an exposition contains (§2)
 VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int] | None]] = [
-    ("max_total_num_tokens", (0, 5, 6), None),
+    ("num_requests_total", (0, 4, 2), None),
+    ("spec_accept_length", (0, 4, 2), None),
+    ("cached_tokens_total", (0, 4, 4), None),
+    ("inter_token_latency_seconds_count", (0, 4, 4), None),
+    ("time_per_output_token_seconds_count", None, (0, 4, 4)),
+    ("avg_request_queue_latency", (0, 4, 6), (0, 5, 2)),
+    ("num_grammar_queue_reqs", (0, 4, 7), None),
+    ("num_prefill_infight_queue_reqs", (0, 4, 7), (0, 5, 1)),
+    ("total_retracted_reqs", (0, 4, 10), (0, 5, 2)),
+    ("num_retracted_reqs", (0, 5, 2), None),
+    ("queue_time_s_count", (0, 5, 2), (0, 5, 2)),
+    ("num_running_reqs_offline_batch", (0, 5, 2), (0, 5, 10)),
+    ("queue_time_seconds_count", (0, 5, 3), None),
     ("is_cuda_graph", (0, 5, 4), None),
+    ("max_total_num_tokens", (0, 5, 6), None),
+    ("new_token_ratio", (0, 5, 6), None),
     ("num_retracted_requests_total", (0, 5, 7), None),
     ("realtime_tokens_total", (0, 5, 7), None),
+    ("decode_sum_seq_lens", (0, 5, 7), None),
+    ("gpu_execution_seconds_total", (0, 5, 7), (0, 5, 10)),
+    ("full_token_usage", (0, 5, 10), None),
     ("kv_available_tokens", (0, 5, 11), None),
     ("context_len", (0, 5, 11), None),
+    ("forward_execution_seconds_total", (0, 5, 11), None),
     ("swa_available_tokens", (0, 5, 12), None),
+    ("spec_num_steps", (0, 5, 13), None),
     ("weight_memory_usage_gb", (0, 5, 17), None),
     ("startup_time_seconds", (0, 5, 17), None),
     ("prefill_effective_tokens_total", (0, 5, 18), None),
     ("scheduler_idle_seconds_total", (0, 5, 20), None),
-    ("dp_attention_token_imbalance_ratio", (0, 5, 22), None),
-    ("request_time_per_output_token_seconds", (0, 5, 22), None),
+    ("dp_attention_token_imbalance_ratio_count", (0, 5, 22), None),
+    ("request_time_per_output_token_seconds_count", (0, 5, 22), None),
     ("prealloc_full_token_usage", (0, 5, 23), None),
-    ("queue_time_seconds", (0, 5, 3), None),
-    ("inter_token_latency_seconds", (0, 4, 4), None),
-    ("num_requests_total", (0, 4, 2), None),
-    ("time_per_output_token_seconds", None, (0, 4, 4)),
-    ("total_retracted_reqs", (0, 4, 10), (0, 5, 2)),
-    ("avg_request_queue_latency", (0, 4, 6), (0, 5, 2)),
-    ("num_prefill_infight_queue_reqs", (0, 4, 7), (0, 5, 1)),
-    ("num_running_reqs_offline_batch", (0, 5, 2), (0, 5, 10)),
-    ("gpu_execution_seconds_total", (0, 5, 7), (0, 5, 10)),
-    ("forward_execution_seconds_total", (0, 5, 11), None),
-    ("num_requests_running", None, (0, 3, 5)),
 ]
+# label on a scheduler gauge → at least this version (§1.4)
 LABEL_HINTS: list[tuple[str, tuple[int, int, int]]] = [
     ("engine_type", (0, 4, 4)),
     ("tp_rank", (0, 4, 10)),
     ("moe_ep_rank", (0, 5, 7)),
+    ("priority", (0, 5, 10)),
 ]
+PRERELEASE_NAMES = {"num_requests_running", "num_requests_waiting", "new_seq", "new_token", "cached_token", "queue_req", "request_success_total"}
+SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage")
+
+# every sample name the fast path must read: mapped series plus version evidence
+WANTED: frozenset[str] = frozenset(
+    [*GAUGES, *CONFIG_GAUGES, *COUNTERS, "cached_tokens_total", "total_retracted_reqs"]
+    + [f"{h}_bucket" for h in HISTOGRAMS]
+    + [h[0] for h in VERSION_HINTS]
+    + sorted(PRERELEASE_NAMES)
+)
+
+_NAMES_ALT = "|".join(sorted((re.escape(n) for n in WANTED), key=len, reverse=True))
+_FAST_RE = re.compile(
+    r'^sglang[:_](' + _NAMES_ALT + r')(?:\{((?:[^}"]|"(?:[^"\\\n]|\\.)*")*)\})?[ \t]+([^ \t\n]+)',
+    re.MULTILINE,
+)
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_UNESCAPE_RE = re.compile(r"\\(.)")
+
+
+def _unescape(v: str) -> str:
+    return _UNESCAPE_RE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
 
 
 def normalise(name: str) -> str | None:
@@ -123,19 +177,64 @@ def normalise(name: str) -> str | None:
     return None
 
 
-def rank_key(labels: dict[str, str]) -> str | None:
-    """Rank key for per-rank series; ``None`` for a non-zero attention-TP rank (a replica of rank 0)."""
-    tp = labels.get("tp_rank")
-    if tp not in (None, "", "0") and "dp_rank" not in labels:
-        return None
-    parts = []
+def fast_samples(text: str) -> list[Sample]:
+    """The wanted samples of an exposition, read with one regex (no HELP/TYPE, no unmapped family)."""
+    out: list[Sample] = []
+    append = out.append
+    findall = _LABEL_RE.findall
+    for m in _FAST_RE.finditer(text):
+        name, lab, val = m.groups()
+        if lab:
+            labels = {k: (_unescape(v) if "\\" in v else v) for k, v in findall(lab)}
+        else:
+            labels = {}
+        try:
+            value = float(val)
+        except ValueError:
+            continue
+        append((name, labels, value))
+    return out
+
+
+def samples_from_families(families: Iterable[Any]) -> list[Sample]:
+    """The same samples as :func:`fast_samples`, from prometheus_client metric families (reference path)."""
+    out: list[Sample] = []
+    for fam in families:
+        if normalise(fam.name) is None:
+            continue
+        for s in fam.samples:
+            name = normalise(s.name)
+            if name in WANTED:
+                out.append((name, dict(s.labels), float(s.value)))
+    return out
+
+
+def has_sglang_family(families: Iterable[Any]) -> bool:
+    return any(normalise(f.name) is not None for f in families)
+
+
+looks_like_sglang = has_sglang_family  # older name
+
+
+def rank_key(labels: dict[str, str]) -> str:
+    """Rank key for per-rank series: ``dp1``, ``pp1``, ``dp0/pp1`` or ``""`` for a single scheduler."""
     dp = labels.get("dp_rank")
-    if dp not in (None, ""):
-        parts.append(f"dp{dp}")
     pp = labels.get("pp_rank")
-    if pp not in (None, "", "0"):
+    if not dp and (not pp or pp == "0"):
+        return ""
+    parts = []
+    if dp:
+        parts.append(f"dp{dp}")
+    if pp and pp != "0":
         parts.append(f"pp{pp}")
     return "/".join(parts)
+
+
+def _tp(labels: dict[str, str]) -> int:
+    try:
+        return int(labels.get("tp_rank") or 0)
+    except ValueError:
+        return 0
 
 
 @dataclass(slots=True)
@@ -146,7 +245,7 @@ class _HistState:
 
 @dataclass(slots=True)
 class MetricsState:
-    """What one target's scrapes remember between ticks: counters and histogram buckets."""
+    """What one target's scrapes remember between ticks: counters, histogram buckets, version evidence."""
 
     counters: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # key → (ts, value)
     hists: dict[tuple[str, str], tuple[float, _HistState]] = field(default_factory=dict)
@@ -155,6 +254,10 @@ class MetricsState:
     version: VersionRange = field(default_factory=VersionRange)
     seen_names: set[str] = field(default_factory=set)
     model_names: set[str] = field(default_factory=set)
+    label_names: set[str] = field(default_factory=set)
+    sched_labels: set[str] | None = None  # label names on a scheduler gauge
+    engine_types: set[str] = field(default_factory=set)
+    prerelease: bool = False
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -178,103 +281,172 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 
 
 def ingest_families(families: Any, ts: float, sink: SignalSink, state: MetricsState, source: str) -> int:
-    """Turn parsed metric families (prometheus_client objects) into signals. Returns samples used."""
+    """Reference path: prometheus_client families → signals. Returns the samples used."""
+    return ingest_samples(samples_from_families(families), ts, sink, state, source)
+
+
+def ingest_text(text: str, ts: float, sink: SignalSink, state: MetricsState, source: str) -> int:
+    """Fast path: exposition text → signals. Returns the samples used."""
+    return ingest_samples(fast_samples(text), ts, sink, state, source)
+
+
+def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: MetricsState, source: str) -> int:
+    """Turn one scrape's samples into signals, config facts and version evidence."""
     used = 0
-    gauges: dict[tuple[str, str], float] = {}
-    gauge_src: dict[tuple[str, str], str] = {}
-    counters: dict[tuple[str, str], float] = {}
-    hist: dict[tuple[str, str], dict[float, float]] = {}
-    label_names: set[str] = set()
-    for fam in families:
-        base = normalise(fam.name)
-        if base is None:
-            continue
-        for s in fam.samples:
-            name = normalise(s.name) or s.name
-            labels = s.labels
-            label_names.update(labels)
-            state.seen_names.add(name)
-            mn = labels.get("model_name") or labels.get("name")
+    # (signal, rank) → {tp_rank: value}: with --enable-metrics-for-all-schedulers every TP rank exports
+    # the same numbers; only the lowest TP rank of each DP rank (the stats-logging rank) counts.
+    gauges: dict[tuple[str, str], dict[int, float]] = {}
+    gauge_base: dict[str, str] = {}
+    counters: dict[tuple[str, str], dict[int, float]] = {}
+    hist: dict[str, dict[float, float]] = {}
+    seen = state.seen_names
+    for name, labels, value in samples:
+        seen.add(name)
+        if labels:
+            state.label_names.update(labels)
+            if labels.get("priority"):  # per-priority split of a total that is also exported
+                continue
+            mn = labels.get("model_name") or (labels.get("name") if name in PRERELEASE_NAMES or state.prerelease else None)
             if mn:
                 state.model_names.add(mn)
-            rk = rank_key(labels)
-            if rk is None:
+            et = labels.get("engine_type")
+            if et:
+                state.engine_types.add(et)
+        if name in PRERELEASE_NAMES:
+            state.prerelease = True
+        if name.endswith("_bucket"):
+            stem = HISTOGRAMS.get(name[:-7])
+            le = labels.get("le")
+            if stem is None or le is None:
                 continue
-            if fam.type == "histogram":
-                stem = HISTOGRAMS.get(base)
-                if stem and name.endswith("_bucket"):
-                    le = labels.get("le")
-                    if le is None:
-                        continue
-                    hk = (stem, "")  # tokenizer histograms are per server, not per rank
-                    b = hist.setdefault(hk, {})
-                    bound = float(le)
-                    b[bound] = b.get(bound, 0.0) + s.value
-                continue
-            if fam.type == "counter" or name.endswith("_total"):
-                cname = name if name.endswith("_total") else name + "_total"
-                if cname in COUNTERS:
-                    ck = (cname, rk)
-                    counters[ck] = counters.get(ck, 0.0) + s.value
-                continue
-            if base in CONFIG_GAUGES:
-                sink.set_config(CONFIG_GAUGES[base], _intish(s.value), f"{source} sglang:{base}")
-            sig = GAUGES.get(base)
-            if sig is None:
-                continue
-            gk = (sig, rk)
-            if gk in gauges:
-                gauges[gk] = gauges[gk] + s.value if base in PID_SUMMED else max(gauges[gk], s.value)
-            else:
-                gauges[gk] = s.value
-                gauge_src[gk] = f"{source} sglang:{base}"
+            b = hist.setdefault(stem, {})  # tokenizer histograms are per server; sum label splits
+            bound = float(le)
+            b[bound] = b.get(bound, 0.0) + value
             used += 1
-    for (sig, rk), v in gauges.items():
-        sink.add(sig, ts, v, gauge_src[(sig, rk)], rk)
-    _counter_rates(counters, ts, sink, state, source)
+            continue
+        if name in COUNTERS or name == "total_retracted_reqs":
+            key = name
+            if name in ("realtime_tokens_total", "prefill_effective_tokens_total"):
+                key = f"{name}:{labels.get('mode', '')}"
+            ck = (key, rank_key(labels))
+            per_tp = counters.setdefault(ck, {})
+            tp = _tp(labels)
+            per_tp[tp] = per_tp.get(tp, 0.0) + value
+            used += 1
+            continue
+        if name == "cached_tokens_total":
+            continue
+        rk = rank_key(labels)
+        if name in CONFIG_GAUGES and not math.isnan(value) and rk in ("", "dp0"):
+            sink.set_config(CONFIG_GAUGES[name], _intish(value), f"{source} sglang:{name}")
+        sig = GAUGES.get(name)
+        if sig is None:
+            continue
+        if name == "http_requests_active" and labels.get("endpoint") == "/metrics":
+            continue  # our own scrape
+        if name in SCHEDULER_PROBE and state.sched_labels is None:
+            state.sched_labels = set(labels)
+        if state.prerelease and name == "cache_hit_rate" and value > 1:
+            value /= 100.0  # the pre-release gauge was a percentage
+        per_tp = gauges.setdefault((sig, rk), {})
+        tp = _tp(labels)
+        if tp in per_tp:
+            per_tp[tp] = per_tp[tp] + value if name in PID_SUMMED else max(per_tp[tp], value)
+        else:
+            per_tp[tp] = value
+        gauge_base[sig] = name
+        used += 1
+    # the counter's per-interval delta is exact; the gauge only holds the last event (used until the
+    # counter has a previous value to subtract)
+    has_retract_counter = any(k[0] == "num_retracted_requests_total" for k in state.counters)
+    has_prefill_counter = any(k[0].startswith("prefill_effective_tokens_total:") or k[0].startswith("realtime_tokens_total:") for k in counters)
+    for (sig, rk), per_tp in gauges.items():
+        if sig == "retracted_reqs" and has_retract_counter:
+            continue
+        if sig == "cache_hit_rate" and has_prefill_counter:
+            sig = "cache_hit_rate_last_prefill"  # the windowed hits/all from the counters is the better one
+        sink.add(sig, ts, per_tp[min(per_tp)], f"{source} sglang:{gauge_base.get(sig, 'cache_hit_rate')}", rk)
+    _counter_rates({k: v[min(v)] for k, v in counters.items()}, ts, sink, state, source)
     _hist_quantiles(hist, ts, sink, state, source)
-    _version_hints(state)
-    version_from_labels(label_names, state)
+    detect_version(state)
     return used
 
 
 def _intish(v: float) -> Any:
-    return int(v) if not math.isnan(v) and float(v).is_integer() else v
+    return int(v) if not math.isnan(v) and not math.isinf(v) and float(v).is_integer() else v
+
+
+def _delta(state: MetricsState, key: tuple[str, str], ts: float, value: float) -> tuple[float, float] | None:
+    """(increase, seconds) since the previous scrape; a drop means the server restarted (count from 0)."""
+    prev = state.counters.get(key)
+    state.counters[key] = (ts, value)
+    if prev is None:
+        return None
+    pts, pval = prev
+    dt = ts - pts
+    if dt <= 0:
+        return None
+    inc = value - pval
+    if inc < 0:
+        state.resets += 1
+        inc = value
+    return inc, dt
+
+
+PREFILL_MODES = {
+    "prefill_effective_tokens_total": ({"input"}, {"device_hit", "host_hit", "storage_hit"}),
+    "realtime_tokens_total": ({"prefill_compute"}, {"prefill_cache"}),
+}
 
 
 def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: SignalSink, state: MetricsState, source: str) -> None:
-    for (cname, rk), value in counters.items():
-        rate_sig, total_sig = COUNTERS[cname]
-        src = f"{source} sglang:{cname}"
+    prefill: dict[str, dict[str, dict[str, float]]] = {}  # family → rank → mode → increase
+    for (key, rk), value in counters.items():
+        d = _delta(state, (key, rk), ts, value)
+        if ":" in key:
+            fam, mode = key.split(":", 1)
+            if d is not None:
+                prefill.setdefault(fam, {}).setdefault(rk, {})[mode] = d[0]
+            continue
+        src = f"{source} sglang:{key}"
+        if key == "total_retracted_reqs":  # 0.4.10–0.5.2 cumulative gauge
+            sink.add("retractions_total", ts, value, src, rk)
+            if d is not None:
+                sink.add("retracted_reqs", ts, d[0], src, rk)
+            continue
+        rate_sig, total_sig = COUNTERS[key]
         if total_sig:
             sink.add(total_sig, ts, value, src, rk)
-        prev = state.counters.get((cname, rk))
-        state.counters[(cname, rk)] = (ts, value)
-        if prev is None:
+        if d is None:
             continue
-        pts, pval = prev
-        dt = ts - pts
-        if dt <= 0:
-            continue
-        delta = value - pval
-        if delta < 0:  # counter reset (server restart): count from zero
-            state.resets += 1
-            delta = value
+        inc, dt = d
         if rate_sig:
-            sink.add(rate_sig, ts, delta / dt, src, rk)
-        if cname == "num_retracted_requests_total":
-            sink.add("retracted_reqs", ts, delta, src, rk)
+            sink.add(rate_sig, ts, inc / dt, src, rk)
+        if key == "num_retracted_requests_total":
+            sink.add("retracted_reqs", ts, inc, src, rk)
+    # prefill tokens in the interval: prefer the 0.5.18+ family that excludes retraction re-counts
+    fam = "prefill_effective_tokens_total" if "prefill_effective_tokens_total" in prefill else "realtime_tokens_total"
+    new_modes, hit_modes = PREFILL_MODES[fam]
+    for rk, modes in prefill.get(fam, {}).items():
+        new = sum(v for m, v in modes.items() if m in new_modes)
+        hit = sum(v for m, v in modes.items() if m in hit_modes)
+        src = f"{source} sglang:{fam}"
+        sink.add("prefill_new_tokens", ts, new, src, rk)
+        sink.add("prefill_cached_tokens", ts, hit, src, rk)
+        if new + hit > 0:
+            sink.add("cache_hit_rate", ts, hit / (new + hit), f"{src} (hits/all over the interval)", rk)
 
 
-def _hist_quantiles(hist: dict[tuple[str, str], dict[float, float]], ts: float, sink: SignalSink, state: MetricsState, source: str) -> None:
-    for (stem, rk), buckets in hist.items():
+def _hist_quantiles(hist: dict[str, dict[float, float]], ts: float, sink: SignalSink, state: MetricsState, source: str) -> None:
+    for stem, buckets in hist.items():
         cur = _HistState(buckets, buckets.get(math.inf, max(buckets.values(), default=0.0)))
-        state.first_hists.setdefault((stem, rk), cur)
-        prev = state.hists.get((stem, rk))
-        state.hists[(stem, rk)] = (ts, cur)
+        key = (stem, "")
+        state.first_hists.setdefault(key, cur)
+        prev = state.hists.get(key)
+        state.hists[key] = (ts, cur)
         if prev is None:
             continue
-        _, p = prev
+        p = prev[1]
         if cur.count < p.count:  # reset
             state.resets += 1
             diff = sorted(cur.buckets.items())
@@ -285,38 +457,68 @@ def _hist_quantiles(hist: dict[tuple[str, str], dict[float, float]], ts: float, 
         for q in HISTOGRAM_QUANTILES.get(stem, (0.5, 0.95)):
             v = histogram_quantile(q, diff)
             if not math.isnan(v):
-                sink.add(f"{stem}_p{int(q * 100)}", ts, v, f"{source} sglang:{stem} histogram", rk)
+                sink.add(f"{stem}_p{int(q * 100)}", ts, v, f"{source} sglang:{stem} histogram", "")
 
 
 def window_quantile(state: MetricsState, stem: str, q: float, rank: str = "") -> float:
-    """Quantile over the whole window: last scrape's buckets minus the first one's."""
+    """Quantile over the whole window: the last scrape's buckets minus the first one's."""
     first = state.first_hists.get((stem, rank))
     last = state.hists.get((stem, rank))
-    if first is None or last is None:
+    if first is None or last is None or last[1] is first:
         return math.nan
     cur = last[1]
-    diff = sorted((b, c - first.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
     if cur.count < first.count:
         diff = sorted(cur.buckets.items())
+    else:
+        diff = sorted((b, c - first.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
     return histogram_quantile(q, diff)
 
 
-def _version_hints(state: MetricsState) -> None:
-    vr = state.version
+def window_quantiles(state: MetricsState) -> dict[str, float]:
+    """``{"ttft_seconds_p95": …}`` over the whole window, for every histogram seen at least twice."""
+    out = {}
+    for stem, _rank in state.hists:
+        for q in HISTOGRAM_QUANTILES.get(stem, (0.5, 0.95)):
+            v = window_quantile(state, stem, q)
+            if not math.isnan(v):
+                out[f"{stem}_p{int(q * 100)}"] = v
+    return out
+
+
+def detect_version(state: MetricsState) -> VersionRange:
+    """Narrow the version range from labels (the collector's structure) first, then metric names."""
+    vr = VersionRange()
+    if state.prerelease:
+        vr.at_least((0, 3, 5), "pre-release metric names (label 'name'; PR #1853, never in a PyPI release)")
+        vr.at_most((0, 3, 5), "pre-release metric names (label 'name'; PR #1853, never in a PyPI release)")
+        state.version = vr
+        return vr
     names = state.seen_names
+    if names:
+        vr.at_least((0, 3, 5), "sglang metrics exist (--enable-metrics, 0.3.5.post1+)")
+    sched = state.sched_labels
+    for label, low in LABEL_HINTS:
+        if label in state.label_names:
+            vr.at_least(low, f"label {label}")
+    if "prefill" in state.engine_types or "decode" in state.engine_types:
+        vr.at_least((0, 5, 7), "engine_type prefill/decode")
+    if sched is not None:
+        if "engine_type" not in sched:
+            vr.at_most((0, 4, 3), "scheduler gauges carry no engine_type label")
+        elif "tp_rank" not in sched:
+            vr.at_most((0, 4, 9), "scheduler gauges carry no tp_rank label")
+        elif "moe_ep_rank" not in sched:
+            vr.at_most((0, 5, 6), "scheduler gauges carry no moe_ep_rank label")
     for name, low, high in VERSION_HINTS:
-        if name in names or any(n.startswith(name + "_") for n in names if n.startswith(name)):
+        if name in names:
             if low:
-                vr.at_least(low, f"metric sglang:{name}")
+                vr.at_least(low, f"metric sglang:{name.removesuffix('_count')}")
             if high:
-                vr.at_most(high, f"metric sglang:{name}")
+                vr.at_most(high, f"metric sglang:{name.removesuffix('_count')}")
+    state.version = vr
+    return vr
 
 
 def version_from_labels(label_names: set[str], state: MetricsState) -> None:
-    for label, low in LABEL_HINTS:
-        if label in label_names:
-            state.version.at_least(low, f"label {label}")
-
-
-def looks_like_sglang(families: list[Any]) -> bool:
-    return any(normalise(f.name) is not None for f in families)
+    state.label_names.update(label_names)
+    detect_version(state)

@@ -36,16 +36,29 @@ class VersionRange:
     high: Version = (99, 0, 0)
     exact: Version | None = None
     reasons: list[str] | None = None
+    conflicts: list[str] | None = None  # hints that contradicted earlier (stronger) ones and were ignored
 
     def at_least(self, v: Version, why: str) -> None:
+        if v > self.high:
+            self._conflict(f">= {fmt(v)}: {why}")
+            return
         if v > self.low:
             self.low = v
             self._why(f">= {fmt(v)}: {why}")
 
     def at_most(self, v: Version, why: str) -> None:
+        if v < self.low:
+            self._conflict(f"<= {fmt(v)}: {why}")
+            return
         if v < self.high:
             self.high = v
             self._why(f"<= {fmt(v)}: {why}")
+
+    def _conflict(self, text: str) -> None:
+        if self.conflicts is None:
+            self.conflicts = []
+        if text not in self.conflicts:
+            self.conflicts.append(text)
 
     def set_exact(self, v: Version, why: str) -> None:
         self.exact = v
@@ -83,12 +96,14 @@ class VersionRange:
     def merge(self, other: VersionRange) -> None:
         if other.exact:
             self.exact = other.exact
-        if other.low > self.low:
+        if other.low > self.low and other.low <= self.high:
             self.low = other.low
-        if other.high < self.high:
+        if other.high < self.high and other.high >= self.low:
             self.high = other.high
         for r in other.reasons or []:
             self._why(r)
+        for c in other.conflicts or []:
+            self._conflict(c)
 
 
 def at_least(version: Version | None, v: tuple[int, int, int]) -> bool:
