@@ -57,6 +57,11 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "retractions_total": ("requests", "sum", "retracted requests since start (counter)"),
     "http_requests_active": ("requests", "sum", "in-flight HTTP requests"),
     "decode_sum_seq_lens": ("tokens", "sum", "sum of sequence lengths in the decode batch"),
+    "cache_hit_rate_last_prefill": ("ratio", "mean", "prefix-cache hit rate of the last prefill batch (gauge)"),
+    "kv_available_tokens": ("tokens", "sum", "free KV slots (0.5.11+)"),
+    "kv_evictable_tokens": ("tokens", "sum", "cached, unreferenced KV slots that can be evicted (0.5.11+)"),
+    "paused_reqs": ("requests", "sum", "requests paused by async weight sync"),
+    "grammar_queue_reqs": ("requests", "sum", "requests waiting for grammar compilation"),
 }
 
 
@@ -270,7 +275,8 @@ class Timeline:
         """
         by_signal: dict[str, list[str]] = {}
         for name, rank in self.series:
-            if rank:
+            # pipeline stages after the first hold the same requests as stage 0: keep them apart only
+            if rank and "pp" not in rank:
                 by_signal.setdefault(name, []).append(rank)
         for name, ranks in by_signal.items():
             if (name, "") in self.series or not ranks:
