@@ -80,9 +80,12 @@ def load_thresholds(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def gather(args: argparse.Namespace, adapter: Any) -> Any:
     """Collect the inputs the arguments name into a Collection."""
     if args.replay:
-        from diagnoser.replay import collect_replay
+        from diagnoser.replay import BundleError, collect_replay
 
-        return collect_replay(args.replay, adapter)
+        try:
+            return collect_replay(args.replay, adapter)
+        except BundleError as e:
+            raise UsageError(str(e)) from None
     if args.prometheus:
         from diagnoser.fleet import collect_prometheus
 
