@@ -57,8 +57,18 @@ def redact_text(text: str) -> str:
 
 
 def redact_value(key: str, value: Any) -> Any:
-    if is_secret_key(key) and value not in (None, "", False):
-        return REDACTED
+    """Redact the value of a secret-named key. Only text can hold a secret: numbers and booleans under a
+    key such as ``token_capacity`` are kept (they are sizes, not credentials)."""
+    if is_secret_key(key):
+        if isinstance(value, str):
+            return REDACTED if value else value
+        if isinstance(value, dict):
+            return {k: redact_value(key, v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [redact_value(key, v) for v in value]
+        if isinstance(value, bytes):
+            return REDACTED
+        return value
     return redact(value)
 
 

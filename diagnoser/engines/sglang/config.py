@@ -29,8 +29,11 @@ ARG_FACTS = (
     "hicache_ratio",
     "hicache_size",
     "hicache_storage_backend",
+    "hicache_write_policy",
     "cuda_graph_max_bs",
     "cuda_graph_max_bs_decode",
+    "cuda_graph_backend_decode",
+    "disable_decode_cuda_graph",
     "cuda_graph_bs",
     "disable_cuda_graph",
     "speculative_algorithm",
@@ -38,6 +41,7 @@ ARG_FACTS = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
     "speculative_draft_model_path",
+    "speculative_draft_kv_cache_dtype",
     "schedule_conservativeness",
     "schedule_policy",
     "disable_radix_cache",
@@ -65,9 +69,37 @@ def facts_from_args(args: dict[str, Any], sink: SignalSink, source: str) -> None
             sink.set_config(name, args[k], f"{source} {k}")
 
 
+def derived_facts(args: dict[str, Any], sink: SignalSink, source: str) -> None:
+    """Facts that need more than one argument: DP attention, CUDA-graph state, HiCache, speculative."""
+    attn_dp = args.get("attn_dp_size")
+    if args.get("enable_dp_attention") is not None or attn_dp is not None:
+        on = bool(args.get("enable_dp_attention")) or (isinstance(attn_dp, int) and attn_dp > 1)
+        why = "enable_dp_attention" if args.get("enable_dp_attention") else "attn_dp_size"
+        sink.set_config("dp_attention", on, f"{source} {why}")
+    cg = args.get("cuda_graph_config")
+    dec = cg.get("decode") if isinstance(cg, dict) else None
+    if isinstance(dec, dict):  # 0.5.14+: the resolved decode graph settings
+        if dec.get("max_bs") is not None:
+            sink.set_config("cuda_graph_max_bs", dec["max_bs"], f"{source} cuda_graph_config.decode.max_bs")
+        if dec.get("backend") is not None:
+            sink.set_config("cuda_graph_disabled", dec["backend"] == "disabled", f"{source} cuda_graph_config.decode.backend")
+    elif args.get("cuda_graph_max_bs_decode") is not None:
+        sink.set_config("cuda_graph_max_bs", args["cuda_graph_max_bs_decode"], f"{source} cuda_graph_max_bs_decode")
+    if not isinstance(dec, dict) or dec.get("backend") is None:
+        off = args.get("disable_cuda_graph")
+        if off is not None:
+            sink.set_config("cuda_graph_disabled", bool(off) or args.get("cuda_graph_backend_decode") == "disabled",
+                            f"{source} disable_cuda_graph")
+    if args.get("enable_hierarchical_cache") is not None:
+        sink.set_config("hicache", bool(args["enable_hierarchical_cache"]), f"{source} enable_hierarchical_cache")
+    if "speculative_algorithm" in args:
+        sink.set_config("speculative", args["speculative_algorithm"] not in (None, "", "NONE"), f"{source} speculative_algorithm")
+
+
 def facts_from_server_info(info: dict[str, Any], sink: SignalSink, source: str, version: VersionRange) -> None:
     info = redact(info)
     facts_from_args({k: v for k, v in info.items() if not isinstance(v, dict | list) or k == "cuda_graph_bs"}, sink, source)
+    derived_facts(info, sink, source)
     v = parse_version(info.get("version"))
     if v:
         version.set_exact(v, f"{source} version")
@@ -80,10 +112,13 @@ def facts_from_server_info(info: dict[str, Any], sink: SignalSink, source: str, 
     states = info.get("internal_states") or []
     if isinstance(states, list) and states:
         st = states[0] if isinstance(states[0], dict) else {}
+        effs = [s.get("effective_max_running_requests_per_dp") for s in states if isinstance(s, dict)]
         eff = st.get("effective_max_running_requests_per_dp")
-        if eff:
+        if eff:  # 0.5.8+: what the scheduler really admits, after clamps (reference §5.2)
             dp = len(states)
-            sink.set_config("max_running_requests", int(eff), f"{source} internal_states[0].effective_max_running_requests_per_dp")
+            total = sum(int(e) for e in effs if e)
+            where = f"{source} internal_states[*].effective_max_running_requests_per_dp"
+            sink.set_config("max_running_requests", total, where if dp > 1 else where.replace("[*]", "[0]"))
             sink.set_config("max_running_requests_per_dp", int(eff), f"{source} internal_states[0].effective_max_running_requests_per_dp")
             sink.set_config("dp_ranks_reporting", dp, f"{source} internal_states")
         mem = st.get("memory_usage") or {}
