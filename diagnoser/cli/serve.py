@@ -1,0 +1,122 @@
+"""``diagnose serve``: poll targets continuously and serve the web dashboard and the /metrics exporter.
+
+    diagnose serve --url http://127.0.0.1:30000 [--url …] [--log server.log] [--host 127.0.0.1]
+                   [--port 8000] [--interval 5] [--token T] [--job-requests N] [--for 60]
+                   [--replay FILE --speed S --loop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import Any
+
+from diagnoser.cli import UsageError
+from diagnoser.cli.run import _Parser, load_thresholds, parse_duration
+
+TOKEN_ENV = "DIAGNOSER_TOKEN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="diagnose serve", description="Web dashboard and Prometheus exporter over live SGLang servers.")
+    p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable)")
+    p.add_argument("--log", action="append", default=[], help="server log file to follow (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--interval", type=parse_duration, default=5.0, help="seconds between polls (default 5)")
+    p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per target in seconds (default 5)")
+    p.add_argument("--window", type=parse_duration, default=300.0, help="how much recent history the rules judge (default 5m)")
+    p.add_argument("--history", type=parse_duration, default=24 * 3600.0, help="history kept per target (default 24h)")
+    p.add_argument("--for", dest="for_s", type=parse_duration, default=None,
+                   help="how long a condition must hold before a finding fires (default: each rule's own, about 60s)")
+    p.add_argument("--token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or env {TOKEN_ENV})")
+    p.add_argument("--job-requests", type=int, default=None, help="total requests in the batch job, for the ETA")
+    p.add_argument("--client-concurrency", type=int, default=None, help="requests the client keeps in flight, if known")
+    p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
+    p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
+    p.add_argument("--config", help="TOML file with rule thresholds ([rules.NAME] tables)")
+    p.add_argument("--set", action="append", default=[], metavar="RULE.KEY=VALUE", help="override a rule threshold")
+    p.add_argument("--select", action="append", default=[], help="only run these rules (name or code)")
+    p.add_argument("--ignore", action="append", default=[], help="skip these rules (name or code)")
+    p.add_argument("--replay", help="play a recorded bundle as the data source")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1)")
+    p.add_argument("--loop", action="store_true", help="restart the replay when it ends")
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def extras_from(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "job_requests": args.job_requests,
+        "client_concurrency": args.client_concurrency,
+        "model_config": args.model_config,
+        "avg_tokens_per_request": getattr(args, "avg_tokens_per_request", None),
+    }
+
+
+def make_monitor(args: argparse.Namespace, adapter: Any) -> Any:
+    from diagnoser.evaluate import select_rules
+    from diagnoser.live import LiveMonitor
+
+    if args.interval <= 0:
+        raise UsageError("--interval must be above 0 seconds")
+    return LiveMonitor(
+        adapter, args.url, args.log, interval=args.interval, timeout=args.timeout, window_s=args.window,
+        history_s=args.history, for_seconds=args.for_s, thresholds=load_thresholds(args),
+        rules=select_rules(args.select, args.ignore), extras=extras_from(args),
+    )
+
+
+def replay_monitor(args: argparse.Namespace, adapter: Any) -> Any:
+    try:
+        from diagnoser.replay import ReplayFeed  # type: ignore[attr-defined]
+    except ImportError:
+        raise UsageError("--replay is not available in this build yet (diagnoser.replay.ReplayFeed is missing); serve live targets with --url") from None
+    from diagnoser.live import ReplayMonitor  # type: ignore[attr-defined]
+
+    return ReplayMonitor(ReplayFeed, args, adapter)
+
+
+def main(cmd: str, argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from diagnoser.engines import get_adapter
+
+    adapter = get_adapter("sglang")
+    if args.replay:
+        monitor = replay_monitor(args, adapter)
+    else:
+        if not args.url and not args.log:
+            raise UsageError("nothing to watch: pass --url http://HOST:30000 (repeatable) and/or --log PATH")
+        if "-" in args.log:
+            raise UsageError("serve follows log files; stdin (--log -) is only for --once")
+        monitor = make_monitor(args, adapter)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host):
+        extra = " with a bearer token" if token else f"; anyone who can reach it sees your servers' state. Set --token or {TOKEN_ENV}"
+        print(f"diagnose serve: warning: binding {args.host}, not loopback: the dashboard is reachable from other machines{extra}.", file=sys.stderr)
+    import uvicorn
+
+    from diagnoser.web import create_app
+
+    app = create_app(monitor, token=token, job_requests=args.job_requests)
+    monitor.tick(scrape=False)
+    monitor.start()
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"diagnose serve: http://{shown}:{args.port}/ ({len(monitor.targets)} target(s), every {args.interval:g} s; /metrics for Prometheus)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}); pick another --port") from None
+    finally:
+        monitor.stop()
+    return 0

@@ -1,0 +1,435 @@
+"""Live mode: poll many targets and logs continuously, keep a bounded history, evaluate with hysteresis.
+
+Used by ``diagnose`` watch mode and ``diagnose serve``. One :class:`LiveMonitor` owns every target:
+
+* each target is scraped by a worker thread with its own HTTP timeout; a target whose previous scrape
+  is still running is skipped for that tick, so one slow target never stalls the others;
+* a log file is followed (:class:`~diagnoser.sources.logs.LogFollower`, survives rotation);
+* history is trimmed by age (``history_s``) and size (``max_points`` per series, ``max_events``);
+* each tick evaluates the rules over the last ``window_s`` seconds of every target, runs
+  ``advice.enrich`` when it exists, and passes the findings through :class:`Hysteresis`;
+* the result is published as an immutable :class:`Snapshot` that readers (web, exporter, terminal) take
+  without locking.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.collect import finalize
+from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.evaluate import Hysteresis, Report, evaluate
+from diagnoser.model import Evidence, Finding, Severity
+from diagnoser.rules import REGISTRY, Rule
+from diagnoser.sources.http import make_client
+from diagnoser.sources.logs import LogFollower, open_log_reader
+from diagnoser.sources.metrics import MetricsTarget
+from diagnoser.sources.serverinfo import fetch_config
+from diagnoser.timeline import Timeline
+
+DEFAULT_HISTORY_S = 24 * 3600.0
+DEFAULT_MAX_POINTS = 20_000  # per series: 24 h at a 5 s interval is 17,280
+DEFAULT_MAX_EVENTS = 5_000
+CONFIG_REFRESH_S = 300.0
+
+
+@dataclass(slots=True)
+class LiveTarget:
+    """One monitored target: a URL (with optional logs) or a log alone."""
+
+    name: str
+    timeline: Timeline
+    version: VersionRange = field(default_factory=VersionRange)
+    metrics: MetricsTarget | None = None
+    followers: list[LogFollower] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: bool = False
+    up: bool | None = None
+    last_error: str = ""
+    scrape_errors: int = 0
+    scrapes: int = 0
+    last_scrape_ts: float | None = None
+    last_duration_s: float = 0.0
+    config_at: float = 0.0
+    raw_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_url(self) -> bool:
+        return self.metrics is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """What readers need of one target, copied at the end of a tick."""
+
+    index: int
+    name: str
+    is_url: bool
+    up: bool | None
+    last_error: str
+    scrapes: int
+    scrape_errors: int
+    last_scrape_ts: float | None
+    last_duration_s: float
+    version: str | None
+    latest: dict[str, float]
+    config: dict[str, Any]  # name → ConfigFact
+    model_name: str
+    window: tuple[float | None, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    ts: float
+    tick: int
+    targets: list[TargetView]
+    findings: list[Finding]  # pending and firing, after hysteresis
+    resolved: list[tuple[float, Finding]]  # recent resolutions, newest last
+    errors: list[dict[str, str]]
+    rule_pass_s: float
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+
+    def firing(self, target: str | None = None) -> list[Finding]:
+        return [f for f in self.findings if f.state == "firing" and (target is None or f.target == target)]
+
+    def for_target(self, target: str) -> list[Finding]:
+        return [f for f in self.findings if f.target == target]
+
+
+def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
+    """Drop points older than ``oldest`` and keep at most ``max_points`` per series. Returns the count dropped."""
+    import bisect
+
+    dropped = 0
+    for key in list(tl.series):
+        s = tl.series[key]
+        cut = bisect.bisect_left(s.ts, oldest)
+        cut = max(cut, len(s.ts) - max_points)
+        if cut > 0:
+            del s.ts[:cut], s.values[:cut], s.sources[:cut]
+            dropped += cut
+        if not s.ts:
+            del tl.series[key]
+    if tl.events:
+        cut = 0
+        while cut < len(tl.events) and tl.events[cut].ts < oldest:
+            cut += 1
+        cut = max(cut, len(tl.events) - max_events)
+        if cut > 0:
+            del tl.events[:cut]
+            dropped += cut
+    return dropped
+
+
+def _reaggregate(tl: Timeline) -> None:
+    """Rebuild the rank-"" series of signals that have per-rank series (they grow every tick)."""
+    ranked = {name for (name, rank) in tl.series if rank}
+    for name in ranked:
+        tl.series.pop((name, ""), None)
+    if ranked:
+        tl.aggregate_ranks()
+
+
+def unreachable_finding(target: str, error: str) -> Finding:
+    """Fallback when the catalogue has no ``source_unreachable`` rule yet."""
+    return Finding(
+        rule="source_unreachable",
+        severity=Severity.CRITICAL,
+        confidence="high",
+        target=target,
+        summary=error or f"{target} did not answer.",
+        evidence=[Evidence("scrape", "failed", None, "last scrape", target)],
+        docs="diagnose explain source_unreachable",
+    )
+
+
+class LiveMonitor:
+    """Polls targets and logs; call :meth:`tick` yourself or :meth:`start` a background loop."""
+
+    def __init__(
+        self,
+        adapter: Any,
+        urls: list[str] | None = None,
+        logs: list[str] | None = None,
+        *,
+        interval: float = 5.0,
+        timeout: float = 5.0,
+        window_s: float = 300.0,
+        history_s: float = DEFAULT_HISTORY_S,
+        max_points: int = DEFAULT_MAX_POINTS,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        for_seconds: float | None = None,
+        thresholds: dict[str, dict[str, Any]] | None = None,
+        rules: list[type[Rule]] | None = None,
+        extras: dict[str, Any] | None = None,
+        client: Any = None,
+        workers: int = 16,
+        follow_from_start: bool = True,
+    ) -> None:
+        self.adapter = adapter
+        self.interval = float(interval)
+        self.timeout = float(timeout)
+        self.window_s = float(window_s)
+        self.history_s = float(history_s)
+        self.max_points = int(max_points)
+        self.max_events = int(max_events)
+        self.thresholds = thresholds or {}
+        self.rules = rules if rules is not None else list(REGISTRY)
+        self.extras = dict(extras or {})
+        rule_names = [r.name for r in REGISTRY]
+        holds = {n: float(for_seconds) for n in rule_names} if for_seconds is not None else {r.name: r.for_seconds for r in REGISTRY}
+        holds.setdefault("source_unreachable", 0.0)
+        self.hysteresis = Hysteresis(holds)
+        self.default_hold = 0.0 if for_seconds is None else float(for_seconds)
+        self._own_client = client is None
+        self.client = client or make_client(timeout=timeout)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diagnoser-scrape")
+        self.targets: list[LiveTarget] = []
+        self.resolved: deque[tuple[float, Finding]] = deque(maxlen=200)
+        self.tick_no = 0
+        self._futures: dict[int, Future[Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.snapshot = Snapshot(time.time(), 0, [], [], [], [], 0.0)
+        self.listeners: list[Any] = []  # callables(snapshot) run after each tick
+        urls = list(urls or [])
+        logs = list(logs or [])
+        for u in urls:
+            mt = MetricsTarget(u, adapter)
+            self.targets.append(LiveTarget(mt.report.source, Timeline(target=mt.report.source), metrics=mt))
+        for path in logs:
+            if len(urls) == 1:
+                owner = self.targets[0]
+            else:
+                owner = LiveTarget(path, Timeline(target=path))
+                self.targets.append(owner)
+            reader = open_log_reader(adapter, owner.timeline, path)
+            owner.timeline.inputs.append(reader.report)
+            owner.followers.append(LogFollower(reader, path, from_start=follow_from_start))
+        for t in self.targets:
+            if t.metrics is not None:
+                t.timeline.inputs.insert(0, t.metrics.report)
+
+    # -- polling -------------------------------------------------------------------------------
+    def _scrape(self, t: LiveTarget) -> None:
+        assert t.metrics is not None
+        try:
+            now = time.time()
+            if now - t.config_at >= CONFIG_REFRESH_S or (not t.raw_config and t.up is False):
+                t.config_at = now
+                scratch = Timeline(target=t.name)
+                rng = VersionRange()
+                rep, raw = fetch_config(self.client, t.metrics.url, self.adapter, scratch, rng)
+                with t.lock:
+                    if raw:
+                        t.raw_config = raw
+                        t.timeline.config.update(scratch.config)
+                        t.version.merge(rng)
+            with t.lock:
+                ok, _ = t.metrics.scrape(self.client, t.timeline)
+            t.last_duration_s = t.metrics.last_duration_s
+            t.up = bool(ok)
+            t.scrapes += 1
+            t.last_scrape_ts = time.time()
+            if not ok:
+                t.scrape_errors += 1
+                t.last_error = t.metrics.last_error
+                t.config_at = 0.0 if not t.raw_config else t.config_at
+            else:
+                t.last_error = ""
+        except Exception as e:  # a bug on one target must not stop the loop
+            t.up = False
+            t.scrape_errors += 1
+            t.last_error = f"Scraping {t.name} failed unexpectedly ({type(e).__name__}: {e})."
+        finally:
+            t.busy = False
+
+    def poll(self) -> None:
+        """Start a scrape for every idle URL target, follow the logs, and wait up to the timeout."""
+        started: list[Future[Any]] = []
+        for t in self.targets:
+            if t.metrics is None:
+                continue
+            if t.busy:  # still waiting on the previous scrape: skip this tick for it only
+                continue
+            t.busy = True
+            started.append(self.pool.submit(self._scrape, t))
+        for t in self.targets:
+            for fol in t.followers:
+                with t.lock:
+                    fol.poll()
+        deadline = time.monotonic() + self.timeout + 0.5
+        for fut in started:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                fut.result(timeout=remaining)
+            except Exception:  # noqa: S110 — _scrape records its own errors
+                pass
+
+    def _ref_now(self, t: LiveTarget, now: float) -> float:
+        if t.is_url:
+            return now
+        end = t.timeline.span()[1]
+        return now if end is None else end
+
+    def tick(self, now: float | None = None, scrape: bool = True) -> Snapshot:
+        """One pass: poll (optionally), trim, evaluate the window, hysteresis, publish a snapshot."""
+        if scrape:
+            self.poll()
+        now = time.time() if now is None else now
+        windows: list[Timeline] = []
+        unreachable: dict[str, str] = {}
+        views: list[TargetView] = []
+        for i, t in enumerate(self.targets):
+            ref = self._ref_now(t, now)
+            with t.lock:
+                trim(t.timeline, ref - self.history_s, self.max_points, self.max_events)
+                _reaggregate(t.timeline)
+                rng = VersionRange()
+                rng.merge(t.version)
+                if t.metrics is not None:
+                    rng.merge(t.metrics.state.version)
+                for fol in t.followers:
+                    rng.merge(fol.reader.parser.version)
+                finalize(t.timeline, rng)
+                win = t.timeline.window(ref - self.window_s, ref)
+                latest = {name: s.values[-1] for (name, rank), s in t.timeline.series.items() if not rank and s.values}
+                cfg = dict(t.timeline.config)
+            if t.is_url and t.up is False:
+                unreachable[t.name] = t.last_error
+                win.meta["unreachable"] = t.last_error
+            windows.append(win)
+            views.append(TargetView(
+                index=i, name=t.name, is_url=t.is_url, up=t.up, last_error=t.last_error, scrapes=t.scrapes,
+                scrape_errors=t.scrape_errors, last_scrape_ts=t.last_scrape_ts, last_duration_s=t.last_duration_s,
+                version=t.timeline.version, latest=latest, config=cfg, model_name=self._model_name(t, cfg),
+                window=win.span(),
+            ))
+        extras = dict(self.extras)
+        extras["unreachable"] = unreachable
+        report = evaluate(windows, self.adapter, self.thresholds, self.rules, extras) if windows else Report()
+        try:
+            from diagnoser.advice import enrich  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            enrich = None
+        if enrich is not None:
+            try:
+                enrich(report, windows, extras)
+            except Exception as e:  # advice is optional: a failure is shown, not fatal
+                report.errors.append(_rule_error("advice", f"{type(e).__name__}: {e}"))
+        have = {(f.target, f.rule) for f in report.findings}
+        for name, err in unreachable.items():
+            if (name, "source_unreachable") not in have:
+                report.findings.insert(0, unreachable_finding(name, err))
+        findings = self.hysteresis.update(report.findings, now)
+        for f in self.hysteresis.resolved:
+            self.resolved.append((now, f))
+        self.tick_no += 1
+        snap = Snapshot(
+            ts=now, tick=self.tick_no, targets=views, findings=findings, resolved=list(self.resolved),
+            errors=[e.to_dict() for e in report.errors], rule_pass_s=report.duration_s, dropped=list(report.dropped),
+        )
+        self.snapshot = snap
+        for cb in list(self.listeners):
+            try:
+                cb(snap)
+            except Exception:  # noqa: S110 — a display error must not stop polling
+                pass
+        return snap
+
+    @staticmethod
+    def _model_name(t: LiveTarget, cfg: dict[str, Any]) -> str:
+        for key in ("served_model_name", "model_path"):
+            fact = cfg.get(key)
+            if fact is not None and fact.value:
+                return str(fact.value)
+        if t.metrics is not None and t.metrics.state.model_names:
+            return sorted(t.metrics.state.model_names)[0]
+        return ""
+
+    # -- reading -------------------------------------------------------------------------------
+    def target(self, index: int) -> LiveTarget:
+        return self.targets[index]
+
+    def series(self, index: int, signals: list[str], start: float, end: float | None = None, max_points: int = 600) -> dict[str, Any]:
+        """Downsampled series of one target for charts: ``{"t": [...], signal: [...]}`` per signal."""
+        t = self.targets[index]
+        out: dict[str, Any] = {}
+        with t.lock:
+            parts = {name: t.timeline.series.get((name, "")) for name in signals}
+            cut = {name: s.slice(start, end) for name, s in parts.items() if s is not None}
+        for name, s in cut.items():
+            out[name] = downsample(s.ts, s.values, max_points)
+        return out
+
+    # -- loop ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        while not stop.is_set():
+            t0 = time.monotonic()
+            self.tick()
+            stop.wait(max(0.05, self.interval - (time.monotonic() - t0)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="diagnoser-live", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout + self.interval + 2)
+        self.close()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for t in self.targets:
+            for fol in t.followers:
+                fol.close()
+        if self._own_client:
+            self.client.close()
+
+
+def _rule_error(rule: str, msg: str) -> Any:
+    from diagnoser.evaluate import RuleError
+
+    return RuleError(rule, "all", msg)
+
+
+def downsample(ts: list[float], values: list[float], max_points: int) -> dict[str, list[Any]]:
+    """Bucket a series into at most ``max_points`` points: mean, min and max per bucket (NaN-free)."""
+    n = len(ts)
+    if n <= max_points:
+        vals = [None if v != v else v for v in values]
+        return {"t": list(ts), "v": vals}
+    lo_t, hi_t = ts[0], ts[-1]
+    width = (hi_t - lo_t) / max_points or 1.0
+    out_t: list[float] = []
+    out_v: list[float | None] = []
+    out_min: list[float | None] = []
+    out_max: list[float | None] = []
+    i = 0
+    for b in range(max_points):
+        edge = lo_t + (b + 1) * width
+        acc: list[float] = []
+        t_acc = 0.0
+        k = 0
+        while i < n and (ts[i] <= edge or b == max_points - 1):
+            k += 1
+            t_acc += ts[i]
+            if values[i] == values[i]:
+                acc.append(values[i])
+            i += 1
+        if k == 0:
+            continue
+        out_t.append(t_acc / k)
+        out_v.append(sum(acc) / len(acc) if acc else None)
+        out_min.append(min(acc) if acc else None)
+        out_max.append(max(acc) if acc else None)
+    return {"t": out_t, "v": out_v, "min": out_min, "max": out_max}

@@ -1,0 +1,142 @@
+"""The Prometheus exporter behind ``diagnose serve``'s ``/metrics``: a prometheus_client Collector over the
+latest live snapshot. Every series is rebuilt from the snapshot on each scrape, so a finding that
+resolves simply disappears (no stale series). Names are fixed (all underscores, prefix ``diagnoser_``):
+
+    diagnoser_finding_active{rule,severity,target}            1 per active (firing) finding
+    diagnoser_signal{target,signal}                            last value of each canonical signal
+    diagnoser_pool_capacity_tokens{target}                     KV pool capacity
+    diagnoser_suggestion_info{target,rule,flag,current,proposed}        1 per current suggestion
+    diagnoser_suggestion_projected_running_reqs{target,rule,flag}       when projected
+    diagnoser_suggestion_projected_gen_throughput_tps{target,rule,flag} when projected
+    diagnoser_scrape_up{target}, diagnoser_scrape_duration_seconds{target},
+    diagnoser_scrape_errors_total{target}, diagnoser_rule_pass_duration_seconds
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from diagnoser.redact import redact_text
+from diagnoser.timeline import SIGNALS
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_PROJ_KEYS = {
+    "running_reqs": ("diagnoser_suggestion_projected_running_reqs", "max_running_requests", "running_reqs", "concurrency", "max_concurrency"),
+    "gen_throughput_tps": ("diagnoser_suggestion_projected_gen_throughput_tps", "gen_throughput_tps", "throughput_tps", "gen_tps"),
+}
+
+
+def _finite(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _label(v: Any) -> str:
+    return "" if v is None else redact_text(str(v))
+
+
+def projected(projection: dict[str, Any] | None, kind: str) -> float | None:
+    """Pick a projected number out of ``Suggestion.projection`` (keys vary; first finite match wins)."""
+    if not projection:
+        return None
+    keys = _PROJ_KEYS[kind][1:]
+    for k in keys:
+        for cand in (k, f"projected_{k}", f"{k}_after", f"after_{k}"):
+            if cand in projection:
+                val = projection[cand]
+                if isinstance(val, dict):
+                    val = val.get("value", val.get("after"))
+                f = _finite(val)
+                if f is not None:
+                    return f
+    after = projection.get("after")
+    if isinstance(after, dict):
+        return projected(after, kind)
+    return None
+
+
+class SnapshotCollector:
+    """Collector over ``get_snapshot()`` (a :class:`diagnoser.live.Snapshot`)."""
+
+    def __init__(self, get_snapshot: Callable[[], Any]) -> None:
+        self.get_snapshot = get_snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.get_snapshot()
+        active = GaugeMetricFamily("diagnoser_finding_active", "1 for each firing finding", labels=["rule", "severity", "target"])
+        signal = GaugeMetricFamily("diagnoser_signal", "Last value of each canonical signal (aggregate rank)", labels=["target", "signal"])
+        pool = GaugeMetricFamily("diagnoser_pool_capacity_tokens", "KV pool capacity in tokens", labels=["target"])
+        info = GaugeMetricFamily("diagnoser_suggestion_info", "1 for each current suggestion", labels=["target", "rule", "flag", "current", "proposed"])
+        p_run = GaugeMetricFamily("diagnoser_suggestion_projected_running_reqs", "Projected concurrent requests if the suggestion is applied", labels=["target", "rule", "flag"])
+        p_tps = GaugeMetricFamily("diagnoser_suggestion_projected_gen_throughput_tps", "Projected gen throughput (tokens/s) if the suggestion is applied", labels=["target", "rule", "flag"])
+        up = GaugeMetricFamily("diagnoser_scrape_up", "1 when the last scrape of the target succeeded", labels=["target"])
+        dur = GaugeMetricFamily("diagnoser_scrape_duration_seconds", "Duration of the last scrape of the target", labels=["target"])
+        errs = CounterMetricFamily("diagnoser_scrape_errors", "Failed scrapes of the target", labels=["target"])
+        rule_pass = GaugeMetricFamily("diagnoser_rule_pass_duration_seconds", "Duration of the last rule pass over all targets")
+        if snap is not None:
+            seen_active: set[tuple[str, str, str]] = set()
+            seen_info: set[tuple[str, ...]] = set()
+            seen_proj: set[tuple[str, str, str]] = set()
+            for f in snap.findings:
+                if f.state != "firing":
+                    continue
+                key = (f.rule, f.severity.label, _label(f.target))
+                if key not in seen_active:
+                    seen_active.add(key)
+                    active.add_metric(list(key), 1.0)
+                for i, s in enumerate(f.suggestions):
+                    labels = (_label(f.target), f.rule, s.flag, _label(s.current), _label(s.proposed))
+                    if labels not in seen_info:
+                        seen_info.add(labels)
+                        info.add_metric(list(labels), 1.0)
+                    pk = (_label(f.target), f.rule, s.flag)
+                    if i > 0 or pk in seen_proj:
+                        continue  # projections for the top suggestion of each finding
+                    seen_proj.add(pk)
+                    r = projected(s.projection, "running_reqs")
+                    if r is not None:
+                        p_run.add_metric(list(pk), r)
+                    g = projected(s.projection, "gen_throughput_tps")
+                    if g is not None:
+                        p_tps.add_metric(list(pk), g)
+            for t in snap.targets:
+                name = _label(t.name)
+                for sig, val in sorted(t.latest.items()):
+                    if sig not in SIGNALS:
+                        continue
+                    v = _finite(val)
+                    if v is not None:
+                        signal.add_metric([name, sig], v)
+                cap = t.config.get("max_total_tokens")
+                capv = _finite(cap.value) if cap is not None else _finite(t.latest.get("max_total_tokens"))
+                if capv is not None:
+                    pool.add_metric([name], capv)
+                if t.is_url:
+                    up.add_metric([name], 1.0 if t.up else 0.0)
+                    dur.add_metric([name], float(t.last_duration_s))
+                    errs.add_metric([name], float(t.scrape_errors))
+            rule_pass.add_metric([], float(snap.rule_pass_s))
+        yield from (active, signal, pool, info, p_run, p_tps, up, dur, errs, rule_pass)
+
+
+def make_registry(get_snapshot: Callable[[], Any]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(get_snapshot))  # type: ignore[arg-type]
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The exposition as one buffer (prometheus_client's text format 0.0.4)."""
+    return generate_latest(registry)
