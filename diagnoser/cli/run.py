@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
     p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
     p.add_argument("--verbose", "-v", action="store_true", help="show every evidence line")
+    p.add_argument("--for", dest="for_s", type=parse_duration, default=None, help="watch mode: how long a condition must hold before its finding fires (default: each rule's own)")
     return p
 
 
