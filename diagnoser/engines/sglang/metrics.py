@@ -258,6 +258,7 @@ class MetricsState:
     sched_labels: set[str] | None = None  # label names on a scheduler gauge
     engine_types: set[str] = field(default_factory=set)
     prerelease: bool = False
+    last_ts: float | None = None  # time of the previous scrape (a counter that appears later starts at 0)
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -369,6 +370,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     _counter_rates({k: v[min(v)] for k, v in counters.items()}, ts, sink, state, source)
     _hist_quantiles(hist, ts, sink, state, source)
     detect_version(state)
+    state.last_ts = ts
     return used
 
 
@@ -381,7 +383,11 @@ def _delta(state: MetricsState, key: tuple[str, str], ts: float, value: float) -
     prev = state.counters.get(key)
     state.counters[key] = (ts, value)
     if prev is None:
-        return None
+        # a labelled counter is exported from its first increment on: one that appears while the target
+        # was already being scraped counted from 0 in between
+        if state.last_ts is None or state.last_ts >= ts:
+            return None
+        prev = (state.last_ts, 0.0)
     pts, pval = prev
     dt = ts - pts
     if dt <= 0:
@@ -441,8 +447,10 @@ def _hist_quantiles(hist: dict[str, dict[float, float]], ts: float, sink: Signal
     for stem, buckets in hist.items():
         cur = _HistState(buckets, buckets.get(math.inf, max(buckets.values(), default=0.0)))
         key = (stem, "")
-        state.first_hists.setdefault(key, cur)
         prev = state.hists.get(key)
+        if prev is None and state.last_ts is not None and state.last_ts < ts:
+            prev = (state.last_ts, _HistState({}, 0.0))  # appeared while scraped: it was empty before
+        state.first_hists.setdefault(key, prev[1] if prev else cur)
         state.hists[key] = (ts, cur)
         if prev is None:
             continue
