@@ -1,0 +1,157 @@
+"""Fleet capacity: per-target load and headroom, and the fleet summary (total pool, use, headroom in
+requests). Pure functions over timelines; the fleet rules and the fleet report both use them.
+
+Headroom in requests of one replica = free KV tokens / KV tokens per running request:
+    free = max_total_tokens × (1 − mean token_usage)           (reference §2.1: token_usage = used / pool)
+    tokens per request = mean used_tokens / mean running_reqs  (this replica; else the model's median)
+and, when ``max_running_requests`` is known, never more than the free request slots. Averages are over
+the queried range. Metrics do not expose ``max_running_requests`` (reference §10), so in fleet mode the
+slot limit is usually unknown and the headroom is a KV-only upper bound; the row says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from diagnoser.timeline import Timeline
+
+SATURATED_QUEUE = 1.0  # mean waiting requests at or above this: requests wait here
+SATURATED_USAGE = 0.9  # mean KV usage at or above this: the pool is (nearly) full
+IDLE_RUNNING = 1.0  # mean running below this, and nothing waits: idle
+
+
+@dataclass(slots=True)
+class TargetLoad:
+    target: str
+    model: str
+    running: float | None
+    queue: float | None
+    usage: float | None
+    usage_max: float | None
+    pool: float | None
+    used_tokens: float | None
+    gen_tps: float | None
+    tokens_per_req: float | None = None
+    headroom_reqs: int | None = None
+    headroom_basis: str = ""
+    state: str = "no data"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in (
+            ("target", self.target), ("model", self.model), ("state", self.state), ("running", self.running),
+            ("queue", self.queue), ("token_usage", self.usage), ("token_usage_max", self.usage_max),
+            ("pool_tokens", self.pool), ("used_tokens", self.used_tokens), ("gen_throughput_tps", self.gen_tps),
+            ("tokens_per_request", self.tokens_per_req), ("headroom_requests", self.headroom_reqs),
+            ("headroom_basis", self.headroom_basis))}
+
+
+def group_of(tl: Timeline) -> str:
+    """Replicas of one model compare with each other: the model name, else the job."""
+    labels = tl.meta.get("labels", {})
+    return str(labels.get("model_name") or tl.cfg("served_model_name") or labels.get("job") or "(unknown model)")
+
+
+def _mean(tl: Timeline, signal: str) -> float | None:
+    return tl.stats(signal)["mean"]
+
+
+def target_load(tl: Timeline) -> TargetLoad:
+    usage_st = tl.stats("token_usage")
+    pool = tl.cfg("max_total_tokens")
+    if pool is None:
+        pool = tl.stats("max_total_tokens")["last"]
+    row = TargetLoad(tl.target, group_of(tl), _mean(tl, "running_reqs"), _mean(tl, "queue_reqs"), usage_st["mean"],
+                     usage_st["max"], float(pool) if pool else None, _mean(tl, "used_tokens"), _mean(tl, "gen_throughput_tps"))
+    if row.running is not None and row.running >= 0.5:
+        used = row.used_tokens
+        if used is None and row.usage is not None and row.pool:
+            used = row.usage * row.pool
+        if used:
+            row.tokens_per_req = used / row.running
+    if row.running is None and row.queue is None and row.usage is None:
+        row.state = "no data"
+    elif (row.queue or 0) >= SATURATED_QUEUE or (row.usage or 0) >= SATURATED_USAGE:
+        row.state = "saturated"
+    elif (row.running or 0) < IDLE_RUNNING and (row.queue or 0) < 0.5:
+        row.state = "idle"
+    else:
+        row.state = "serving"
+    return row
+
+
+def fill_headroom(rows: list[TargetLoad], timelines: dict[str, Timeline]) -> None:
+    """Headroom in requests per row; replicas without running requests borrow the model's median
+    tokens per request."""
+    per_model: dict[str, list[float]] = {}
+    for r in rows:
+        if r.tokens_per_req:
+            per_model.setdefault(r.model, []).append(r.tokens_per_req)
+    for r in rows:
+        tpr = r.tokens_per_req
+        basis = "own tokens/request"
+        if not tpr and per_model.get(r.model):
+            tpr = median(per_model[r.model])
+            basis = "model median tokens/request"
+        if not tpr or not r.pool or r.usage is None:
+            r.headroom_basis = "unknown: needs pool size, token usage and a running request on some replica of the model"
+            continue
+        free = max(0.0, r.pool * (1.0 - r.usage))
+        head = int(math.floor(free / tpr))
+        mrr = timelines[r.target].cfg("max_running_requests") if r.target in timelines else None
+        if mrr:
+            head = min(head, max(0, int(mrr - (r.running or 0))))
+            basis += ", capped by max_running_requests"
+        else:
+            basis += "; KV only (max_running_requests unknown from metrics)"
+        if (r.queue or 0) >= SATURATED_QUEUE:
+            head = 0  # requests already wait here: no room, whatever the pool says
+            basis = "requests wait here"
+        r.headroom_reqs = head
+        r.headroom_basis = basis
+
+
+def loads(timelines: list[Timeline]) -> list[TargetLoad]:
+    rows = [target_load(tl) for tl in timelines]
+    fill_headroom(rows, {tl.target: tl for tl in timelines})
+    return rows
+
+
+def _sum(vals: list[float | None]) -> float | None:
+    xs = [v for v in vals if v is not None]
+    return sum(xs) if xs else None
+
+
+def summarize(rows: list[TargetLoad]) -> dict[str, Any]:
+    """The fleet capacity summary, whole fleet and per model."""
+
+    def block(rs: list[TargetLoad]) -> dict[str, Any]:
+        pool = _sum([r.pool for r in rs])
+        used = _sum([r.usage * r.pool if r.usage is not None and r.pool else None for r in rs])
+        states = {s: sum(1 for r in rs if r.state == s) for s in ("saturated", "serving", "idle", "no data")}
+        head_known = [r.headroom_reqs for r in rs if r.headroom_reqs is not None]
+        return {
+            "targets": len(rs),
+            "states": states,
+            "pool_tokens": int(pool) if pool is not None else None,
+            "used_tokens": int(used) if used is not None else None,
+            "token_usage": round(used / pool, 4) if used is not None and pool else None,
+            "running_reqs": _r(_sum([r.running for r in rs])),
+            "queue_reqs": _r(_sum([r.queue for r in rs])),
+            "gen_throughput_tps": _r(_sum([r.gen_tps for r in rs])),
+            "headroom_requests": sum(head_known) if head_known else None,
+            "headroom_known_targets": len(head_known),
+        }
+
+    models: dict[str, list[TargetLoad]] = {}
+    for r in rows:
+        models.setdefault(r.model, []).append(r)
+    out = block(rows)
+    out["models"] = {m: block(rs) for m, rs in sorted(models.items())}
+    return out
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)

@@ -1,0 +1,151 @@
+"""The fleet query plan: one PromQL query per canonical signal for the whole fleet.
+
+The metric → signal mapping is the adapter's own (``engines/sglang/metrics.py`` GAUGES, COUNTERS,
+HISTOGRAMS, CONFIG_GAUGES), so a Prometheus-fed timeline has the same signal names as a direct scrape.
+Every selector takes both spellings (``sglang:x`` as served, ``sglang_x`` after Prometheus 3 escaping or
+the router's ``/engine_metrics``; reference §1.5) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
+histogram quantiles are computed by Prometheus (``rate()``, ``histogram_quantile()``); gauges are
+reduced per target and rank with the same rule as the direct path (``max``, or ``sum`` over ``pid``
+series for the PID_SUMMED gauges).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from diagnoser.engines.sglang import metrics as M
+
+# labels that identify a target and a rank (reference §1.4); everything else is reduced away
+TARGET_LABELS = ("job", "instance", "model_name")
+RANK_LABELS = ("dp_rank", "pp_rank", "tp_rank")
+# `name` is the model label of the 2024 pre-release names (reference §2.11)
+GROUP = ", ".join(TARGET_LABELS + ("name",) + RANK_LABELS)
+HIST_GROUP = ", ".join(("le",) + TARGET_LABELS + ("name",))
+
+# gauges that name a target in discovery (any SGLang generation has one of them)
+CORE_GAUGES = ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "num_requests_running")
+CORE_SIGNALS = ("running_reqs", "queue_reqs", "token_usage", "gen_throughput_tps")
+
+_SELECTOR_RE = re.compile(r"""^\s*\{?\s*(?P<body>.*?)\s*\}?\s*$""", re.S)
+_MATCHER_RE = re.compile(r"""\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*(,|$)""")
+
+
+def parse_selector(text: str | None) -> str:
+    """``{job="sglang"}`` → ``job="sglang"`` (the matchers to add to every selector).
+
+    Raises ValueError with one sentence for a selector that cannot be used."""
+    if not text or not text.strip():
+        return ""
+    t = text.strip()
+    if not t.startswith("{") and re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*\s*\{", t):
+        raise ValueError(f"--selector {t!r} names a metric; pass only label matchers, e.g. '{{job=\"sglang\"}}'")
+    m = _SELECTOR_RE.match(t)
+    body = (m.group("body") if m else t).strip().rstrip(",")
+    if "__name__" in body:
+        raise ValueError("--selector must not match on __name__: diagnoser picks the SGLang metric names itself")
+    pos = 0
+    while pos < len(body):
+        mm = _MATCHER_RE.match(body, pos)
+        if not mm:
+            raise ValueError(f"--selector {text!r} is not a PromQL label selector; use e.g. '{{job=\"sglang\",cluster=~\"eu-.*\"}}'")
+        pos = mm.end()
+    return body
+
+
+def name_selector(names: list[str] | tuple[str, ...], matchers: str, suffix: str = "", extra: str = "") -> str:
+    """``{__name__=~"sglang[:_](a|b)_bucket", priority="", job="x"}``: both spellings, one selector.
+
+    ``priority=""`` keeps the totals and drops the per-priority split (0.5.10+, reference §1.4), as the
+    direct path does."""
+    alt = names[0] if len(names) == 1 else "(" + "|".join(names) + ")"
+    rx = f"sglang[:_]{alt}{suffix}"
+    parts = [f'__name__=~"{rx}"', 'priority=""'] + ([extra] if extra else []) + ([matchers] if matchers else [])
+    return "{" + ", ".join(parts) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class SignalQuery:
+    signal: str  # canonical signal written to the timeline
+    kind: str  # gauge | rate | total | increase | quantile
+    promql: str
+    shown: str  # short form for evidence sources: sglang:num_queue_reqs, rate(sglang:…[1m]) …
+    how: str = "max"  # how duplicate (target, rank) series combine
+    per_rank: bool = True
+    priority: int = 0  # several queries for one signal: the lowest priority that has data wins
+    total: str = ""  # "delta" queries: also keep the running total under this signal
+
+
+def _dur(seconds: float) -> str:
+    s = max(1, int(round(seconds)))
+    return f"{s}s"
+
+
+def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
+    """Every range query for one evaluation pass (one per signal, whole fleet)."""
+    out: list[SignalQuery] = []
+    by_signal: dict[str, list[str]] = {}
+    for name, sig in M.GAUGES.items():
+        by_signal.setdefault(sig, []).append(name)
+    for sig, names in by_signal.items():
+        summed = all(n in M.PID_SUMMED for n in names)
+        agg = "sum" if summed else "max"
+        extra = 'endpoint!="/metrics"' if "http_requests_active" in names else ""  # not the scraper's own request
+        # the retraction counter (0.5.7+) beats the per-report gauge, which a scrape can miss
+        out.append(SignalQuery(sig, "gauge", f"{agg} by ({GROUP}) ({name_selector(names, matchers, extra=extra)})",
+                               f"sglang:{names[0]}", "sum" if summed else "max", priority=2 if sig == "retracted_reqs" else 0))
+    w = _dur(rate_window)
+    rates: dict[str, list[str]] = {}
+    totals: dict[str, list[str]] = {}
+    for cname, (rate_sig, total_sig) in M.COUNTERS.items():
+        if rate_sig:
+            rates.setdefault(rate_sig, []).append(cname)
+        if total_sig:
+            totals.setdefault(total_sig, []).append(cname)
+    for sig, names in rates.items():
+        out.append(SignalQuery(sig, "rate", f"sum by ({GROUP}) (rate({name_selector(names, matchers)}[{w}]))",
+                               f"rate(sglang:{names[0]}[{w}])", "sum"))
+    for sig, names in totals.items():
+        if sig == "retractions_total":
+            continue  # below, with the per-step counts
+        out.append(SignalQuery(sig, "total", f"sum by ({GROUP}) ({name_selector(names, matchers)})", f"sglang:{names[0]}", "sum"))
+    # Per-step counts come from the counter's value at each step, differenced here (a drop is a
+    # restart: count from 0), as the direct path does between scrapes; increase() over one step would
+    # need two scrapes inside every step. Retractions: the 0.5.7+ counter, else the 0.4.10-0.5.2
+    # cumulative gauge (reference §2.4).
+    for prio, name in enumerate(("num_retracted_requests_total", "total_retracted_reqs")):
+        out.append(SignalQuery("retracted_reqs", "delta", f"sum by ({GROUP}) ({name_selector([name], matchers)})",
+                               f"sglang:{name}", "sum", priority=prio, total="retractions_total"))
+    # prefill tokens per step by mode: the 0.5.18+ family first (it excludes retraction re-counts)
+    for prio, fam in enumerate(("prefill_effective_tokens_total", "realtime_tokens_total")):
+        out.append(SignalQuery(PREFILL, "prefill", f"sum by ({GROUP}, mode) ({name_selector([fam], matchers)})",
+                               f"sglang:{fam}", "sum", priority=prio))
+    stems: dict[str, list[str]] = {}
+    for base, stem in M.HISTOGRAMS.items():
+        stems.setdefault(stem, []).append(base)
+    for stem, bases in stems.items():
+        for q in M.HISTOGRAM_QUANTILES.get(stem, (0.5, 0.95)):
+            for prio, base in enumerate(bases):  # one name per query: old and new names have different buckets
+                sel = name_selector([base], matchers, "_bucket")
+                out.append(SignalQuery(f"{stem}_p{int(q * 100)}", "quantile",
+                                       f"histogram_quantile({q:g}, sum by ({HIST_GROUP}) (rate({sel}[{w}])))",
+                                       f"histogram_quantile({q:g}, sglang:{base}[{w}])", "max", per_rank=False, priority=prio))
+    return out
+
+
+PREFILL = "prefill_tokens"  # pseudo-signal: split into prefill_new_tokens / prefill_cached_tokens / cache_hit_rate
+
+
+def discovery_match(matchers: str) -> str:
+    """The ``series`` matcher: core gauges (targets, ranks, spelling) plus the version-hint names."""
+    names = list(dict.fromkeys(list(CORE_GAUGES) + [n for n, _, _ in M.VERSION_HINTS]))
+    return name_selector(names, matchers, "(_count)?")
+
+
+def config_query(matchers: str) -> str:
+    return name_selector(sorted(M.CONFIG_GAUGES), matchers)
+
+
+def any_sglang(matchers: str) -> str:
+    sel = "{" + ", ".join(['__name__=~"sglang[:_].+"'] + ([matchers] if matchers else [])) + "}"
+    return f"count by (job) ({sel})"

@@ -1,0 +1,423 @@
+"""Fleet mode: read every SGLang target from an existing Prometheus into one timeline per target.
+
+One pass = one ``series`` call (discovery, spelling, version hints), one instant query (config
+gauges) and one ``query_range`` per canonical signal for the whole fleet, run a few at a time. Targets
+are ``(job, instance, model_name)``; ``dp_rank``/``pp_rank`` become rank keys (``dp0``…) exactly as in
+the direct path (``engines/sglang/metrics.rank_key``), so every rule runs unchanged.
+
+A failed query (timeout, 5xx, partial answer) costs only its signal: the pass goes on and the
+collection lists, per target, which signals are missing and why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.collect import Collection, finalize
+from diagnoser.engines.sglang import metrics as M
+from diagnoser.fleet import queries as Q
+from diagnoser.fleet.promapi import PromAPI, PromError
+from diagnoser.model import InputReport, iso
+from diagnoser.timeline import Series, Timeline
+
+MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
+WORKERS = 4
+
+
+@dataclass(slots=True)
+class FleetCollection(Collection):
+    """A Collection plus what fleet outputs need (``fleet`` is the JSON ``fleet`` key's raw part)."""
+
+    fleet: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Window:
+    start: float
+    end: float
+    step: float
+    rate_window: float
+
+    @classmethod
+    def from_args(cls, rng: float | None, step: float | None, rate_window: float | None, end: float | None) -> tuple[Window, list[str]]:
+        notes: list[str] = []
+        rng = float(rng or 600.0)
+        end = float(end if end is not None else time.time())
+        st = float(step or max(5.0, round(rng / 60.0)))
+        if rng / st > MAX_POINTS:
+            st = math.ceil(rng / MAX_POINTS)
+            notes.append(f"--step raised to {st:g} s to keep at most {MAX_POINTS} points per series.")
+        rw = float(rate_window or max(60.0, 2 * st))
+        return cls(end - rng, end, st, rw), notes
+
+
+def parse_end(text: Any) -> float | None:
+    """``--end``: epoch seconds, an ISO time (``2026-11-29T10:00:00Z``) or ``now``."""
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "now")):
+        return None
+    if isinstance(text, int | float):
+        return float(text)
+    t = str(text).strip()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    from datetime import UTC, datetime
+
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--end {t!r} is not a time; use epoch seconds or an ISO time such as 2026-11-29T10:00:00Z") from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+class _Targets:
+    """(job, instance, model_name) → Timeline, with readable names (instance; job/instance or
+    instance model when an instance is shared)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str, str], Timeline] = {}
+        self.by_instance: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        self.labels: dict[tuple[str, str, str], set[str]] = {}
+        self.names: dict[tuple[str, str, str], set[str]] = {}
+        self.spellings: dict[tuple[str, str, str], set[str]] = {}
+        self.sched: dict[tuple[str, str, str], set[str]] = {}
+        self.engine_types: dict[tuple[str, str, str], set[str]] = {}
+
+    @staticmethod
+    def key_of(metric: dict[str, str]) -> tuple[str, str, str]:
+        return (metric.get("job", ""), metric.get("instance", ""), metric.get("model_name", "") or metric.get("name", ""))
+
+    def add(self, key: tuple[str, str, str]) -> Timeline:
+        tl = self.keys.get(key)
+        if tl is None:
+            tl = self.keys[key] = Timeline(target="")
+            tl.meta["labels"] = {k: v for k, v in zip(Q.TARGET_LABELS, key, strict=True) if v}
+            self.by_instance.setdefault(key[:2], []).append(key)
+        return tl
+
+    def resolve(self, metric: dict[str, str]) -> Timeline | None:
+        key = self.key_of(metric)
+        tl = self.keys.get(key)
+        if tl is not None:
+            return tl
+        if not key[2]:  # a model-less series (http_requests_active): the instance's only model
+            same = self.by_instance.get(key[:2], [])
+            if len(same) == 1:
+                return self.keys[same[0]]
+            return None
+        return self.add(key)
+
+    def name_all(self) -> None:
+        jobs_per_instance: dict[str, set[str]] = {}
+        for job, inst in self.by_instance:
+            jobs_per_instance.setdefault(inst, set()).add(job)
+        for key, tl in self.keys.items():
+            job, inst, model = key
+            name = inst or job or model or "prometheus"
+            if len(jobs_per_instance.get(inst, ())) > 1 and job:
+                name = f"{job}/{name}"
+            if len(self.by_instance.get((job, inst), [])) > 1 and model:
+                name = f"{name} {model}"
+            tl.target = name
+
+
+def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> FleetCollection:
+    """Read the fleet selected by ``args`` (``prometheus``, ``selector``, ``range``, ``step``,
+    ``rate_window``, ``end``, ``timeout`` and the auth options) from Prometheus."""
+    from diagnoser.fleet.promapi import auth_headers
+
+    col = FleetCollection()
+    rep = InputReport(kind="prometheus", source="")
+    col.inputs.append(rep)
+    try:
+        matchers = Q.parse_selector(getattr(args, "selector", ""))
+        headers = auth_headers(getattr(args, "bearer_token", None), getattr(args, "basic_auth", None), getattr(args, "header", None))
+    except ValueError as e:
+        rep.source = str(args.prometheus)
+        rep.errors += 1
+        rep.messages.append(str(e))
+        return col
+    own = api is None
+    api = api or PromAPI(args.prometheus, timeout=float(getattr(args, "timeout", 10.0) or 10.0), headers=headers)
+    rep.source = api.shown
+    try:
+        end = parse_end(getattr(args, "end", None))
+    except ValueError as e:
+        rep.errors += 1
+        rep.messages.append(str(e))
+        return col
+    win, notes = Window.from_args(getattr(args, "range", None), getattr(args, "step", None),
+                                  getattr(args, "rate_window", None), end)
+    rep.messages.extend(notes)
+    t0 = time.perf_counter()
+    try:
+        _collect(api, adapter, matchers, win, col, rep)
+    finally:
+        if own:
+            api.close()
+    col.fleet.update({
+        "prometheus": api.shown, "selector": getattr(args, "selector", "") or "",
+        "range": {"start": iso(win.start), "end": iso(win.end), "step_s": win.step, "rate_window_s": win.rate_window},
+        "queries": api.calls, "bytes": api.bytes_read, "query_seconds": round(api.seconds, 3),
+        "collect_seconds": round(time.perf_counter() - t0, 3),
+    })
+    rep.scrapes = api.calls
+    for w in api.warnings:
+        if w not in rep.messages:
+            rep.messages.append(w)
+    return col
+
+
+def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetCollection, rep: InputReport) -> None:
+    targets = _Targets()
+    try:
+        found = api.series(Q.discovery_match(matchers), win.start, win.end)
+    except PromError as e:
+        rep.errors += 1
+        rep.messages.append(str(e))
+        return
+    for metric in found:
+        key = targets.key_of(metric)
+        targets.add(key)
+        targets.labels.setdefault(key, set()).update(metric)
+        name = metric.get("__name__", "")
+        targets.spellings.setdefault(key, set()).add(name[:7])
+        base = M.normalise(name)
+        if base:
+            targets.names.setdefault(key, set()).add(base)
+            if base in M.SCHEDULER_PROBE and key not in targets.sched:
+                targets.sched[key] = set(metric)
+        if metric.get("engine_type"):
+            targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
+    if not targets.keys:
+        rep.errors += 1
+        rep.messages.append(_no_match(api, matchers, win))
+        return
+    failed: dict[str, str] = {}
+    plan = Q.plan(matchers, win.step, win.rate_window)
+
+    def run(q: Q.SignalQuery) -> tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]:
+        try:
+            return q, api.query_range(q.promql, win.start, win.end, win.step), ""
+        except PromError as e:
+            return q, None, str(e)
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        results = list(pool.map(run, plan))
+        try:
+            config = api.query(Q.config_query(matchers), win.end)
+        except PromError as e:
+            config = []
+            rep.errors += 1
+            rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {e}")
+    used = 0
+    have: dict[str, set[int]] = {}  # signal → ids of timelines that got it from a higher-priority query
+    ok: set[str] = set()
+    for q, res, err in sorted(results, key=lambda r: r[0].priority):
+        if res is None:
+            failed.setdefault(q.signal, err)
+            rep.errors += 1
+            continue
+        ok.add(q.signal)
+        used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+    failed = {s: e for s, e in failed.items() if s not in ok}
+    _ingest_config(config, targets)
+    targets.name_all()
+    missing_core = _missing(targets, failed)
+    for key, tl in targets.keys.items():
+        names = targets.names.get(key, set())
+        state = M.MetricsState(seen_names=names, label_names=targets.labels.get(key, set()),
+                               sched_labels=targets.sched.get(key), engine_types=targets.engine_types.get(key, set()),
+                               prerelease=bool(names & M.PRERELEASE_NAMES))
+        vr = M.detect_version(state)
+        finalize(tl, vr)
+        tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
+        tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))
+        tl.meta["fleet"] = True
+        tl.inputs.append(rep)
+        col.versions[tl.target] = vr
+        col.timelines.append(tl)
+    col.timelines.sort(key=lambda t: t.target)
+    rep.lines_recognized = used
+    for sig, err in failed.items():
+        rep.messages.append(f"{sig} is missing for all {len(targets.keys)} targets: {err}")
+    rep.messages.extend(missing_core)
+    col.fleet["failed_queries"] = dict(failed)
+    col.fleet["missing"] = {tl.target: tl.meta["missing_signals"] for tl in col.timelines if tl.meta.get("missing_signals")}
+
+
+def _points(value_lists: list[list[Any]], how: str) -> dict[float, float]:
+    merged: dict[float, float] = {}
+    for values in value_lists:
+        for t, v in values:
+            x = float(v)
+            if math.isnan(x):
+                continue
+            t = float(t)
+            if t in merged:
+                merged[t] = merged[t] + x if how == "sum" else max(merged[t], x)
+            else:
+                merged[t] = x
+    return merged
+
+
+def deltas(values: list[float]) -> list[float]:
+    """Per-step increase of a cumulative series; a drop means a restart, so the count is from 0."""
+    out = []
+    for prev, cur in zip(values, values[1:], strict=False):
+        out.append(cur - prev if cur >= prev else cur)
+    return out
+
+
+def _hold(points: dict[float, float], ts: list[float]) -> list[float]:
+    """Values at ``ts``, holding the previous one where a series has no point (0 before the first)."""
+    out, last = [], 0.0
+    for t in ts:
+        last = points.get(t, last)
+        out.append(last)
+    return out
+
+
+def _tp(metric: dict[str, str]) -> int:
+    try:
+        return int(metric.get("tp_rank") or 0)
+    except ValueError:
+        return 0
+
+
+def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
+    """Write one query's series into the timelines. Returns the number of series used.
+
+    Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
+    lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
+    exports the same numbers)."""
+    cache: dict[float, str] = {}
+    groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[list[Any]]]]] = {}
+    for r in result:
+        metric = r.get("metric", {})
+        tl = targets.resolve(metric)
+        if tl is None or id(tl) in done:
+            continue
+        rank = M.rank_key(metric) if q.per_rank else ""
+        g = groups.setdefault((id(tl), rank), (tl, {}))
+        g[1].setdefault((_tp(metric), metric.get("mode", "")), []).append(r.get("values") or [])
+    used = 0
+    fresh: set[int] = set()
+
+    def source(t: float, shown: str = q.shown) -> str:
+        s = cache.get(t)
+        if s is None:
+            s = cache[t] = f"prometheus@{iso(t)} {shown}"
+        return s
+
+    for (tid, rank), (tl, by_tp) in groups.items():
+        low = min(tp for tp, _m in by_tp)
+        parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
+        if q.kind == "prefill":
+            used += _prefill(tl, rank, q, parts, source)
+            fresh.add(tid)
+            continue
+        merged = _points([v for vals in parts.values() for v in vals], q.how)
+        if not merged:
+            continue
+        ts = sorted(merged)
+        vals = [merged[t] for t in ts]
+        srcs = [source(t) for t in ts]
+        if q.kind == "delta":
+            if q.total:
+                tl.series[(q.total, rank)] = Series(ts, vals, srcs)
+            ts, vals, srcs = ts[1:], deltas(vals), srcs[1:]
+            if not ts:
+                continue
+        tl.series[(q.signal, rank)] = Series(ts, vals, srcs)
+        fresh.add(tid)
+        used += sum(len(v) for v in parts.values())
+    done.update(fresh)
+    return used
+
+
+def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[list[Any]]], source: Any) -> int:
+    """Prefill tokens per step from a by-mode counter family → new / cached tokens and hit rate."""
+    fam = "prefill_effective_tokens_total" if "prefill_effective" in q.shown else "realtime_tokens_total"
+    new_modes, hit_modes = M.PREFILL_MODES[fam]
+    new = _points([v for m, vals in by_mode.items() if m in new_modes for v in vals], "sum")
+    hit = _points([v for m, vals in by_mode.items() if m in hit_modes for v in vals], "sum")
+    ts = sorted(set(new) | set(hit))
+    if len(ts) < 2:
+        return 0
+    n = deltas(_hold(new, ts))
+    h = deltas(_hold(hit, ts))
+    ts = ts[1:]
+    srcs = [source(t) for t in ts]
+    tl.series[("prefill_new_tokens", rank)] = Series(ts, n, srcs)
+    tl.series[("prefill_cached_tokens", rank)] = Series(list(ts), h, list(srcs))
+    gauge = tl.series.pop(("cache_hit_rate", rank), None)
+    if gauge is not None:  # the windowed hits/all is the better hit rate; keep the gauge beside it
+        tl.series[("cache_hit_rate_last_prefill", rank)] = gauge
+    rate = [(t, hh / (nn + hh), s) for t, nn, hh, s in zip(ts, n, h, srcs, strict=True) if nn + hh > 0]
+    if rate:
+        tl.series[("cache_hit_rate", rank)] = Series([r[0] for r in rate], [r[1] for r in rate], [r[2] + " (hits/all)" for r in rate])
+    return sum(len(v) for v in by_mode.values())
+
+
+def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
+    for r in result:
+        metric = r.get("metric", {})
+        tl = targets.resolve(metric)
+        base = M.normalise(metric.get("__name__", ""))
+        if tl is None or base not in M.CONFIG_GAUGES or M.rank_key(metric) not in ("", "dp0"):
+            continue
+        ts, v = r.get("value", [0, "NaN"])
+        x = float(v)
+        if math.isnan(x):
+            continue
+        val: Any = int(x) if x.is_integer() else x
+        tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(float(ts))} sglang:{base}")
+
+
+def _missing(targets: _Targets, failed: dict[str, str]) -> list[str]:
+    """Per target, the core signals it lacks while others have them; messages grouped by signal set."""
+    present = {sig for tl in targets.keys.values() for (sig, _rank) in tl.series}
+    core = [s for s in Q.CORE_SIGNALS if s in present]
+    by_set: dict[tuple[str, ...], list[str]] = {}
+    for tl in targets.keys.values():
+        have = {sig for (sig, _r) in tl.series}
+        lack = tuple(s for s in core if s not in have)
+        miss = sorted(set(lack) | set(failed))
+        if miss:
+            tl.meta["missing_signals"] = miss
+        if lack:
+            by_set.setdefault(lack, []).append(tl.target)
+    msgs = []
+    for lack, names in sorted(by_set.items(), key=lambda kv: -len(kv[1])):
+        names.sort()
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        msgs.append(f"{len(names)} target(s) have no {', '.join(lack)} in the range ({shown}); their other signals are used.")
+    return msgs
+
+
+def _no_match(api: PromAPI, matchers: str, win: Window) -> str:
+    sel = "{" + matchers + "}" if matchers else "(no selector)"
+    span = f"between {iso(win.start)} and {iso(win.end)}"
+    try:
+        with_sglang = sorted({r.get("metric", {}).get("job", "") for r in api.query(Q.any_sglang(""), win.end)} - {""})
+    except PromError:
+        with_sglang = []
+    try:
+        jobs = api.label_values("job")
+    except PromError as e:
+        return f"The selector {sel} matches no SGLang series (sglang:* or sglang_*) {span}, and the job list could not be read: {e}"
+    others = [j for j in jobs if j not in with_sglang]
+    parts = [f"The selector {sel} matches no SGLang series (sglang:* or sglang_*) {span}."]
+    if with_sglang:
+        parts.append(f"Jobs with SGLang series: {', '.join(with_sglang[:20])}; try --selector '{{job=\"{with_sglang[0]}\"}}'.")
+    else:
+        parts.append("No job in this Prometheus has SGLang series: check that SGLang runs with --enable-metrics and is scraped.")
+    if others:
+        parts.append(f"Other jobs: {', '.join(others[:20])}{' …' if len(others) > 20 else ''}.")
+    return " ".join(parts)
