@@ -1,0 +1,138 @@
+"""Wire the capacity model into the findings: every suggestion quantified, ranked by expected gain.
+
+``enrich(report, timelines, extras)`` runs after :func:`diagnoser.evaluate.evaluate` (``cli/run.py``
+``analyse()``). For each finding it
+
+* fills each suggestion's ``effect``, ``assumptions``, ``gain`` and ``projection`` from the what-if for
+  its flag (pool tokens, running requests, gen throughput, job ETA; reference §5);
+* for ``kv_saturation``, adds the capacity-ranked changes the rule did not already propose: DP attention
+  (MLA at TP > 1), ``--mem-fraction-static`` up to the largest value that keeps ≥ 6 GiB free, FP8 KV;
+  and a note that HiCache grows the prefix cache, not decode concurrency;
+* re-sorts by expected gain and re-runs :func:`diagnoser.evaluate.check_suggestions`, so contradicting,
+  no-op and never-propose (``--cpu-offload-gb``) suggestions are still refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from diagnoser.capacity.build import planner_for
+from diagnoser.capacity.whatif import Planner, Scenario
+from diagnoser.evaluate import Report, check_suggestions, version_tuple
+from diagnoser.model import Finding, Suggestion
+from diagnoser.timeline import Timeline
+
+HICACHE_NOTE = (
+    "HiCache (--enable-hierarchical-cache, --hicache-size/--hicache-ratio) extends the prefix cache into host RAM: "
+    "it raises reuse of shared prefixes, not the number of requests that can decode at once, so it does not fix a "
+    "full decode pool; suggest it when the cache hit rate is limited by evictions."
+)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def scenario_for(s: Suggestion, planner: Planner) -> Scenario | None:
+    """The what-if that matches a suggestion's flag and proposed value (None when we cannot size it)."""
+    flag, prop = s.flag, s.proposed
+    n = _num(prop)
+    if flag == "--mem-fraction-static" and n is not None:
+        return planner.mem_fraction(n)
+    if flag == "--kv-cache-dtype" and str(prop).lower().startswith("fp8"):
+        return planner.kv_fp8()
+    if flag in ("--enable-dp-attention", "--attn-dp-size"):
+        return planner.dp_attention(int(n) if flag == "--attn-dp-size" and n and n > 1 else None)
+    if n is None:
+        if flag == "--enable-hierarchical-cache":
+            return planner.hicache(ratio=2.0)
+        return None
+    table = {
+        "--max-running-requests": lambda: planner.max_running_requests(int(n)),
+        "--context-length": lambda: planner.context_length(int(n)),
+        "--chunked-prefill-size": lambda: planner.chunked_prefill_size(int(n)),
+        "--max-prefill-tokens": lambda: planner.max_prefill_tokens(int(n)),
+        "--schedule-conservativeness": lambda: planner.schedule_conservativeness(n),
+        "--cuda-graph-max-bs": lambda: planner.cuda_graph_max_bs(int(n)),
+        "--cuda-graph-max-bs-decode": lambda: planner.cuda_graph_max_bs(int(n)),
+        "--hicache-size": lambda: planner.hicache(size_gb=n),
+        "--hicache-ratio": lambda: planner.hicache(ratio=n),
+    }
+    fn = table.get(flag)
+    return fn() if fn else None
+
+
+def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
+    effect = sc.effect_text(now)
+    if s.effect and s.effect not in effect:
+        effect = f"{effect} — {s.effect}"
+    gain = sc.gain if sc.gain is not None else s.gain
+    if not sc.fits:
+        gain = -1.0
+    return replace(s, effect=effect, gain=gain, assumptions=tuple(s.assumptions) + tuple(sc.assumptions) + tuple(sc.risks),
+                   projection=sc.to_dict())
+
+
+def _why(sc: Scenario, planner: Planner) -> str:
+    p = planner.pool
+    if sc.flag in ("--enable-dp-attention", "--attn-dp-size"):
+        return (f"MLA keeps the whole latent KV on every rank, so at TP {p.tp} the {p.pool_tokens:,}-token pool is the whole "
+                f"server's; DP attention gives each of {p.tp} DP ranks its own pool.")
+    if sc.flag == "--mem-fraction-static":
+        per = 0.01 * (p.pre_gib or 0) * (1 << 30) / (p.bpt or 1)
+        return (f"the pool budget is free-after-weights − (1 − f) × free-before-weights, so each +0.01 adds about {per:,.0f} "
+                f"tokens here (not a proportional share of the pool); {p.headroom_gib:.1f} GiB is free after the pool and graphs."
+                if p.headroom_gib is not None else
+                f"the pool budget is free-after-weights − (1 − f) × free-before-weights: each +0.01 adds about {per:,.0f} tokens here.")
+    if sc.flag == "--kv-cache-dtype":
+        return "FP8 KV stores each token in half the bytes: twice the tokens in the same memory."
+    return "sized by the capacity model."
+
+
+def _kv_saturation(f: Finding, planner: Planner, now: Scenario, notes: list[str]) -> None:
+    have = {s.flag for s in f.suggestions}
+    for sc in planner.for_kv_saturation():
+        if sc.flag in have:
+            continue
+        s = Suggestion(flag=sc.flag, current=sc.current, proposed=sc.proposed, why=_why(sc, planner))
+        f.suggestions.append(quantified(s, sc, now))
+    if HICACHE_NOTE not in f.notes:
+        f.notes.append(HICACHE_NOTE)
+    p, w = planner.pool, planner.work
+    if p.pool_tokens and p.bpt:
+        f.notes.append(f"capacity: {p.total_tokens:,} pool tokens ({p.pool_source}), {p.bpt:,.0f} KV bytes per token per rank "
+                       f"({p.bpt_source}); {planner.model.describe() if planner.model else 'no decode points to fit throughput'}.")
+    if now.job_eta_hours is not None:
+        jp = w.progress
+        f.notes.append(f"job: {jp.completed:,} of {jp.job_requests:,} requests done ({jp.completed_source or 'none counted'}); "
+                       f"ETA at the current rate {now.job_eta_hours / 24:.1f} days ({jp.rate_source}).")
+    for n in notes:
+        if n not in f.notes:
+            f.notes.append(n)
+
+
+def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | None = None) -> None:
+    extras = dict(extras or {})
+    by_target = {tl.target: tl for tl in timelines}
+    planners: dict[str, tuple[Planner, list[str]]] = {}
+    for f in report.findings:
+        tl = by_target.get(f.target)
+        if tl is None:
+            continue
+        if f.target not in planners:
+            planners[f.target] = planner_for(tl, extras, version_tuple(tl))
+        planner, notes = planners[f.target]
+        now = planner.now()
+        out = []
+        for s in f.suggestions:
+            sc = scenario_for(s, planner)
+            out.append(quantified(s, sc, now) if sc is not None else s)
+        f.suggestions = out
+        if f.rule == "kv_saturation":
+            _kv_saturation(f, planner, now, notes)
+        f.suggestions.sort(key=lambda s: -(s.gain if s.gain is not None else -0.5))
+    check_suggestions(report, timelines)

@@ -1,0 +1,203 @@
+"""KV-cache bytes per token from a Hugging Face ``config.json`` (reference §5.1).
+
+* MHA/GQA: ``2 × max(1, kv_heads // attention_tp) × head_dim × layers × dtype`` per GPU rank, where
+  ``attention_tp = tp`` (or ``tp / dp`` under DP attention).
+* MLA (DeepSeek V2/V3, Kimi K2): ``(kv_lora_rank + qk_rope_head_dim) × layers × dtype``, NOT divided by TP
+  (every rank holds the whole latent).
+* Hybrid models (sliding-window, Mamba/linear attention): only the full-attention layers count for the
+  main pool; the SWA/state pools are separate.
+* ``--kv-cache-dtype``: auto = the model dtype; bf16/fp16 2 B; fp8 variants 1 B; fp4 variants 0.5 B (scale
+  bytes ignored). Pool sizes are rounded down to whole pages.
+
+The engine prints its own numbers (``KV Cache is allocated. #tokens: N, K size: X GB``); :mod:`pool`
+prefers those and uses this formula only to extrapolate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = float(1 << 30)
+
+
+class CapacityInputError(ValueError):
+    """Bad capacity input (config file, dtype…): the message is one sentence with the next step."""
+
+
+DTYPE_BYTES: dict[str, float] = {
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4,
+    "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "mxfp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "fp4_e2m1": 0.5, "nvfp4": 0.5, "fp4_mx_block16": 0.5, "fp4": 0.5,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the KV formula needs from a model config."""
+
+    arch: str
+    attention: str  # "mha" (MHA/GQA/MQA) or "mla"
+    layers: int  # all decoder layers
+    full_attention_layers: int  # layers that use the main KV pool
+    kv_heads: int = 0
+    head_dim: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    model_dtype_bytes: float = 2.0
+    attn_params_sharded: int = 0  # attention weights split by attention-TP (per layer × full layers)
+    attn_params_replicated: int = 0  # attention weights every rank holds anyway
+    context_length: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def hybrid(self) -> bool:
+        return self.full_attention_layers != self.layers
+
+
+def load_model_config(path: str | Path) -> dict[str, Any]:
+    """Read a config.json (or a model directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise CapacityInputError(f"model config {p} does not exist; pass the model's Hugging Face config.json with --model-config")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CapacityInputError(f"model config {p} is not readable JSON ({type(e).__name__}); pass the model's config.json") from None
+    if not isinstance(data, dict):
+        raise CapacityInputError(f"model config {p} is not a JSON object; pass the model's config.json")
+    return data
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal wrappers (Kimi-K2.5, Llava, Qwen-VL…) keep the language model under a sub-key."""
+    for key in ("text_config", "language_config", "llm_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, dict) and (sub.get("num_hidden_layers") or sub.get("num_layers")):
+            merged = dict(sub)
+            for k in ("torch_dtype", "dtype"):
+                if k not in merged and k in cfg:
+                    merged[k] = cfg[k]
+            return merged
+    return cfg
+
+
+def _int(cfg: dict[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v)
+    return None
+
+
+def _full_attention_layers(cfg: dict[str, Any], layers: int) -> tuple[int, str]:
+    lt = cfg.get("layer_types")
+    if isinstance(lt, list) and lt:
+        n = sum(1 for t in lt if str(t) in ("full_attention", "attention", "global_attention", "full"))
+        return n, f"layer_types: {n} of {len(lt)} layers are full attention"
+    interval = _int(cfg, "full_attention_interval")
+    if interval:
+        n = layers // interval
+        return n, f"full_attention_interval {interval}: {n} of {layers} layers are full attention"
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        n = pattern.count("*")
+        return n, f"hybrid_override_pattern: {n} of {len(pattern)} layers are attention"
+    period = _int(cfg, "attn_layer_period")
+    if period:
+        off = int(cfg.get("attn_layer_offset") or 0)
+        n = sum(1 for i in range(layers) if i % period == off)
+        return n, f"attn_layer_period {period}: {n} of {layers} layers are attention"
+    swp = _int(cfg, "sliding_window_pattern")
+    if swp and swp > 1:
+        n = layers // swp
+        return n, f"sliding_window_pattern {swp}: {n} of {layers} layers are global attention"
+    return layers, ""
+
+
+def model_shape(cfg: dict[str, Any]) -> ModelShape:
+    """The attention shape of a Hugging Face config (MLA, MHA/GQA, hybrid)."""
+    top_arch = (cfg.get("architectures") or ["?"])[0] if isinstance(cfg.get("architectures"), list) else "?"
+    c = _text_config(cfg)
+    layers = _int(c, "num_hidden_layers", "num_layers", "n_layer")
+    if not layers:
+        raise CapacityInputError("the model config has no num_hidden_layers; pass the language model's config.json")
+    dtype_name = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
+    mdb = DTYPE_BYTES.get(dtype_name, 2.0)
+    notes: list[str] = []
+    full, why = _full_attention_layers(c, layers)
+    if why:
+        notes.append(why)
+    heads = _int(c, "num_attention_heads", "n_head") or 0
+    hidden = _int(c, "hidden_size", "n_embd") or 0
+    ctx = _int(c, "max_position_embeddings")
+    if c.get("kv_lora_rank"):
+        kvr = int(c["kv_lora_rank"])
+        rope = int(c.get("qk_rope_head_dim") or 0)
+        nope = int(c.get("qk_nope_head_dim") or 0)
+        vhd = int(c.get("v_head_dim") or 0)
+        qlr = int(c.get("q_lora_rank") or 0)
+        q_b = (qlr if qlr else hidden) * heads * (nope + rope)
+        kv_b = kvr * heads * (nope + vhd)
+        o = heads * vhd * hidden
+        q_a = hidden * qlr if qlr else 0
+        kv_a = hidden * (kvr + rope)
+        return ModelShape(
+            arch=top_arch, attention="mla", layers=layers, full_attention_layers=full, kv_lora_rank=kvr,
+            qk_rope_head_dim=rope, model_dtype_bytes=mdb, attn_params_sharded=(q_b + kv_b + o) * full,
+            attn_params_replicated=(q_a + kv_a) * full, context_length=ctx, notes=tuple(notes),
+        )
+    kv_heads = _int(c, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads
+    head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
+    if not kv_heads or not head_dim:
+        raise CapacityInputError("the model config has no attention heads/head_dim; pass the language model's config.json")
+    qkvo = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    return ModelShape(
+        arch=top_arch, attention="mha", layers=layers, full_attention_layers=full, kv_heads=kv_heads,
+        head_dim=head_dim, model_dtype_bytes=mdb, attn_params_sharded=qkvo * full, context_length=ctx,
+        notes=tuple(notes),
+    )
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype_bytes: float = 2.0) -> float:
+    """Bytes per KV element for ``--kv-cache-dtype`` (``auto`` = the model dtype)."""
+    name = str(kv_cache_dtype or "auto").strip().lower().replace("torch.", "")
+    if name in ("auto", "", "none"):
+        return model_dtype_bytes
+    if name in DTYPE_BYTES:
+        return DTYPE_BYTES[name]
+    raise CapacityInputError(
+        f"unknown --kv-cache-dtype {kv_cache_dtype!r}; use auto, bf16, fp16, fp8_e4m3, fp8_e5m2 or fp4_e2m1"
+    )
+
+
+def bytes_per_token(shape: ModelShape, attention_tp: int = 1, kv_cache_dtype: str | None = "auto") -> float:
+    """KV bytes one token costs on one GPU rank (main pool only)."""
+    s = kv_dtype_bytes(kv_cache_dtype, shape.model_dtype_bytes)
+    if shape.attention == "mla":
+        return (shape.kv_lora_rank + shape.qk_rope_head_dim) * shape.full_attention_layers * s
+    per_rank = max(1, shape.kv_heads // max(1, int(attention_tp)))
+    return 2 * per_rank * shape.head_dim * shape.full_attention_layers * s
+
+
+def tokens_for_budget(budget_gib: float, bpt: float, page_size: int | None = 1) -> int:
+    """Pool tokens a KV budget buys: floor(budget × 2^30 / bytes), rounded down to whole pages."""
+    if budget_gib <= 0 or bpt <= 0:
+        return 0
+    n = int(budget_gib * GIB // bpt)
+    page = max(1, int(page_size or 1))
+    return n // page * page
+
+
+def kv_gib(tokens: float, bpt: float) -> float:
+    return tokens * bpt / GIB
+
+
+def attention_weight_gib_per_rank(shape: ModelShape, attention_tp: int, weight_bytes: float | None = None) -> float:
+    """Attention weights one rank holds at a given attention-TP (sharded part / attn_tp + replicated part)."""
+    wb = shape.model_dtype_bytes if weight_bytes is None else weight_bytes
+    return (shape.attn_params_sharded / max(1, attention_tp) + shape.attn_params_replicated) * wb / GIB

@@ -1,0 +1,404 @@
+"""What-ifs: what a flag change does to the pool, the running batch, gen throughput and the job's ETA.
+
+Every projection is anchored on what the server showed (its pool, its running batch at its token usage,
+its throughput) and moved by the formula of reference §5 only for the change itself:
+
+* pool: ``--mem-fraction-static`` adds ``Δf × free-before-weights`` GiB per rank; fp8 KV halves bytes per
+  token; DP attention gives each DP rank its own pool, minus the attention weights it must now hold whole.
+* running: when the KV pool is the limit (usage ≥ 0.9 with a queue), the batch grows with the pool at the
+  observed KV held per running request; capped by the client's concurrency and max_running_requests.
+* throughput: the fitted step-time model (:mod:`throughput`), ratio-scaled from the observed throughput.
+* ETA: the observed completion rate × the throughput ratio.
+
+HiCache grows the *prefix cache* in host RAM; it never raises decode concurrency. ``--cpu-offload-gb``
+is never proposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.capacity.eta import JobProgress
+from diagnoser.capacity.kvbytes import GIB, attention_weight_gib_per_rank, kv_dtype_bytes
+from diagnoser.capacity.pool import PoolFacts
+from diagnoser.capacity.throughput import ThroughputModel
+from diagnoser.engines.sglang import flags
+
+MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (reference §7: 5-8 GB)
+WARN_HEADROOM_GIB = 8.0
+RISK_HEADROOM_GIB = 5.0
+MAX_FRACTION = 0.95
+HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (§5.5)
+CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (§5.1, v0.5.3+ auto reserve)
+GRAPH_MIB_PER_BS = 2.0  # CUDA-graph reserve per captured batch size (§5.1, v0.5.3+ auto reserve)
+
+
+@dataclass(slots=True)
+class Workload:
+    """What the server's clients asked for, as observed (or given on the command line)."""
+
+    tokens_per_request: float | None = None  # p50 (or the given average) of prompt + output
+    tokens_per_request_p95: float | None = None
+    tokens_source: str = ""
+    running: float | None = None  # observed mean running batch
+    gen_tps: float | None = None  # observed mean gen throughput
+    usage: float | None = None  # observed mean token usage
+    queue: float | None = None
+    kv_bound: bool = False  # the pool is the limit (usage high, requests wait)
+    client_concurrency: int | None = None
+    output_tokens_per_request: float | None = None
+    progress: JobProgress = field(default_factory=JobProgress)
+
+
+@dataclass(slots=True)
+class Scenario:
+    change: str  # "--mem-fraction-static 0.85 → 0.90"
+    flag: str
+    current: Any
+    proposed: Any
+    pool_tokens: int | None = None
+    pool_tokens_per_rank: int | None = None
+    max_concurrent_requests: int | None = None
+    max_concurrent_requests_p95: int | None = None
+    projected_running: float | None = None
+    projected_gen_throughput_tps: float | None = None
+    job_eta_hours: float | None = None
+    confidence: str = "low"
+    assumptions: list[str] = field(default_factory=list)
+    risks: list[str] = field(default_factory=list)
+    headroom_gib: float | None = None
+    fits: bool = True
+    gain: float | None = None  # relative gen-throughput gain vs now
+    extra_flags: list[str] = field(default_factory=list)  # other changes this one needs
+
+    def to_dict(self) -> dict[str, Any]:
+        r = (lambda v, d=0: None if v is None else round(v, d) if d else round(v))  # noqa: E731
+        return {
+            "change": self.change, "flag": self.flag, "current": self.current, "proposed": self.proposed,
+            "pool_tokens": self.pool_tokens, "pool_tokens_per_rank": self.pool_tokens_per_rank,
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "max_concurrent_requests_p95": self.max_concurrent_requests_p95,
+            "projected_running": r(self.projected_running, 1), "projected_gen_throughput_tps": r(self.projected_gen_throughput_tps),
+            "job_eta_hours": r(self.job_eta_hours, 1), "gain": r(self.gain, 3), "confidence": self.confidence,
+            "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "extra_flags": list(self.extra_flags),
+            "assumptions": list(self.assumptions), "risks": list(self.risks),
+        }
+
+    def effect_text(self, now: Scenario | None = None) -> str:
+        """One paragraph: what the change should buy, with its numbers and assumptions."""
+        if not self.fits:
+            return "Does not fit: " + "; ".join(self.risks or self.assumptions)
+        parts = []
+        if self.pool_tokens is not None and now is not None and now.pool_tokens:
+            d = self.pool_tokens - now.pool_tokens
+            if d:
+                parts.append(f"pool {now.pool_tokens:,} → {self.pool_tokens:,} tokens ({d:+,}, {d / now.pool_tokens:+.0%})")
+        if self.projected_running is not None and now is not None and now.projected_running is not None:
+            parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")
+        if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
+            parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
+        if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
+            parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
+        if self.headroom_gib is not None:
+            parts.append(f"{self.headroom_gib:.1f} GiB left for activations and graphs")
+        text = "; ".join(parts) if parts else "no change to the pool or the running batch"
+        text += f" ({self.confidence} confidence)."
+        if self.extra_flags:
+            text += " Needs also: " + ", ".join(self.extra_flags) + "."
+        if self.risks:
+            text += " Risk: " + " ".join(self.risks)
+        if self.assumptions:
+            text += " Assumes: " + "; ".join(a.rstrip(".") for a in self.assumptions) + "."
+        return text
+
+
+def _eta(h: float) -> str:
+    return f"{h / 24:.1f} days" if h >= 48 else f"{h:.1f} h"
+
+
+class Planner:
+    """Runs what-ifs for one server from its pool facts, workload and throughput model."""
+
+    def __init__(self, pool: PoolFacts, work: Workload, model: ThroughputModel | None = None,
+                 version: tuple[int, int, int] | None = None) -> None:
+        self.pool, self.work, self.model, self.version = pool, work, model, version
+        self._now: Scenario | None = None
+
+    # -- core projection ---------------------------------------------------------------------------
+    def _scenario(self, flag: str, current: Any, proposed: Any, per_rank: int | None, pools: int | None = None,
+                  running_cap: float | None = None, confidence: str | None = None, change: str | None = None) -> Scenario:
+        p, w = self.pool, self.work
+        pools = pools or p.pools
+        total = None if per_rank is None else per_rank * pools
+        sc = Scenario(change=change or f"{flag} {_show(current)} → {_show(proposed)}", flag=flag, current=current,
+                      proposed=proposed, pool_tokens=total, pool_tokens_per_rank=per_rank)
+        if total is not None and w.tokens_per_request:
+            sc.max_concurrent_requests = int(total // w.tokens_per_request)
+            if w.tokens_per_request_p95:
+                sc.max_concurrent_requests_p95 = int(total // w.tokens_per_request_p95)
+        base_total = p.total_tokens
+        run = w.running
+        if run is not None and total is not None and base_total:
+            if w.kv_bound:
+                run = run * total / base_total
+        elif run is None and sc.max_concurrent_requests is not None:
+            run = float(sc.max_concurrent_requests)
+            sc.assumptions.append("running = requests that fit at full length (no running batch observed)")
+        caps = []
+        if w.client_concurrency:
+            caps.append((float(w.client_concurrency), f"the client's concurrency {w.client_concurrency}"))
+        mrr = running_cap if running_cap is not None else (p.max_running_requests * pools if p.max_running_requests else None)
+        if mrr:
+            caps.append((float(mrr), f"max_running_requests {mrr:.0f}"))
+        for cap, why in caps:
+            if run is not None and run > cap:
+                run = cap
+                sc.assumptions.append(f"running capped by {why}")
+        sc.projected_running = run
+        conf = confidence or "medium"
+        if run is not None and w.gen_tps:
+            base_run = w.running or run
+            if self.model is not None:
+                ratio = self.model.tps(run) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
+                conf = _min_conf(conf, self.model.confidence(run))
+            else:
+                ratio = run / base_run
+                conf = "low"
+            sc.projected_gen_throughput_tps = w.gen_tps * ratio
+            sc.gain = ratio - 1.0
+            sc.job_eta_hours = w.progress.eta_hours(ratio)
+        elif run is not None and self.model is not None:
+            sc.projected_gen_throughput_tps = self.model.tps(run)
+            conf = _min_conf(conf, self.model.confidence(run))
+        sc.confidence = conf
+        return sc
+
+    def now(self) -> Scenario:
+        if self._now is None:
+            self._now = self._scenario("(current)", None, None, self.pool.pool_tokens, change="current settings")
+            self._now.gain = 0.0
+        return self._now
+
+    # -- changes -------------------------------------------------------------------------------------
+    def mem_fraction(self, fraction: float) -> Scenario:
+        p = self.pool
+        flag = flags.spelling("mem_fraction_static", self.version)
+        cur = p.mem_fraction
+        if cur is None or p.pre_gib is None or not p.bpt or p.pool_tokens is None:
+            missing = [n for n, v in (("the current --mem-fraction-static", cur), ("free memory before weights ('Load weight begin' line or --gpu-mem-gb)", p.pre_gib),
+                                      ("bytes per token (--model-config or the 'KV Cache is allocated' line)", p.bpt), ("the pool size", p.pool_tokens)) if v is None or v == 0]
+            sc = Scenario(change=f"{flag} → {fraction:.2f}", flag=flag, current=cur, proposed=round(fraction, 2), fits=False)
+            sc.risks.append("cannot size it: missing " + ", ".join(missing) + ".")
+            return sc
+        delta_tokens = int((fraction - cur) * p.pre_gib * GIB // p.bpt)
+        per_rank = max(0, (p.pool_tokens + delta_tokens) // p.page_size * p.page_size)
+        sc = self._scenario(flag, cur, round(fraction, 2), per_rank)
+        sc.assumptions.append(f"each +0.01 adds 1% of the {p.pre_gib:.1f} GiB free before weights ({p.pre_source or 'estimate'}) = "
+                              f"{0.01 * p.pre_gib * GIB / p.bpt:,.0f} tokens per rank (reference §5.1)")
+        head = p.headroom_at(fraction)
+        sc.headroom_gib = head
+        if head is None:
+            sc.risks.append("free memory after the pool is unknown (no available_gpu_mem in the log); check it stays ≥ 5–8 GB.")
+            sc.confidence = _min_conf(sc.confidence, "low")
+        elif head < RISK_HEADROOM_GIB:
+            sc.risks.append(f"only {head:.1f} GiB would stay free for activations and CUDA graphs (< {RISK_HEADROOM_GIB:.0f}): likely OOM under load.")
+            sc.fits = head > 0
+        elif head < WARN_HEADROOM_GIB:
+            sc.risks.append(f"headroom for activations and CUDA graphs falls to {head:.1f} GiB (keep ≥ 5–8 GB); "
+                            "if prefill OOMs, lower --chunked-prefill-size or the CUDA-graph batch size.")
+        return sc
+
+    def best_mem_fraction(self) -> Scenario | None:
+        """The largest fraction (0.01 steps, ≤ 0.95) that keeps ≥ 6 GiB free; None when none beats today."""
+        p = self.pool
+        if p.mem_fraction is None or p.pre_gib is None:
+            return None
+        best = None
+        f = round(p.mem_fraction + 0.01, 2)
+        while f <= MAX_FRACTION + 1e-9:
+            head = p.headroom_at(f)
+            if head is not None and head < MIN_HEADROOM_GIB:
+                break
+            best = f
+            if head is None and f >= p.mem_fraction + 0.05:
+                break  # headroom unknown: go no further than +0.05
+            f = round(f + 0.01, 2)
+        return self.mem_fraction(best) if best else None
+
+    def kv_fp8(self) -> Scenario | None:
+        p = self.pool
+        flag = flags.spelling("kv_cache_dtype", self.version)
+        s_now = kv_dtype_bytes(p.kv_cache_dtype, p.shape.model_dtype_bytes if p.shape else 2.0)
+        if s_now <= 1 or not p.pool_tokens:
+            return None
+        per_rank = int(p.pool_tokens * s_now // 1) // p.page_size * p.page_size
+        sc = self._scenario(flag, p.kv_cache_dtype, "fp8_e4m3", per_rank)
+        sc.assumptions.append(f"same KV budget at 1 byte per element instead of {s_now:g} (reference §5.1): {s_now:g}× tokens")
+        sc.risks.append("FP8 KV can cost a little accuracy; check your eval, and that the attention backend supports it.")
+        return sc
+
+    def dp_attention(self, dp: int | None = None) -> Scenario | None:
+        p = self.pool
+        if p.dp_attention or p.tp <= 1 or p.pool_tokens is None:
+            return None
+        if p.shape is not None and p.shape.attention != "mla":
+            return None
+        dp = dp or p.tp
+        spell = flags.flag("dp_attention", self.version)
+        if spell.flag == "--attn-dp-size":
+            flag, cur, prop = spell.flag, 1, dp
+        else:
+            flag, cur, prop = spell.flag, False, True
+        extra_flags = [] if spell.flag == "--attn-dp-size" else [f"--dp-size {dp}"]
+        assumptions = [f"each of the {dp} DP ranks gets its own pool (attention TP {p.tp} → {max(1, p.tp // dp)}); "
+                       "MoE/MLP stay tensor-parallel (reference §5.4)"]
+        if p.shape is None or not p.bpt:
+            sc = self._scenario(flag, cur, prop, p.pool_tokens, pools=dp, confidence="low")
+            sc.assumptions = assumptions + ["upper bound: the attention weights each rank must now hold whole are unknown without --model-config"]
+            sc.extra_flags = extra_flags
+            return sc
+        extra = attention_weight_gib_per_rank(p.shape, max(1, p.tp // dp)) - attention_weight_gib_per_rank(p.shape, p.attention_tp)
+        assumptions.append(f"attention weights replicated on each rank cost {extra:.1f} GiB more per rank "
+                           f"({p.shape.model_dtype_bytes:g} B/param, the checkpoint dtype; quantized attention would cost less)")
+        budget = (p.kv_gib or p.pool_tokens * p.bpt / GIB) - extra
+        budget_now = budget
+        fraction_note = None
+        f_best = self.best_mem_fraction()
+        if budget * GIB / p.bpt < 0.25 * p.pool_tokens and f_best is not None and p.pre_gib and p.mem_fraction is not None:
+            budget += (float(f_best.proposed) - p.mem_fraction) * p.pre_gib
+            fraction_note = f"{flags.spelling('mem_fraction_static', self.version)} {f_best.proposed}"
+        per_rank = max(0, int(budget * GIB // p.bpt) // p.page_size * p.page_size)
+        sc = self._scenario(flag, cur, prop, per_rank, pools=dp)
+        sc.assumptions = assumptions + sc.assumptions
+        sc.extra_flags = extra_flags + ([fraction_note] if fraction_note else [])
+        sc.confidence = _min_conf(sc.confidence, "medium")
+        if per_rank <= 0:
+            sc.fits = False
+            sc.risks.append(f"the replicated attention weights ({extra:.1f} GiB per rank) leave no KV budget.")
+        else:
+            sc.risks.append("the throughput projection extrapolates the observed step-time model, and DP attention changes "
+                            "the step (gathers for the MoE layers) and needs more activation memory (SGLang's auto fraction "
+                            "reserves about 4 GiB more for it, §5.1).")
+            if fraction_note:
+                sc.risks.append(f"at the current fraction the replicated weights leave {budget_now:.1f} GiB of KV per rank "
+                                f"(too little), so this projection includes {fraction_note} (see its headroom).")
+        return sc
+
+    def max_running_requests(self, n: int) -> Scenario:
+        flag = flags.spelling("max_running_requests", self.version)
+        sc = self._scenario(flag, self.pool.max_running_requests, n, self.pool.pool_tokens, running_cap=float(n * self.pool.pools))
+        sc.assumptions.append("the pool is unchanged; only the slot cap moves")
+        return sc
+
+    def context_length(self, n: int) -> Scenario:
+        """A smaller context length raises the request-slot pool (clamp(pool / context × 512, 2048, 4096))."""
+        p = self.pool
+        flag = flags.spelling("context_length", self.version)
+        pool = p.pool_tokens or 0
+        slots = min(max(int(pool / max(1, n) * 512), 2048), 4096)
+        cap = min(pool // 2, slots) if pool else slots
+        sc = self._scenario(flag, p.context_len, n, p.pool_tokens, running_cap=float(cap * p.pools))
+        sc.assumptions.append(f"effective max_running_requests becomes min(pool // 2, clamp(pool / {n} × 512, 2048, 4096)) = {cap} "
+                              "when it is not set explicitly (reference §5.2); prompts longer than the new limit are refused")
+        return sc
+
+    def chunked_prefill_size(self, n: int) -> Scenario:
+        p = self.pool
+        flag = flags.spelling("chunked_prefill_size", self.version)
+        sc = self._scenario(flag, p.chunked_prefill_size, n, p.pool_tokens, confidence="low")
+        cost = ((n - (p.chunked_prefill_size or n)) * CHUNK_MIB_PER_TOKEN) / 1024
+        if p.headroom_gib is not None:
+            sc.headroom_gib = p.headroom_gib - cost
+        sc.assumptions.append(f"activation memory ≈ {CHUNK_MIB_PER_TOKEN} MiB per chunk token ({cost:+.1f} GiB; §5.1 auto reserve); "
+                              "larger chunks admit long prompts faster but stall decode longer per chunk")
+        return sc
+
+    def max_prefill_tokens(self, n: int) -> Scenario:
+        p = self.pool
+        flag = flags.spelling("max_prefill_tokens", self.version)
+        sc = self._scenario(flag, p.max_prefill_tokens, n, p.pool_tokens, confidence="low")
+        sc.assumptions.append("one prefill batch may admit up to this many tokens; decode capacity is unchanged")
+        return sc
+
+    def schedule_conservativeness(self, c: float) -> Scenario:
+        p = self.pool
+        flag = flags.spelling("schedule_conservativeness", self.version)
+        cur = p.schedule_conservativeness if p.schedule_conservativeness is not None else 1.0
+        sc = self._scenario(flag, cur, c, p.pool_tokens, confidence="low")
+        sc.assumptions.append(f"initial new_token_ratio {min(0.7 * cur, 1):.2f} → {min(0.7 * c, 1):.2f} (reference §5.2): "
+                              + ("fewer admissions, fewer retractions" if c > cur else "more admissions, higher usage, more retraction risk"))
+        return sc
+
+    def cuda_graph_max_bs(self, n: int) -> Scenario:
+        p = self.pool
+        flag = flags.spelling("cuda_graph_max_bs", self.version)
+        cur = p.cuda_graph_max_bs
+        sc = self._scenario(flag, cur, n, p.pool_tokens, confidence="low")
+        per_bs = (p.graph_gib / cur) if (p.graph_gib and cur) else GRAPH_MIB_PER_BS / 1024
+        cost = (n - (cur or n)) * per_bs
+        if p.headroom_gib is not None:
+            sc.headroom_gib = p.headroom_gib - cost
+        src = "the captured graphs' measured memory" if (p.graph_gib and cur) else f"{GRAPH_MIB_PER_BS} MiB per batch size (§5.1)"
+        sc.assumptions.append(f"graph memory {cost:+.2f} GiB from {src}; decode batches above the captured size run eagerly (slower)")
+        return sc
+
+    def hicache(self, size_gb: float | None = None, ratio: float | None = None, ranks_on_host: int | None = None) -> Scenario:
+        """HiCache host pool: fit in host RAM (keep 10 GiB free) and prefix reuse; decode concurrency unchanged."""
+        p = self.pool
+        flag = flags.spelling("hicache_size" if size_gb is not None else "hicache_ratio", self.version)
+        ranks = ranks_on_host or max(1, p.tp * (p.dp if not p.dp_attention else 1))
+        per_rank_tokens = None
+        if size_gb is not None and p.bpt:
+            per_rank_tokens = int(size_gb * 1e9 // p.bpt)
+            host_gib = size_gb * 1e9 / GIB * ranks
+        elif ratio is not None and p.pool_tokens and p.bpt:
+            per_rank_tokens = int(p.pool_tokens * ratio)
+            host_gib = per_rank_tokens * p.bpt / GIB * ranks
+        else:
+            host_gib = None
+        sc = self._scenario(flag, None, size_gb if size_gb is not None else ratio, p.pool_tokens, confidence="medium")
+        sc.gain = None
+        sc.assumptions.append(
+            "HiCache extends the prefix cache into host RAM: it raises reuse of shared prefixes (fewer prefill tokens), "
+            "not the number of requests that can decode at once — the GPU pool and the running batch stay as they are")
+        if per_rank_tokens is not None:
+            sc.assumptions.append(f"host pool {per_rank_tokens:,} tokens per rank × {ranks} ranks on this host = {host_gib:,.0f} GiB host RAM")
+        if host_gib is not None and p.host_mem_gib is not None:
+            free = p.host_mem_gib - HOST_RESERVE_GIB
+            if host_gib > free:
+                sc.fits = False
+                fit_gb = max(0.0, free / ranks * GIB / 1e9)
+                sc.risks.append(f"needs {host_gib:,.0f} GiB of host RAM but only {free:,.0f} GiB may be used "
+                                f"({p.host_mem_gib:,.0f} GiB − 10 GiB reserve); at most --hicache-size {fit_gb:.0f} per rank fits.")
+        return sc
+
+    # -- the ranked list for a saturated KV pool -----------------------------------------------------
+    def for_kv_saturation(self) -> list[Scenario]:
+        out = [s for s in (self.dp_attention(), self.best_mem_fraction(), self.kv_fp8()) if s is not None and s.fits]
+        out.sort(key=lambda s: -(s.gain if s.gain is not None else -1.0))
+        return out
+
+    def plan(self) -> list[Scenario]:
+        """Every what-if that applies, for ``diagnose plan``."""
+        p = self.pool
+        out: list[Scenario | None] = [self.dp_attention(), self.best_mem_fraction(), self.kv_fp8()]
+        if p.mem_fraction is not None and p.mem_fraction + 0.10 <= 0.99:
+            hi = self.mem_fraction(round(min(MAX_FRACTION, p.mem_fraction + 0.10), 2))
+            if not any(s is not None and s.change == hi.change for s in out):
+                out.append(hi)
+        if p.host_mem_gib is not None and p.bpt:
+            out.append(self.hicache(ratio=2.0))
+        return [s for s in out if s is not None]
+
+
+def _show(v: Any) -> str:
+    return "unset" if v is None else str(v)
+
+
+def _min_conf(a: str, b: str) -> str:
+    order = {"low": 0, "medium": 1, "high": 2}
+    return a if order.get(a, 0) <= order.get(b, 0) else b
+
+
+__all__ = ["Planner", "Scenario", "Workload"]
