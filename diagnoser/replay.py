@@ -275,6 +275,8 @@ class ReplayIngest:
     def apply(self, rec: dict[str, Any]) -> None:
         kind = rec.get("kind")
         target = str(rec.get("target") or "")
+        if kind in ("scrape", "log") and target in self.targets:
+            self._ingest_config(self.targets[target])  # config precedes the first sample, as live
         if kind == "scrape":
             t = self._target(target)
             if t.metrics is None:
@@ -301,9 +303,8 @@ class ReplayIngest:
         elif kind == "config":
             t = self._target(target)
             data = rec.get("data")
-            if isinstance(data, dict):
+            if isinstance(data, dict) and t.config_report is None:
                 t.raw_config[str(rec.get("path"))] = redact(data)
-                self._ingest_config(t)
 
     def _ingest_config(self, t: _Target) -> None:
         """Mirror of sources.serverinfo.fetch_config over the recorded payloads (first path wins)."""
@@ -352,6 +353,7 @@ class ReplayIngest:
         metric_tls: list[Timeline] = []
         log_tls: list[Timeline] = []
         for t in self.targets.values():
+            self._ingest_config(t)
             tl = t.tl
             if copy:
                 tl = tl.window(None, None)
