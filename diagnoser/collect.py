@@ -116,8 +116,13 @@ def collect_once(
             tl.inputs.insert(0, t.report)
             col.inputs.insert(0, t.report)
             ranges[t.url].merge(t.state.version)
+            wq = getattr(adapter, "window_quantiles", None)
+            if wq is not None:
+                tl.meta["window_quantiles"] = wq(t.state)  # histogram quantiles over the whole window
             if t.report.scrapes == 0:
                 col.unreachable[tl.target] = t.last_error
+                if t.last_error:
+                    col.errors.append(t.last_error)
                 tl.meta["unreachable"] = t.last_error
                 tl.meta["engine_exposition"] = t.is_engine
         if logs:

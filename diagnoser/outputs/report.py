@@ -19,8 +19,11 @@ from diagnoser.timeline import SIGNALS, Timeline
 def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     names = sorted({name for (name, rank) in tl.series if rank == ""}, key=lambda n: (list(SIGNALS).index(n) if n in SIGNALS else 999, n))
+    wq = tl.meta.get("window_quantiles") or {}
     for name in names:
         out[name] = tl.stats(name)
+        if name in wq:  # a latency quantile over the whole window (histogram difference last - first)
+            out[name]["window"] = wq[name]
     for (name, rank) in sorted(tl.series):
         if rank:
             out[f"{name}[{rank}]"] = tl.stats(name, rank)
