@@ -7,10 +7,42 @@ A finding's ``rule`` field takes exactly these names; ``diagnose rules`` lists t
 from __future__ import annotations
 
 from diagnoser.rules.base import Rule, RuleContext
+from diagnoser.rules.ca01_low_cache_hit import LowCacheHit
+from diagnoser.rules.cg01_cuda_graph_disabled_or_exceeded import CudaGraphDisabledOrExceeded
+from diagnoser.rules.dp01_dp_imbalance import DPImbalance
+from diagnoser.rules.er01_oom import OOM
+from diagnoser.rules.in01_source_unreachable import SourceUnreachable
+from diagnoser.rules.in02_metrics_disabled import MetricsDisabled
+from diagnoser.rules.in03_insufficient_data import InsufficientData
 from diagnoser.rules.kv01_kv_saturation import KVSaturation
+from diagnoser.rules.kv02_kv_retraction import KVRetraction
+from diagnoser.rules.oc01_low_batch_occupancy import LowBatchOccupancy
+from diagnoser.rules.oc02_client_bound import ClientBound
+from diagnoser.rules.pf01_prefill_stall import PrefillStall
+from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference
+from diagnoser.rules.qu01_queue_buildup import QueueBuildup
+from diagnoser.rules.rg01_runaway_generation import RunawayGeneration
+from diagnoser.rules.sl01_max_running_requests_cap import MaxRunningRequestsCap
+from diagnoser.rules.sp01_low_spec_acceptance import LowSpecAcceptance
 
 REGISTRY: list[type[Rule]] = [
     KVSaturation,
+    KVRetraction,
+    QueueBuildup,
+    LowBatchOccupancy,
+    ClientBound,
+    PrefillStall,
+    MaxRunningRequestsCap,
+    CudaGraphDisabledOrExceeded,
+    LowSpecAcceptance,
+    LowCacheHit,
+    DPImbalance,
+    PrefillDecodeInterference,
+    OOM,
+    RunawayGeneration,
+    SourceUnreachable,
+    MetricsDisabled,
+    InsufficientData,
 ]
 
 

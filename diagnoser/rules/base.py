@@ -153,3 +153,88 @@ def _round(v: Any) -> Any:
             return None
         return round(v, 4) if abs(v) < 100 else round(v, 1)
     return v
+
+
+# -- helpers shared by the rules ---------------------------------------------------------------
+
+
+def evidence(signal: str, observed: Any, threshold: Any = None, window: str = "", source: str = "") -> Evidence:
+    """Evidence with a computed label (e.g. a share or a rate) rather than a raw signal."""
+    return Evidence(signal=signal, observed=_round(observed), threshold=threshold, window=window, source=source)
+
+
+def suggest(ctx: RuleContext, concept: str, current: Any, proposed: Any, why: str, effect: str, assumptions: tuple[str, ...] = ()) -> Suggestion:
+    """A suggestion whose flag is spelled for the detected version (engines/sglang/flags.py)."""
+    return Suggestion(flag=ctx.flag(concept), current=current, proposed=proposed, why=why, effect=effect, assumptions=assumptions)
+
+
+def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float, float, float, str]]:
+    """Points where both signals were read at the same moment (same log line or same scrape)."""
+    sa, sb = ctx.series(a, rank), ctx.series(b, rank)
+    if sa is None or sb is None:
+        return []
+    bmap: dict[float, float] = {}
+    for t, v in zip(sb.ts, sb.values, strict=True):
+        bmap[t] = v
+    out = []
+    for t, v, src in zip(sa.ts, sa.values, sa.sources, strict=True):
+        w = bmap.get(t)
+        if w is not None and v == v and w == w:
+            out.append((t, v, w, src))
+    return out
+
+
+def next_pow2(n: float) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def slot_cap(ctx: RuleContext) -> tuple[int | None, str]:
+    """The effective max_running_requests (summary line, server info or server args) and its source."""
+    for name in ("max_running_requests", "arg.max_running_requests"):
+        v = ctx.cfg(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v), ctx.timeline.cfg_source(name)
+    return None, ""
+
+
+def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
+    v = ctx.cfg("max_total_tokens")
+    if isinstance(v, int | float) and v > 0:
+        return int(v), ctx.timeline.cfg_source("max_total_tokens")
+    # derive from #token / token usage on the same line when the pool size was not printed
+    pts = [(u, r, s) for _, u, r, s in joint(ctx, "used_tokens", "token_usage") if r >= 0.05]
+    if pts:
+        u, r, s = max(pts, key=lambda p: p[1])
+        return int(round(u / r, -2)), f"{s} (#token / token usage)"
+    return None, ""
+
+
+def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
+    """KV tokens one running request holds: the median of decode_sum_seq_lens / running_reqs (0.5.7+
+    metrics), else of used_tokens / running_reqs (used tokens also count prompts still in prefill)."""
+    from diagnoser.timeline import quantile
+
+    for signal in ("decode_sum_seq_lens", "used_tokens"):
+        per = sorted(u / r for _, u, r, _ in joint(ctx, signal, "running_reqs") if r > 0 and u > 0)
+        if per:
+            return quantile(per, 0.5), f"median of {signal} / running_reqs"
+    return None, ""
+
+
+def busy(values: list[float]) -> list[float]:
+    return [v for v in values if v == v and v > 0]
+
+
+def share(values: list[float], pred: Any) -> float:
+    vals = [v for v in values if v == v]
+    return sum(1 for v in vals if pred(v)) / len(vals) if vals else 0.0
+
+
+def fmt_int(v: Any) -> str:
+    try:
+        return f"{int(round(float(v))):,}"
+    except (TypeError, ValueError):
+        return str(v)

@@ -1,10 +1,12 @@
-"""The KV pool is the limit: token usage stays near capacity while requests wait.
+"""The KV pool is the limit: token usage stays near capacity while requests wait or decode retracts.
 
 What it detects:
     Token usage (``sglang:token_usage`` or ``token usage:`` in Decode/Prefill lines; for hybrid models
-    the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) for at least
-    ``min_share`` (default 60 %) of the window, while requests wait (``queue_reqs`` > 0) or decode
-    retracts, and the running batch sits below the effective ``max_running_requests``.
+    the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) while requests wait
+    (``queue_reqs`` > 0 on the same line or scrape) in at least ``min_share`` (default 60 %) of the
+    points where both were read; or the pool reaching ``usage_high`` while decode retracts requests
+    (retraction lines or counters). The running batch must sit below the effective
+    ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
 
 Why it matters:
     Every admitted request needs KV slots for its whole context. When the pool is full, the scheduler
@@ -12,44 +14,83 @@ Why it matters:
     not by compute; requests that cannot grow are retracted and recomputed.
 
 Evidence:
-    token_usage (mean, min and the share of points above the threshold), queue_reqs, running_reqs
-    against max_running_requests, used_tokens against max_total_tokens; every number cites the log
-    line or scrape that shows it.
+    token_usage (peak, and the share of waiting points at or above the threshold), queue_reqs,
+    running_reqs against max_running_requests, the pool size and retraction events; every number
+    cites the log line or scrape that shows it.
 
 Fix:
     Grow the pool or shrink per-token cost: raise ``--mem-fraction-static`` while keeping 5–8 GB free
-    for activations and graphs (reference §7: available_gpu_mem 5–8 GB is right); ``--kv-cache-dtype
-    fp8_e4m3`` doubles tokens per byte; for MLA models at TP > 1, DP attention gives each rank its own
-    pool. HiCache does not help here: it grows the prefix cache, not the decode pool.
-    ``--cpu-offload-gb`` is never suggested: it slows every step.
+    for activations and graphs (reference §7: available_gpu_mem 5–8 GB is right); when the pool is
+    capped by ``--max-total-tokens``, raise that cap; ``--kv-cache-dtype fp8_e4m3`` doubles tokens per
+    byte; for hybrid SWA models whose full-attention pool is full while the SWA pool is nearly empty,
+    lower ``--swa-full-tokens-ratio``; for MLA models at TP > 1, DP attention gives each rank its own
+    pool (the capacity model adds the numbers). HiCache does not help here: it grows the prefix cache,
+    not the decode pool. ``--cpu-offload-gb`` is never suggested: it slows every step.
 
 Known false positives:
     Usage above 0.9 with a short or empty queue is SGLang's own definition of healthy (hyperparameter
-    tuning guide); this rule needs waiting requests or retractions as well. A few requests with
-    runaway outputs can fill the pool by themselves (see ``runaway_generation``).
+    tuning guide, reference §7); this rule needs waiting requests or retractions as well, and the
+    default threshold is 0.95, above the guide's 0.9. A few requests with runaway outputs can fill the
+    pool by themselves; then flag changes do not help and none are proposed (see
+    ``runaway_generation``).
 
 References:
-    ../shared/reference/sglang.md §2.1 (token_usage, num_used_tokens), §3.3 (decode line), §5.1
-    (pool sizing), §7 (tuning guide), §8 (KV-bound); cases 007-sglang-2746, 022-sglang-26248.
+    ../shared/reference/sglang.md §2.1 (token_usage, num_used_tokens), §3.3 (decode line), §3.4
+    (retraction), §5.1 (pool sizing), §7 (tuning guide), §8 (KV-bound), §9 (issue #26248); cases
+    007-sglang-2746, 022-sglang-26248, cpu-real kv-full-retract and medium-engine-bound-kv-full.
 """
 
 from __future__ import annotations
 
-from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, ev
+from typing import Any
+
+from diagnoser.model import Finding, Severity, Suggestion
+from diagnoser.rules.base import (
+    Rule,
+    RuleContext,
+    ev,
+    evidence,
+    fmt_int,
+    joint,
+    next_pow2,
+    pool_tokens,
+    slot_cap,
+    suggest,
+    tokens_per_request,
+)
+
+
+def retraction_count(ctx: RuleContext) -> tuple[int, str]:
+    """Retraction moments (one per timestamp, whatever the number of ranks that logged it) and a source."""
+    evs = ctx.timeline.events_of("retraction")
+    moments = len({e.ts for e in evs})
+    tot = ctx.series("retractions_total")
+    counted = int(tot.values[-1] - tot.values[0]) if tot is not None and len(tot) >= 2 and tot.values[-1] > tot.values[0] else 0
+    if evs and moments >= counted:
+        return moments, evs[0].source
+    if counted:
+        return counted, tot.sources[-1]  # type: ignore[union-attr]
+    rr = ctx.series("retracted_reqs")
+    if rr is not None:
+        n = sum(1 for v in rr.values if v > 0)
+        if n:
+            return n, rr.sources[rr.argmax()]
+    return 0, ""
 
 
 class KVSaturation(Rule):
     name = "kv_saturation"
     code = "KV01"
+    title = "KV pool full"
     severity = Severity.WARNING
     needs = ("token_usage",)
-    defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9}
+    defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9, "few_requests": 4}
     threshold_help = {
-        "usage_high": "token usage at or above this counts as full (0-1)",
-        "min_share": "share of the window's points that must be full",
+        "usage_high": "token usage at or above this counts as full (0-1); the tuning guide calls > 0.9 healthy",
+        "min_share": "share of the points with a waiting queue that must be full",
         "min_points": "fewest usage points needed to judge",
-        "critical_share": "share of full points that makes it critical when requests also wait",
+        "critical_share": "share of full points that makes it critical when requests also wait and decode retracts",
+        "few_requests": "a pool filled by this many requests or fewer is left to runaway_generation (no flag advice)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
@@ -58,41 +99,107 @@ class KVSaturation(Rule):
         if usage is None or len(usage) < t["min_points"]:
             return None
         vals = usage.finite()
-        high = [v for v in vals if v >= t["usage_high"]]
-        share = len(high) / len(vals)
-        if share < t["min_share"]:
+        if not vals:
             return None
-        queue = ctx.stats("queue_reqs")
-        retractions = ctx.timeline.events_of("retraction")
-        retracted = ctx.stats("retracted_reqs")
-        waiting = (queue["max"] or 0) > 0
-        retracting = bool(retractions) or (retracted["max"] or 0) > 0
-        if not (waiting or retracting):
+        high = t["usage_high"]
+        peak = max(vals)
+        pts = joint(ctx, "token_usage", "queue_reqs")
+        waiting = [p for p in pts if p[2] > 0]
+        full_waiting = [p for p in waiting if p[1] >= high]
+        wshare = len(full_waiting) / len(pts) if pts else 0.0
+        n_retract, retract_src = retraction_count(ctx)
+        path_wait = bool(pts) and wshare >= t["min_share"]
+        path_retract = n_retract > 0 and peak >= high
+        if not (path_wait or path_retract):
             return None
         running = ctx.stats("running_reqs")
-        mrr = ctx.cfg("max_running_requests")
-        if mrr and running["max"] is not None and running["max"] >= mrr:
+        cap, cap_src = slot_cap(ctx)
+        if cap and running["p50"] is not None and running["p50"] >= cap:
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
-        evidence = [
-            ev(ctx, "token_usage", max(vals), t["usage_high"], at="max"),
-        ]
-        evidence.append(ev(ctx, "token_usage", round(share, 2), t["min_share"]))
-        evidence[-1] = type(evidence[-1])("token_usage share of points >= threshold", round(share, 2), t["min_share"], evidence[-1].window, evidence[-1].source)
+        queue = ctx.stats("queue_reqs")
+        pool, pool_src = pool_tokens(ctx)
+        fshare = sum(1 for v in vals if v >= high) / len(vals)
+        evs = [ev(ctx, "token_usage", peak, high, at="max")]
+        if path_wait:
+            src = full_waiting[0][3] if full_waiting else ""
+            evs.append(evidence("share of waiting points with token_usage >= threshold", round(wshare, 2), t["min_share"], ctx.window_text(), src))
         if waiting:
-            evidence.append(ev(ctx, "queue_reqs", queue["max"], "> 0", at="max"))
+            evs.append(ev(ctx, "queue_reqs", queue["max"], "> 0", at="max"))
         if running["n"]:
-            evidence.append(ev(ctx, "running_reqs", running["mean"], mrr))
-        if retractions:
-            evidence.append(type(evidence[0])("retraction events", len(retractions), None, ctx.window_text(), retractions[0].source))
-        pool = ctx.cfg("max_total_tokens")
-        parts = [f"KV token usage was >= {t['usage_high']:.2f} in {share:.0%} of the window (peak {max(vals):.2f})"]
+            evs.append(ev(ctx, "running_reqs", running["p50"], cap, at="last"))
+        if pool:
+            evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
+        if n_retract:
+            evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
+        parts = [f"KV token usage peaked at {peak:.2f}"]
+        if path_wait:
+            parts.append(f"it was >= {high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} readings with a queue")
         if waiting:
             parts.append(f"up to {queue['max']:.0f} requests waited")
         if running["n"]:
-            parts.append(f"only {running['min']:.0f}–{running['max']:.0f} ran" + (f" of {mrr} slots" if mrr else ""))
+            parts.append(f"{running['min']:.0f}–{running['max']:.0f} ran" + (f" of {cap} slots" if cap else ""))
         if pool:
-            parts.append(f"pool {int(pool):,} tokens")
-        if retractions:
-            parts.append(f"{len(retractions)} retraction event(s)")
-        sev = Severity.CRITICAL if share >= t["critical_share"] and waiting and retracting else self.severity
-        return self.finding(ctx, "; ".join(parts) + ".", evidence, [], confidence="high" if waiting else "medium", severity=sev)
+            parts.append(f"pool {pool:,} tokens")
+        if n_retract:
+            parts.append(f"{n_retract} retraction event(s)")
+        crit = (wshare >= t["critical_share"] or fshare >= t["critical_share"]) and bool(waiting) and n_retract > 0
+        sev = Severity.CRITICAL if crit else self.severity
+        conf = "high" if path_wait and path_retract else "medium"
+        if len(vals) < 5:
+            conf = "low"
+        notes: list[str] = []
+        sugg: list[Suggestion] = []
+        tpr, _ = tokens_per_request(ctx)
+        few = running["p50"] is not None and running["p50"] <= t["few_requests"] and pool and tpr and tpr * max(running["p50"], 1) >= 0.8 * pool
+        if few:
+            notes.append(f"{running['p50']:.0f} request(s) hold the whole pool (about {fmt_int(tpr)} tokens each): "
+                         "bound max_tokens on the client first (see runaway_generation); no flag change is proposed.")
+        else:
+            sugg = self._suggestions(ctx, pool, tpr, running, queue)
+        return self.finding(ctx, "; ".join(parts) + ".", evs, sugg, confidence=conf, severity=sev, notes=notes)
+
+    def _suggestions(self, ctx: RuleContext, pool: int | None, tpr: float | None, running: dict[str, Any], queue: dict[str, Any]) -> list[Suggestion]:
+        out: list[Suggestion] = []
+        cap_tokens = ctx.cfg("arg.max_total_tokens") or ctx.cfg("max_total_tokens_requested")
+        want = None
+        if tpr and running["p50"] is not None:
+            want = (running["p50"] + (queue["p50"] or 0)) * tpr / 0.9
+        if cap_tokens and pool and int(cap_tokens) <= pool * 1.01:
+            proposed = next_pow2(max(want or 0, 2 * pool))
+            out.append(suggest(ctx, "max_total_tokens", int(cap_tokens), proposed,
+                               f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory",
+                               f"about {proposed / pool:.1f}x the KV slots, so roughly that many more requests can decode at once",
+                               ("the device has memory free for the larger pool (the cap, not memory, sized it)",)))
+            return out
+        mfs = ctx.cfg("mem_fraction_static") or ctx.cfg("arg.mem_fraction_static")
+        avail = ctx.cfg("available_gpu_mem_gb")
+        device = ctx.cfg("device")
+        if device != "cpu":
+            if avail is not None and avail <= 6:
+                pass  # no headroom left for a larger static fraction
+            elif isinstance(mfs, int | float):
+                proposed_f = round(min(float(mfs) + 0.04, 0.95), 2)
+                out.append(suggest(ctx, "mem_fraction_static", mfs, proposed_f, "a larger static fraction grows the KV pool",
+                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (reference §5.1); the capacity model gives the tokens",
+                                   ("keep 5–8 GB free for activations and graphs (available_gpu_mem in the summary line)",)))
+            else:
+                out.append(suggest(ctx, "mem_fraction_static", None, "current + 0.03 to 0.05",
+                                   "a larger static fraction grows the KV pool; the current value is not in the inputs (pass the startup log or --url for server info)",
+                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (reference §5.1)",
+                                   ("keep 5–8 GB free for activations and graphs",)))
+            dtype = ctx.cfg("kv_cache_dtype") or ctx.cfg("arg.kv_cache_dtype")
+            if dtype in (None, "auto", "bf16", "float16", "bfloat16", "fp16"):
+                out.append(suggest(ctx, "kv_cache_dtype", dtype, "fp8_e4m3", "an 8-bit KV cache stores twice the tokens in the same memory",
+                                   "about 2x the KV slots at the same memory fraction",
+                                   ("the model tolerates fp8 KV (check quality on your evals)",)))
+        full = ctx.stats("full_token_usage")
+        swa = ctx.stats("swa_token_usage")
+        if full["max"] is not None and swa["max"] is not None and full["max"] >= ctx.thresholds["usage_high"] and swa["max"] < 0.5:
+            ratio = ctx.cfg("swa_full_tokens_ratio") or ctx.cfg("arg.swa_full_tokens_ratio")
+            factor = max(swa["max"] / 0.5, 0.1)
+            proposed: Any = round(float(ratio) * factor, 2) if isinstance(ratio, int | float) else f"about {factor:.2f} x the current ratio"
+            out.append(suggest(ctx, "swa_full_tokens_ratio", ratio, proposed,
+                               f"the full-attention pool is full ({full['max']:.2f}) while the sliding-window pool is at most {swa['max']:.2f} used",
+                               "moves memory from the SWA pool to the full-attention pool, so more long requests fit",
+                               ("the SWA pool stays below about half full at the new ratio",)))
+        return out

@@ -1,0 +1,120 @@
+"""Decode runs without CUDA graphs: the batch is larger than the captured maximum, or graphs are off.
+
+What it detects:
+    Decode readings with ``cuda graph: False`` (or ``sglang:is_cuda_graph`` 0) while requests run. When
+    graph and eager readings both occur and every eager batch is larger than every graph batch, the
+    batch exceeded the captured maximum (which lies between the largest graph batch and the smallest
+    eager one, unless the config names it). When no decode ran on a graph and the config says graphs
+    are disabled, they are disabled. Warning when at least ``eager_share`` (20 %) of busy decode
+    readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
+
+Why it matters:
+    A captured graph replays a whole decode step with one launch; eager mode pays kernel-launch and
+    Python overhead every step, which is a large share of the step time at moderate batch sizes.
+
+Evidence:
+    The eager share, the largest batch that ran on a graph, the smallest that ran eagerly, the p95
+    batch, and the captured maximum from the config when known.
+
+Fix:
+    Raise the captured maximum to cover the operating batch: ``--cuda-graph-max-bs`` (0.3.5–0.5.13) or
+    ``--cuda-graph-max-bs-decode`` (0.5.14+) set to the next power of two at or above the p95 batch
+    (each captured size costs some memory). When graphs are disabled, re-enable them (remove
+    ``--disable-cuda-graph``, or ``--cuda-graph-backend-decode`` other than ``disabled`` from 0.5.14).
+
+Known false positives:
+    The end of a benchmark, when the batch drains through the threshold; large batches running eagerly
+    for a few readings during a burst.
+
+References:
+    ../shared/reference/sglang.md §3.3 (cuda graph field), §3.5 (capture lines), §5.3 (graph flags per
+    version, auto max bs table), §8 (graph ceiling), §9 (issue #33483); case 009-sglang-pr13023.
+"""
+
+from __future__ import annotations
+
+from diagnoser.model import Finding, Severity
+from diagnoser.rules.base import Rule, RuleContext, evidence, joint, next_pow2, slot_cap, suggest
+from diagnoser.timeline import quantile
+
+
+class CudaGraphDisabledOrExceeded(Rule):
+    name = "cuda_graph_disabled_or_exceeded"
+    code = "CG01"
+    title = "Decode without CUDA graphs"
+    severity = Severity.WARNING
+    defaults = {"eager_share": 0.2, "min_points": 2}
+    threshold_help = {
+        "eager_share": "share of busy decode readings run eagerly that makes it a warning",
+        "min_points": "fewest busy decode readings needed",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        if ctx.cfg("device") == "cpu" or str(ctx.cfg("arg.device", "")).lower() == "cpu":
+            return None
+        pts = [p for p in joint(ctx, "cuda_graph", "running_reqs") if p[2] > 0]
+        disabled_cfg = ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) is True
+        if len(pts) < t["min_points"]:
+            if disabled_cfg:
+                return self._disabled(ctx, None)
+            return None
+        eager = [p for p in pts if p[1] < 0.5]
+        graph = [p for p in pts if p[1] >= 0.5]
+        if not eager:
+            return None
+        eshare = len(eager) / len(pts)
+        sev = Severity.WARNING if eshare >= t["eager_share"] else Severity.INFO
+        if not graph:
+            return self._disabled(ctx, (eshare, eager), sev)
+        max_on = max(p[2] for p in graph)
+        min_off = min(p[2] for p in eager)
+        batches = sorted(p[2] for p in pts)
+        p95 = quantile(batches, 0.95)
+        cap, _ = slot_cap(ctx)
+        proposed = next_pow2(p95)
+        if cap:
+            proposed = min(proposed, max(cap, 1))
+        captured = ctx.cfg("cuda_graph_max_bs_captured") or ctx.cfg("arg.cuda_graph_max_bs") or ctx.cfg("arg.cuda_graph_max_bs_decode")
+        best_off = next(p for p in eager if p[2] == min_off)
+        best_on = next(p for p in graph if p[2] == max_on)
+        evs = [evidence("share of busy decode readings without a graph", round(eshare, 2), t["eager_share"], ctx.window_text(), eager[0][3]),
+               evidence("largest batch on a graph", max_on, None, "", best_on[3]),
+               evidence("smallest batch run eagerly", min_off, None, "", best_off[3]),
+               evidence("running_reqs p95", round(p95, 1), None, ctx.window_text(), "")]
+        if min_off > max_on:
+            range_txt = f"between {max_on:.0f} and {min_off - 1:.0f}"
+            summary = (f"{len(eager)} of {len(pts)} busy decode readings ran without a CUDA graph, every one with more requests "
+                       f"({min_off:.0f}+) than the largest graph batch ({max_on:.0f}): the captured maximum is {captured if captured else range_txt}.")
+            why = f"decode batches up to {p95:.0f} (p95) exceed the captured maximum" + ("" if captured else f" (not in the inputs; {range_txt} from the log)")
+            sugg = []
+            if not captured or proposed > int(captured):
+                sugg.append(suggest(ctx, "cuda_graph_max_bs", captured if captured else None, proposed, why,
+                                    "the operating batch replays a captured graph instead of launching kernels one by one; "
+                                    "decode step time falls by the launch overhead (largest at moderate batch sizes)",
+                                    ("enough free memory for the extra captured sizes (a few hundred MB at this size)",
+                                     "this batch size is the normal operating point, not an end-of-run drain")))
+            return self.finding(ctx, summary, evs, sugg, confidence="medium" if not captured else "high", severity=sev)
+        summary = (f"{len(eager)} of {len(pts)} busy decode readings ran without a CUDA graph at batch sizes that also ran on a graph "
+                   f"({min_off:.0f}–{max(p[2] for p in eager):.0f}); the cause is not the captured maximum.")
+        return self.finding(ctx, summary, evs, [], confidence="low", severity=Severity.INFO)
+
+    def _disabled(self, ctx: RuleContext, eager: tuple[float, list] | None, sev: Severity = Severity.WARNING) -> Finding:  # type: ignore[type-arg]
+        reason = ctx.cfg("cuda_graph_disabled_reason")
+        src = ctx.timeline.cfg_source("disable_cuda_graph") or ctx.timeline.cfg_source("arg.disable_cuda_graph") or ctx.timeline.cfg_source("cuda_graph_disabled_reason")
+        evs = [evidence("disable_cuda_graph", True if ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) else "not set", None, "", src)]
+        if eager:
+            evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), eager[1][0][3]))
+        summary = "Decode ran without CUDA graphs" + (f" in every busy reading ({len(eager[1])})" if eager else "") + (f"; the engine logged that graphs are disabled ({reason})" if reason else "") + "."
+        sugg = []
+        if reason and "backend" in str(reason):
+            notes = [f"Graphs are off because of the attention backend ({reason}); pick a backend that supports graphs to re-enable them."]
+        else:
+            notes = []
+            concept = "enable_cuda_graph"
+            flag = ctx.flag(concept)
+            sugg.append(suggest(ctx, concept, "disabled", "enabled (remove the disabling flag)" if flag == "--disable-cuda-graph" else "a graph backend (not 'disabled')",
+                                "graphs are disabled, so every decode step pays kernel-launch overhead",
+                                "shorter decode steps, most at small and moderate batch sizes",
+                                ("the model and backend support graph capture",)))
+        return self.finding(ctx, summary, evs, sugg, confidence="high" if reason or src else "medium", severity=sev, notes=notes)

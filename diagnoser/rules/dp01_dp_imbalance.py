@@ -1,0 +1,87 @@
+"""Data-parallel ranks carry very different loads.
+
+What it detects:
+    Per-DP-rank series (``dp_rank`` label, ``DPn`` log prefix): the mean running requests (else used
+    tokens) of each rank. Fires when the busiest rank's mean is at least ``max_ratio`` (1.5) times the
+    mean over ranks, with a mean of at least ``min_mean`` (2) requests, or when one rank queues
+    requests while another has half its load or less.
+
+Why it matters:
+    Under DP attention every rank waits for the slowest at each MLP sync: one overloaded rank sets the
+    step time for all, and the idle ranks' KV pools go unused. With plain DP replicas the busiest
+    rank's queue sets the latency.
+
+Evidence:
+    Mean running requests per rank, the max/mean ratio, queues per rank.
+
+Fix:
+    Balance the dispatch: the DP controller's load-balance method (shortest queue or fewest tokens
+    instead of round robin), or the router's cache-aware policy with a lower balance threshold. Long
+    prompts landing on one rank also skew it; ``sglang:dp_attention_token_imbalance_ratio`` (0.5.22+)
+    shows it per step.
+
+Known false positives:
+    Ranks report at different moments (every 40 decode steps each), so short windows look uneven; the
+    rule needs ``min_points`` readings per rank.
+
+References:
+    ../shared/reference/sglang.md §1.2–1.4 (DP rank labels and the pre-0.4.10 mostrecent problem),
+    §2.8 (DP attention metrics), §3.1 (DPn prefix), §8 (DP imbalance); case 010-sglang-pr6081 (balanced,
+    silent); hand-built case dp-imbalance.
+"""
+
+from __future__ import annotations
+
+from diagnoser.model import Finding, Severity
+from diagnoser.rules.base import Rule, RuleContext, evidence
+
+
+class DPImbalance(Rule):
+    name = "dp_imbalance"
+    code = "DP01"
+    title = "DP ranks unbalanced"
+    severity = Severity.WARNING
+    defaults = {"max_ratio": 1.5, "min_mean": 2.0, "min_points": 2, "min_ranks": 2}
+    threshold_help = {
+        "max_ratio": "busiest rank's mean over the mean of all ranks at or above this is imbalanced",
+        "min_mean": "mean running requests per rank below this is too idle to judge",
+        "min_points": "fewest readings per rank",
+        "min_ranks": "fewest DP ranks",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        signal = "running_reqs"
+        ranks = [r for r in ctx.timeline.ranks(signal) if r.startswith("dp")]
+        if len(ranks) < t["min_ranks"]:
+            signal = "used_tokens"
+            ranks = [r for r in ctx.timeline.ranks(signal) if r.startswith("dp")]
+            if len(ranks) < t["min_ranks"]:
+                return None
+        means: dict[str, float] = {}
+        for r in ranks:
+            st = ctx.stats(signal, r)
+            if st["n"] >= t["min_points"]:
+                means[r] = st["mean"]
+        if len(means) < t["min_ranks"]:
+            return None
+        avg = sum(means.values()) / len(means)
+        if signal == "running_reqs" and avg < t["min_mean"]:
+            return None
+        if avg <= 0:
+            return None
+        hi = max(means, key=lambda r: means[r])
+        lo = min(means, key=lambda r: means[r])
+        ratio = means[hi] / avg
+        queued = {r: ctx.stats("queue_reqs", r)["max"] or 0 for r in means}
+        q_skew = any(queued[r] > 0 for r in means) and means[lo] <= 0.5 * means[hi] and queued[lo] == 0
+        if ratio < t["max_ratio"] and not q_skew:
+            return None
+        hs, ls = ctx.series(signal, hi), ctx.series(signal, lo)
+        evs = [evidence(f"{signal}[{hi}] mean", round(means[hi], 1), f">= {t['max_ratio']} x mean", ctx.window_text(), hs.last_source() if hs else ""),
+               evidence(f"{signal}[{lo}] mean", round(means[lo], 1), None, ctx.window_text(), ls.last_source() if ls else ""),
+               evidence("max / mean over ranks", round(ratio, 2), t["max_ratio"], ctx.window_text(), "")]
+        summary = (f"Across {len(means)} DP ranks the mean {signal.replace('_', ' ')} ranged from {means[lo]:.1f} ({lo}) to {means[hi]:.1f} ({hi}); "
+                   f"the busiest rank carries {ratio:.2f}x the average" + ("; a rank queued requests while another had half the load or less" if q_skew else "") + ".")
+        return self.finding(ctx, summary, evs, [], confidence="medium" if min(ctx.stats(signal, r)["n"] for r in means) >= 5 else "low",
+                            notes=["Balance the dispatch: the DP controller's load-balance method (shortest queue / fewest tokens) or the router's cache-aware policy."])

@@ -1,0 +1,128 @@
+"""Decode ran out of KV slots and retracted requests: occasional (fine) or frequent (costly).
+
+What it detects:
+    Retraction events: ``KV cache pool is full. Retract requests.`` / ``Decode out of memory happened.``
+    lines (one moment per timestamp, however many TP ranks logged it), the
+    ``sglang:num_retracted_requests_total`` counter or the ``num_retracted_reqs`` gauge. At least
+    ``frequent_count`` (default 3) moments at ``frequent_per_min`` (default 1) or more per minute is
+    frequent (warning); fewer is occasional (info). When no retraction line was captured, a pool pinned
+    at ``pinned_usage`` (default 0.99) whose used tokens then drop by ``implied_drop`` (default 5 % of
+    the pool) while the running count does not fall (so no request finished to free them) implies a
+    retraction (low confidence).
+
+Why it matters:
+    A retracted request loses its KV and goes back to the queue; its prompt and generated tokens are
+    computed again later. Frequent retraction wastes compute and stalls the affected requests.
+
+Evidence:
+    Number of retraction moments, the rate per minute, the new_token_ratio jump, the line or scrape of
+    the first event; for the implied case, the pinned usage and the drop with line numbers.
+
+Fix:
+    SGLang's tuning guide: occasional retraction (about once a minute) is fine; frequent retraction
+    means raising ``--schedule-conservativeness`` (e.g. 1.0 → 1.3) so admission reserves more room for
+    future decode tokens. Growing the pool (``kv_saturation``) also helps.
+
+Known false positives:
+    A retraction during a burst at the start of a benchmark is normal. The implied case cannot tell a
+    retraction from a request that finished while another was admitted in the same interval.
+
+References:
+    ../shared/reference/sglang.md §3.4 (retraction lines per version), §2.11 (retraction metrics),
+    §5.2 (schedule-conservativeness, new_token_ratio), §7 (tuning guide: about once a minute is fine),
+    §9 (issue #26248); cases 007-sglang-2746, 022-sglang-26248, cpu-real kv-full-retract.
+"""
+
+from __future__ import annotations
+
+from diagnoser.model import Evidence, Finding, Severity
+from diagnoser.rules.base import Rule, RuleContext, evidence, joint, suggest
+from diagnoser.rules.kv01_kv_saturation import retraction_count
+
+
+class KVRetraction(Rule):
+    name = "kv_retraction"
+    code = "KV02"
+    title = "Requests retracted (KV full)"
+    severity = Severity.WARNING
+    defaults = {"frequent_per_min": 1.0, "frequent_count": 3, "pinned_usage": 0.99, "implied_drop": 0.05, "proposed_conservativeness": 1.3}
+    threshold_help = {
+        "frequent_per_min": "retractions per minute at or above this are frequent (the guide: about once a minute is fine)",
+        "frequent_count": "fewest retraction moments that can be frequent",
+        "pinned_usage": "usage at or above this counts as a pinned pool (implied retraction)",
+        "implied_drop": "drop in usage (0-1 of the pool) after a pinned pool that implies a retraction",
+        "proposed_conservativeness": "--schedule-conservativeness proposed when retraction is frequent",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        n, src = retraction_count(ctx)
+        if n == 0:
+            return self._implied(ctx)
+        start, end = ctx.timeline.span()
+        minutes = (end - start) / 60 if start is not None and end is not None and end > start and not ctx.timeline.untimed else None
+        rate = n / max(minutes, 1.0) if minutes else None
+        frequent = n >= t["frequent_count"] and (rate is None or rate >= t["frequent_per_min"])
+        evs = [evidence("retraction events", n, f">= {t['frequent_count']} and >= {t['frequent_per_min']}/min is frequent", ctx.window_text(), src)]
+        if rate is not None:
+            evs.append(evidence("retractions per minute", round(rate, 2), t["frequent_per_min"], ctx.window_text(), src))
+        ratio = ctx.series("new_token_ratio")
+        first = ctx.timeline.events_of("retraction")
+        if first and "new_token_ratio_after" in first[0].fields:
+            f = first[0].fields
+            evs.append(evidence("new_token_ratio", f"{f['new_token_ratio_before']} -> {f['new_token_ratio_after']}", None, "", first[0].source))
+        elif ratio is not None:
+            evs.append(evidence("new_token_ratio", round(max(ratio.values), 3), None, ctx.window_text(), ratio.sources[ratio.argmax()]))
+        when = f" over {minutes:.1f} min ({rate:.1f}/min)" if minutes else ""
+        ranks = {e.rank for e in first}
+        rank_txt = f", logged by {len(ranks)} ranks" if len(ranks) > 1 else ""
+        if frequent:
+            summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
+            return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING)
+        summary = f"Decode retracted requests {n} time(s){when}{rank_txt}: occasional, which the tuning guide calls fine."
+        return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO)
+
+    def _conservativeness(self, ctx: RuleContext):  # type: ignore[no-untyped-def]
+        cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
+        prop = ctx.thresholds["proposed_conservativeness"]
+        if isinstance(cur, int | float) and cur >= prop:
+            prop = round(cur * 1.3, 2)
+        why = "admission reserves more KV for future decode tokens, so fewer admitted requests have to be retracted"
+        if cur is None:
+            why += "; the current value is not in the inputs (SGLang's default is 1.0)"
+        return suggest(ctx, "schedule_conservativeness", cur, prop, why,
+                       "fewer retractions and recomputed tokens, at the price of a somewhat smaller running batch",
+                       ("retractions come from over-admission, not from single requests larger than the pool",))
+
+    def _implied(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        pts = joint(ctx, "token_usage", "running_reqs")
+        if len(pts) < 3:
+            return None
+        for i in range(1, len(pts) - 1):
+            _, u0, r0, s0 = pts[i - 1]
+            _, u1, r1, s1 = pts[i]
+            _, u2, r2, s2 = pts[i + 1]
+            if u0 >= t["pinned_usage"] and u1 >= t["pinned_usage"] and u1 - u2 >= t["implied_drop"] and r2 >= r1:
+                evs = [
+                    Evidence("token_usage (pinned)", u1, t["pinned_usage"], "", s1),
+                    Evidence("token_usage (after)", u2, f"drop >= {t['implied_drop']}", "", s2),
+                    Evidence("running_reqs (before -> after)", f"{r1:.0f} -> {r2:.0f}", "not falling", "", s2),
+                ]
+                gen = joint(ctx, "gen_throughput_tps", "running_reqs")
+                before = [g for ts, g, _, _ in gen if ts <= pts[i][0]]
+                after = [g for ts, g, _, _ in gen if ts > pts[i][0]]
+                sev = Severity.INFO
+                extra = ""
+                if before and after and max(before) > 0:
+                    b, a = sum(before) / len(before), sum(after) / len(after)
+                    evs.append(Evidence("gen_throughput_tps (before -> after)", f"{b:.0f} -> {a:.0f}", None, "", s2))
+                    if a < 0.5 * b:
+                        sev = Severity.WARNING
+                        extra = f"; generation fell from about {b:.0f} to {a:.0f} tok/s afterwards"
+                summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
+                           f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
+                           f"a retraction is implied{extra}.")
+                return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev,
+                                    notes=["The 'KV cache pool is full. Retract requests.' line (WARNING from 0.5.7) would confirm it."])
+        return None

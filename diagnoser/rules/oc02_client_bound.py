@@ -1,0 +1,105 @@
+"""The server has headroom and almost no queue: the client's concurrency is the limit.
+
+What it detects:
+    A queue that is empty in at least ``1 - max_queue_share`` of readings (default: non-empty in at most
+    10 %), KV usage p95 below ``max_usage`` (default 0.5) and the busy running batch (p95) below
+    ``headroom_share`` (default 50 %) of what the server could run (the smaller of
+    ``max_running_requests`` and the requests the pool holds at 0.9 usage). Info: the server is
+    healthy; the fix is on the client side.
+
+Why it matters:
+    A server can only batch what it is sent. With few requests in flight, decode steps are nearly as
+    expensive as with a full batch but produce few tokens: aggregate throughput stays low although
+    nothing on the server is wrong.
+
+Evidence:
+    In-flight requests observed (running p95 and ``http_requests_active``), the queue, KV usage, and the
+    concurrency that would fill the server with the observed tokens per request.
+
+Fix:
+    Raise the client's concurrency (``--max-concurrency`` in bench_serving, the worker pool of your
+    batch job) toward the concurrency reported. No server flag changes help.
+
+Known false positives:
+    A deliberately lightly loaded latency service; the end of a benchmark run (drain), when the client
+    has run out of requests. Judge on a window taken during steady load (``--last``).
+
+References:
+    ../shared/reference/sglang.md §2.1, §2.10 (http_requests_active), §5.2, §7, §8; cases
+    001-sglang-3909, 010-sglang-pr6081 (healthy, noted), cpu-real client-bound-low-occupancy.
+"""
+
+from __future__ import annotations
+
+from diagnoser.model import Finding, Severity
+from diagnoser.rules.base import (
+    Rule,
+    RuleContext,
+    busy,
+    ev,
+    evidence,
+    fmt_int,
+    pool_tokens,
+    slot_cap,
+    tokens_per_request,
+)
+from diagnoser.timeline import summarize
+
+
+class ClientBound(Rule):
+    name = "client_bound"
+    code = "OC02"
+    title = "Client sends too little"
+    severity = Severity.INFO
+    defaults = {"max_usage": 0.5, "max_queue_share": 0.1, "headroom_share": 0.5, "min_points": 3, "target_usage": 0.9}
+    threshold_help = {
+        "max_usage": "KV usage p95 below this counts as headroom",
+        "max_queue_share": "largest share of readings with a non-empty queue",
+        "headroom_share": "running p95 below this share of the server's capacity counts as headroom",
+        "min_points": "fewest busy running readings needed",
+        "target_usage": "pool usage the fill concurrency aims at",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        s = ctx.series("running_reqs")
+        q = ctx.series("queue_reqs")
+        u = ctx.series("token_usage")
+        if s is None or q is None or u is None:
+            return None
+        b = busy(s.values)
+        if len(b) < t["min_points"]:
+            return None
+        qv = q.finite()
+        qshare = sum(1 for v in qv if v > 0) / len(qv) if qv else 1.0
+        ust = ctx.stats("token_usage")
+        if qshare > t["max_queue_share"] or (ust["p95"] or 0) >= t["max_usage"]:
+            return None
+        run = summarize(b)
+        cap, cap_src = slot_cap(ctx)
+        pool, pool_src = pool_tokens(ctx)
+        tpr, tpr_how = tokens_per_request(ctx)
+        fit = int(t["target_usage"] * pool / tpr) if pool and tpr else None
+        capacity = min(x for x in (cap, fit) if x) if (cap or fit) else None
+        if capacity and run["p95"] >= t["headroom_share"] * capacity:
+            return None
+        evs = [ev(ctx, "running_reqs", run["p95"], f"< {t['headroom_share']:.0%} of {capacity}" if capacity else None, at="max"),
+               evidence("share of readings with a queue", round(qshare, 2), t["max_queue_share"], ctx.window_text(), q.sources[0]),
+               ev(ctx, "token_usage", ust["p95"], t["max_usage"], at="max")]
+        act = ctx.stats("http_requests_active")
+        if act["n"]:
+            evs.append(ev(ctx, "http_requests_active", act["p95"], None, at="max"))
+        if cap:
+            evs.append(evidence("max_running_requests", cap, None, "", cap_src))
+        if fit:
+            evs.append(evidence("requests the pool holds at target usage", fit, t["target_usage"], "", f"{pool_src}; {tpr_how}"))
+        parts = [f"At most {run['p95']:.0f} requests were in flight (median {run['p50']:.0f}), the queue was empty in {1 - qshare:.0%} of readings "
+                 f"and KV usage stayed at or below {ust['p95']:.2f}"]
+        notes = []
+        if capacity:
+            parts.append(f"the server could run about {fmt_int(capacity)} at once" + (f" ({fmt_int(tpr)} tokens per request)" if tpr else ""))
+            notes.append(f"Raise the client's concurrency toward {fmt_int(capacity)} in-flight requests; throughput should grow with the batch until the pool or compute binds.")
+        else:
+            notes.append("Missing: the pool size or max_running_requests (startup log or server info) to say how many requests would fill the server.")
+        conf = "medium" if capacity else "low"
+        return self.finding(ctx, "; ".join(parts) + ".", evs, [], confidence=conf, severity=Severity.INFO, notes=notes)

@@ -1,0 +1,148 @@
+"""Back-to-back large prefills starve decode: running requests get no decode step while prompts are computed.
+
+What it detects:
+    Runs of consecutive ``Prefill batch`` lines with no ``Decode batch`` line between them (log order),
+    at least ``min_run`` (3) long, each computing ``min_batch_tokens`` (8192) new tokens or more on
+    average, while at least ``min_running`` (1) requests were already running and waiting for their next
+    token. From ``/metrics`` alone: gen throughput falling below ``dip_ratio`` (50 %) of its median at
+    scrapes where prompt throughput peaks (``prompt_tps`` at or above its p75) while requests run.
+
+Why it matters:
+    SGLang schedules prefill first. Each long prefill step blocks every running request's next decode
+    step, so their inter-token latency spikes and generation throughput dips while prompts are computed.
+
+Evidence:
+    The longest run: number of prefill batches, tokens, running requests, the first and last line; or
+    the gen-throughput dip with the scrape times.
+
+Fix:
+    ``--enable-mixed-chunk`` (mix decode tokens into prefill batches), a smaller
+    ``--chunked-prefill-size`` / ``--max-prefill-tokens`` (shorter prefill steps, each one interrupts
+    less), or PD disaggregation for heavy prefill traffic.
+
+Known false positives:
+    A start-up burst (no request running yet) is excluded by ``min_running``. Logs shipped without
+    ordering guarantees can interleave lines.
+
+References:
+    ../shared/reference/sglang.md §3.2/§3.3 (line cadence: one prefill line per batch, a decode line
+    every 40 steps), §3.6, §5.2 (chunked prefill, mixed chunk), §7; case 029-sglang-pr14050.
+"""
+
+from __future__ import annotations
+
+import re
+
+from diagnoser.model import Finding, Severity
+from diagnoser.rules.base import Rule, RuleContext, evidence, joint, suggest
+from diagnoser.timeline import quantile
+
+_LINE = re.compile(r":(\d+)$")
+
+
+def _line(src: str) -> int:
+    m = _LINE.search(src)
+    return int(m.group(1)) if m else -1
+
+
+class PrefillDecodeInterference(Rule):
+    name = "prefill_decode_interference"
+    code = "PF02"
+    title = "Prefills starve decode"
+    severity = Severity.WARNING
+    defaults = {"min_run": 3, "min_batch_tokens": 8192, "min_running": 1, "dip_ratio": 0.5, "min_scrapes": 6}
+    threshold_help = {
+        "min_run": "fewest consecutive prefill batches with no decode between",
+        "min_batch_tokens": "mean new tokens per prefill batch in the run",
+        "min_running": "requests already running during the run",
+        "dip_ratio": "gen throughput below this share of its median at prompt peaks (metrics path)",
+        "min_scrapes": "fewest scrapes for the metrics path",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        return self._from_log(ctx) or self._from_metrics(ctx)
+
+    def _from_log(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        pre = joint(ctx, "prefill_new_tokens", "running_reqs")
+        pre = [p for p in pre if _line(p[3]) >= 0]
+        if len(pre) < t["min_run"]:
+            return None
+        dec_s = ctx.series("gen_throughput_tps")
+        dec_lines = sorted(_line(s) for s in (dec_s.sources if dec_s else []) if _line(s) >= 0)
+        import bisect
+
+        best: list = []  # type: ignore[type-arg]
+        cur: list = []  # type: ignore[type-arg]
+        for p in sorted(pre, key=lambda p: _line(p[3])):
+            if cur:
+                a, b = _line(cur[-1][3]), _line(p[3])
+                i = bisect.bisect_right(dec_lines, a)
+                if i < len(dec_lines) and dec_lines[i] < b:
+                    cur = []
+            if p[2] >= t["min_running"]:
+                cur.append(p)
+            else:
+                cur = []
+            if len(cur) > len(best):
+                best = list(cur)
+        if len(best) < t["min_run"]:
+            return None
+        mean_tok = sum(p[1] for p in best) / len(best)
+        if mean_tok < t["min_batch_tokens"]:
+            return None
+        total = sum(p[1] for p in best)
+        rmin, rmax = min(p[2] for p in best), max(p[2] for p in best)
+        evs = [evidence("consecutive prefill batches with no decode line between", len(best), t["min_run"], "", f"{best[0][3]} .. {_line(best[-1][3])}"),
+               evidence("prefill_new_tokens per batch (mean)", round(mean_tok), t["min_batch_tokens"], "", best[0][3]),
+               evidence("running_reqs during the run", f"{rmin:.0f}–{rmax:.0f}", f">= {t['min_running']}", "", best[-1][3])]
+        summary = (f"{len(best)} prefill batches ran back to back ({total:,.0f} new tokens, {mean_tok:,.0f} per batch) with no decode step between them "
+                   f"while {rmin:.0f}–{rmax:.0f} requests were running and waiting for their next token.")
+        return self.finding(ctx, summary, evs, self._suggestions(ctx, mean_tok), confidence="medium")
+
+    def _from_metrics(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
+        run = {ts: r for ts, r, _, _ in joint(ctx, "running_reqs", "gen_throughput_tps")}
+        pts = [p for p in pts if run.get(p[0], 0) >= t["min_running"]]
+        if len(pts) < t["min_scrapes"]:
+            return None
+        gens = sorted(p[2] for p in pts)
+        prompts = sorted(p[1] for p in pts)
+        med, p75 = quantile(gens, 0.5), quantile(prompts, 0.75)
+        if med <= 0 or p75 <= 0:
+            return None
+        dips = [p for p in pts if p[1] >= p75 and p[2] < t["dip_ratio"] * med]
+        peaks = [p for p in pts if p[1] >= p75]
+        if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
+            return None
+        evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), dips[0][3]),
+               evidence("prompt_tps p75", round(p75, 1), None, ctx.window_text(), "")]
+        summary = f"Generation throughput fell below {t['dip_ratio']:.0%} of its median ({med:.0f} tok/s) in {len(dips)} of {len(peaks)} scrapes where prompt throughput peaked, while requests were running."
+        return self.finding(ctx, summary, evs, self._suggestions(ctx, None), confidence="low")
+
+    def _suggestions(self, ctx: RuleContext, mean_tok: float | None):  # type: ignore[no-untyped-def]
+        out = []
+        mixed = ctx.cfg("enable_mixed_chunk", ctx.cfg("arg.enable_mixed_chunk"))
+        if mixed is not True:
+            out.append(suggest(ctx, "enable_mixed_chunk", mixed, True, "decode tokens ride along with prefill batches instead of waiting for them"
+                               + ("" if mixed is not None else "; the current value is not in the inputs (default off)"),
+                               "running requests keep getting tokens during prefill bursts: lower ITL spikes, steadier generation",
+                               ("not with EAGLE speculative decoding, which disables mixed chunks",)))
+        chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
+        basis = mean_tok if mean_tok else (chunk if isinstance(chunk, int | float) and chunk > 0 else 16384)
+        p = 2048
+        while p * 2 <= basis / 4 and p < 8192:
+            p *= 2
+        if not isinstance(chunk, int | float) or chunk <= 0 or chunk > p:
+            out.append(suggest(ctx, "chunked_prefill_size", chunk if isinstance(chunk, int | float) else None, p,
+                               "shorter prefill steps interrupt decode for less time each" + ("" if isinstance(chunk, int | float) else "; the current value is not in the inputs"),
+                               "each prefill step blocks decode for a fraction of the time; long prompts take more steps (TTFT rises a little)",
+                               ("decode latency matters more than the last bit of prefill throughput",)))
+        mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
+        if not isinstance(mpt, int | float) or mpt > p:
+            out.append(suggest(ctx, "max_prefill_tokens", mpt if isinstance(mpt, int | float) else None, p,
+                               "caps the tokens one prefill batch computes" + ("" if isinstance(mpt, int | float) else "; the current value is not in the inputs (default 16384)"),
+                               "fewer requests admitted per prefill batch, so each prefill step is shorter",
+                               ("a single request longer than this is still admitted whole (the bound is max(this, context length))",)))
+        return out

@@ -1,0 +1,125 @@
+"""Requests keep waiting in the scheduler queue: a persistent or growing queue, its growth and queue time.
+
+What it detects:
+    ``queue_reqs`` (``#queue-req`` in scheduler lines, ``sglang:num_queue_reqs``) above zero in at least
+    ``persist_share`` (default 80 %) of at least ``min_points`` (3) readings. It is a warning when the
+    queue grows by ``growth_per_min`` (default 10) requests a minute or more, when the p95 queue time
+    (``sglang:queue_time_seconds``) reaches ``queue_time_high_s`` (default 5 s), or when the queue
+    exceeds ``healthy_max`` (default 2000); a steady queue is info. Without any queue reading, a
+    running-request cap cut at startup below what the operator asked for (or below
+    ``--client-concurrency``) implies a queue: reported at low confidence, saying what is missing.
+
+Why it matters:
+    Every waiting request adds its wait to time-to-first-token. A steady queue keeps batches full
+    (SGLang's tuning guide calls 100–2000 waiting healthy for throughput); a growing queue means the
+    offered load exceeds what the server can run and latency will keep rising.
+
+Evidence:
+    Queue length (p50, max), share of readings with a queue, the growth rate per minute (least-squares
+    slope), the p95 queue time, the running batch while requests waited.
+
+Fix:
+    The queue is a symptom; the cause is named by ``kv_saturation`` (pool full),
+    ``max_running_requests_cap`` (slot cap), ``prefill_stall`` (admission) or plain overload (add
+    replicas). This rule proposes no flag itself.
+
+Known false positives:
+    A burst at the start of a benchmark queues briefly; the share and slope settle it. Under the
+    tuning guide's own definition a steady queue with a full pool is healthy for throughput, hence info.
+
+References:
+    ../shared/reference/sglang.md §2.1 (num_queue_reqs), §2.2 (queue_time_seconds), §3.2/§3.3
+    (#queue-req), §7 (healthy queue 100–2000), §8; cases 022-sglang-26248,
+    035-sglang-30160 (implied), cpu-real long-queue and kv-full-retract.
+"""
+
+from __future__ import annotations
+
+from diagnoser.model import Finding, Severity
+from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
+
+
+def slope_per_min(ts: list[float], vals: list[float]) -> float:
+    n = len(ts)
+    if n < 3 or ts[-1] - ts[0] < 10:
+        return 0.0
+    mt, mv = sum(ts) / n, sum(vals) / n
+    den = sum((t - mt) ** 2 for t in ts)
+    if den == 0:
+        return 0.0
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in zip(ts, vals, strict=True)) / den
+
+
+class QueueBuildup(Rule):
+    name = "queue_buildup"
+    code = "QU01"
+    title = "Requests queue"
+    severity = Severity.WARNING
+    defaults = {"min_points": 3, "persist_share": 0.8, "growth_per_min": 10.0, "queue_time_high_s": 5.0, "healthy_max": 2000}
+    threshold_help = {
+        "min_points": "fewest queue readings needed",
+        "persist_share": "share of readings with a non-empty queue that makes it persistent",
+        "growth_per_min": "queue growth (requests per minute) that makes it a warning",
+        "queue_time_high_s": "p95 queue time (s) that makes it a warning",
+        "healthy_max": "queue length above which it is a warning (the guide's healthy range ends at 2000)",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        q = ctx.series("queue_reqs")
+        if q is None:
+            return self._implied(ctx)
+        vals = q.finite()
+        if len(vals) < t["min_points"]:
+            return None
+        busy_share = sum(1 for v in vals if v > 0) / len(vals)
+        if busy_share < t["persist_share"]:
+            return None
+        st = ctx.stats("queue_reqs")
+        slope = 0.0 if ctx.timeline.untimed else slope_per_min(q.ts, q.values)
+        qt = ctx.stats("queue_time_seconds_p95")
+        running = ctx.stats("running_reqs")
+        evs = [
+            ev(ctx, "queue_reqs", st["max"], "> 0", at="max"),
+            evidence("share of readings with a queue", round(busy_share, 2), t["persist_share"], ctx.window_text(), q.sources[0]),
+        ]
+        if slope:
+            evs.append(evidence("queue growth (requests/min)", round(slope, 1), t["growth_per_min"], ctx.window_text(), q.last_source()))
+        if qt["n"]:
+            evs.append(ev(ctx, "queue_time_seconds_p95", qt["p50"], t["queue_time_high_s"], at="max"))
+        if running["n"]:
+            evs.append(ev(ctx, "running_reqs", running["p50"], None))
+        growing = slope >= t["growth_per_min"]
+        slow = bool(qt["n"]) and qt["p50"] >= t["queue_time_high_s"]
+        huge = st["max"] > t["healthy_max"]
+        sev = Severity.WARNING if growing or slow or huge else Severity.INFO
+        parts = [f"{st['p50']:.0f} requests waited at the median (max {st['max']:.0f}) in {busy_share:.0%} of {len(vals)} readings"]
+        if slope:
+            parts.append(f"the queue {'grew' if slope > 0 else 'shrank'} by {abs(slope):.1f} requests/min")
+        if qt["n"]:
+            parts.append(f"p95 queue time {qt['p50']:.2f} s (median of the scrapes)")
+        if running["n"]:
+            parts.append(f"while {running['p50']:.0f} ran")
+        conf = "high" if len(vals) >= 10 else "medium" if len(vals) >= 5 else "low"
+        notes = ["A queue is a symptom: see kv_saturation, max_running_requests_cap or prefill_stall for the cause."]
+        if sev == Severity.INFO:
+            notes.append("A steady queue keeps batches full; the tuning guide calls 100–2000 waiting healthy for throughput.")
+        return self.finding(ctx, "; ".join(parts) + ".", evs, [], confidence=conf, severity=sev, notes=notes)
+
+    def _implied(self, ctx: RuleContext) -> Finding | None:
+        cap, cap_src = slot_cap(ctx)
+        if not cap:
+            return None
+        red = ctx.timeline.events_of("max_running_requests_reduced")
+        requested = next((e.fields.get("requested") for e in red if e.fields.get("requested")), None)
+        cc = ctx.extras.get("client_concurrency")
+        offered, why = (cc, "--client-concurrency") if cc else (requested, "the requested --max-running-requests")
+        if not offered or offered <= cap:
+            return None
+        src = red[0].source if red and not cc else cap_src
+        evs = [evidence("max_running_requests (effective)", cap, None, "", cap_src),
+               evidence(why.lstrip("-").replace("the requested ", "requested "), offered, None, "", src)]
+        summary = (f"No queue length was read (no scheduler line or scrape), but only {cap} requests can run while {why} is "
+                   f"{offered}: with that load about {offered - cap} requests wait at any moment.")
+        return self.finding(ctx, summary, evs, [], confidence="low", severity=Severity.INFO,
+                            notes=["Missing: a Decode/Prefill batch line or a /metrics scrape would show the real queue."])

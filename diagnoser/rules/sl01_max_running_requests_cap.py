@@ -1,0 +1,138 @@
+"""The running batch sits at the effective max_running_requests while KV has room and requests wait.
+
+What it detects:
+    Readings with a waiting queue where ``running_reqs`` equals the effective ``max_running_requests``
+    (summary line ``max_running_requests=N``, server info ``effective_max_running_requests_per_dp`` or
+    server args) in at least ``at_cap_share`` (50 %) of them, with KV usage p95 below ``kv_room`` (0.9).
+    Also a cap reduced at startup below the value the operator asked for (``max_running_requests was
+    reduced from requested A to B``, or speculative decoding's reset to 48): that is evidence on its
+    own, even without runtime readings.
+
+Why it matters:
+    Requests beyond the cap wait however much KV is free; the GPU decodes a smaller batch than the pool
+    allows and throughput is capped by a number, not by memory or compute.
+
+Evidence:
+    running_reqs at the cap, the cap and where it was read, the queue, token usage, the requested vs
+    effective value for a startup reduction.
+
+Fix:
+    Raise ``--max-running-requests`` to what the pool allows at the observed tokens per request (pool ×
+    0.9 / tokens per request). For a cap reduced at startup (hybrid models size slots for the worst
+    case: every request at the full context), lower ``--context-length`` to what the workload needs so
+    the derived slot count rises, or free memory (``--mem-fraction-static``).
+
+Known false positives:
+    A cap set deliberately low to protect latency. Under DP attention the cap is per DP rank, while the
+    aggregate running count sums the ranks.
+
+References:
+    ../shared/reference/sglang.md §3.4 (reduced cap notice, speculative reset), §3.5 (summary line),
+    §4.1 (effective_max_running_requests_per_dp), §5.2 (max_running_requests), §8 (request-slot bound),
+    §9 (PR #27399, issue #30160); cases 035-sglang-30160, cpu-real long-queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnoser.model import Finding, Severity, Suggestion
+from diagnoser.rules.base import (
+    Rule,
+    RuleContext,
+    ev,
+    evidence,
+    fmt_int,
+    joint,
+    pool_tokens,
+    slot_cap,
+    suggest,
+    tokens_per_request,
+)
+
+
+class MaxRunningRequestsCap(Rule):
+    name = "max_running_requests_cap"
+    code = "SL01"
+    title = "Slot cap binds"
+    severity = Severity.WARNING
+    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 3, "target_usage": 0.9}
+    threshold_help = {
+        "at_cap_share": "share of waiting readings with running == cap that counts as capped",
+        "kv_room": "KV usage p95 below this counts as room",
+        "min_points": "fewest waiting readings needed",
+        "target_usage": "pool usage the proposed cap aims at",
+    }
+
+    def evaluate(self, ctx: RuleContext) -> Finding | None:
+        t = ctx.thresholds
+        cap, cap_src = slot_cap(ctx)
+        if not cap:
+            return None
+        red = [e for e in ctx.timeline.events_of("max_running_requests_reduced")]
+        pts = [p for p in joint(ctx, "running_reqs", "queue_reqs") if p[2] > 0]
+        at = [p for p in pts if p[1] >= cap]
+        usage = ctx.stats("token_usage")
+        runtime = len(pts) >= t["min_points"] and len(at) / len(pts) >= t["at_cap_share"] and (usage["p95"] is None or usage["p95"] < t["kv_room"])
+        if not runtime and not red:
+            return None
+        evs = [evidence("max_running_requests (effective)", cap, None, "", cap_src)]
+        parts = []
+        if runtime:
+            share = len(at) / len(pts)
+            qs = ctx.stats("queue_reqs")
+            evs.append(evidence("running_reqs == cap while requests waited", round(share, 2), t["at_cap_share"], ctx.window_text(), at[0][3]))
+            evs.append(ev(ctx, "queue_reqs", qs["max"], "> 0", at="max"))
+            if usage["n"]:
+                evs.append(ev(ctx, "token_usage", usage["p95"], f"< {t['kv_room']}", at="max"))
+            parts.append(f"{cap} requests ran (the cap) in {share:.0%} of {len(pts)} readings with a queue (up to {qs['max']:.0f} waiting)"
+                         + (f", while KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else ""))
+        requested = None
+        for e in red:
+            requested = e.fields.get("requested")
+            why = e.fields.get("reason")
+            evs.append(evidence("max_running_requests reduced at startup", f"{requested if requested else '?'} -> {e.fields.get('effective')}", None, "", e.source))
+            parts.append(f"the cap was cut at startup from {requested} to {e.fields.get('effective')}" if requested
+                         else f"the cap was reset to {e.fields.get('effective')} at startup ({why or 'engine default'})")
+        sugg = self._suggestions(ctx, cap, requested, runtime)
+        conf = "high" if runtime and red else "medium"
+        notes = [] if runtime else ["Only the startup sizing was read; a Decode batch line or scrape would show whether the load reaches the cap."]
+        return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes)
+
+    def _suggestions(self, ctx: RuleContext, cap: int, requested: Any, runtime: bool) -> list[Suggestion]:
+        t = ctx.thresholds
+        out: list[Suggestion] = []
+        pool, _ = pool_tokens(ctx)
+        tpr, how = tokens_per_request(ctx)
+        if pool and tpr:
+            fit = int(t["target_usage"] * pool / tpr)
+            proposed = max(cap + 1, fit - fit % 8 if fit >= 16 else fit)
+            if proposed > cap:
+                out.append(suggest(ctx, "max_running_requests", cap, proposed,
+                                   f"the pool holds about {fmt_int(fit)} requests at {fmt_int(tpr)} tokens each ({how}); the cap admits {cap}",
+                                   f"up to {proposed / cap:.1f}x the running batch while requests wait, until the pool fills",
+                                   (f"requests keep needing about {fmt_int(tpr)} KV tokens", "the client keeps enough requests in flight")))
+        elif requested and requested > cap:
+            out.append(suggest(ctx, "max_running_requests", cap, requested,
+                               f"the engine cut the requested {requested} to {cap}; it only honours more slots once the worst-case sizing allows it",
+                               f"up to {requested / cap:.1f}x the running batch once --context-length (or memory) allows it",
+                               ("apply together with the --context-length change",)))
+        if requested and requested > cap:
+            ctxlen = ctx.cfg("context_len", ctx.cfg("arg.context_length"))
+            factor = cap / requested
+            if isinstance(ctxlen, int | float) and ctxlen > 0:
+                prop: Any = max(1024, int(ctxlen * factor) // 1024 * 1024)
+                why = f"slots are sized for requests of the full context ({int(ctxlen):,} tokens)"
+            else:
+                prop = f"about {factor:.2f} x the current context length (what your longest request needs)"
+                why = "slots are sized for requests of the full context; the current --context-length is not in the inputs"
+            out.append(suggest(ctx, "context_length", ctxlen if isinstance(ctxlen, int | float) else None, prop, why,
+                               f"the derived slot count rises roughly in proportion (toward the requested {requested})",
+                               ("no request needs more than the new context length",)))
+            mfs = ctx.cfg("mem_fraction_static", ctx.cfg("arg.mem_fraction_static"))
+            out.append(suggest(ctx, "mem_fraction_static", mfs if isinstance(mfs, int | float) else None,
+                               round(min(mfs + 0.03, 0.95), 2) if isinstance(mfs, int | float) else "current + 0.02 to 0.03",
+                               "more static memory leaves room for more request and state slots",
+                               "a few more slots; the capacity model gives the number",
+                               ("keep 5–8 GB free for activations and graphs",)))
+        return out
