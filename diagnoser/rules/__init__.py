@@ -11,6 +11,8 @@ from diagnoser.rules.ca01_low_cache_hit import LowCacheHit
 from diagnoser.rules.cg01_cuda_graph_disabled_or_exceeded import CudaGraphDisabledOrExceeded
 from diagnoser.rules.dp01_dp_imbalance import DPImbalance
 from diagnoser.rules.er01_oom import OOM
+from diagnoser.rules.fl01_replica_imbalance import ReplicaImbalance
+from diagnoser.rules.fl02_config_drift import ConfigDrift
 from diagnoser.rules.in01_source_unreachable import SourceUnreachable
 from diagnoser.rules.in02_metrics_disabled import MetricsDisabled
 from diagnoser.rules.in03_insufficient_data import InsufficientData
@@ -43,6 +45,8 @@ REGISTRY: list[type[Rule]] = [
     SourceUnreachable,
     MetricsDisabled,
     InsufficientData,
+    ReplicaImbalance,
+    ConfigDrift,
 ]
 
 
