@@ -69,6 +69,7 @@ class Scenario:
     risks: list[str] = field(default_factory=list)
     headroom_gib: float | None = None
     fits: bool = True
+    risky: bool = False  # fits, but leaves too little headroom to recommend
     gain: float | None = None  # relative gen-throughput gain vs now
     extra_flags: list[str] = field(default_factory=list)  # other changes this one needs
 
@@ -81,7 +82,7 @@ class Scenario:
             "max_concurrent_requests_p95": self.max_concurrent_requests_p95,
             "projected_running": r(self.projected_running, 1), "projected_gen_throughput_tps": r(self.projected_gen_throughput_tps),
             "job_eta_hours": r(self.job_eta_hours, 1), "gain": r(self.gain, 3), "confidence": self.confidence,
-            "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "extra_flags": list(self.extra_flags),
+            "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "risky": self.risky, "extra_flags": list(self.extra_flags),
             "assumptions": list(self.assumptions), "risks": list(self.risks),
         }
 
@@ -204,6 +205,7 @@ class Planner:
         elif head < RISK_HEADROOM_GIB:
             sc.risks.append(f"only {head:.1f} GiB would stay free for activations and CUDA graphs (< {RISK_HEADROOM_GIB:.0f}): likely OOM under load.")
             sc.fits = head > 0
+            sc.risky = True
         elif head < WARN_HEADROOM_GIB:
             sc.risks.append(f"headroom for activations and CUDA graphs falls to {head:.1f} GiB (keep ≥ 5–8 GB); "
                             "if prefill OOMs, lower --chunked-prefill-size or the CUDA-graph batch size.")
@@ -375,7 +377,7 @@ class Planner:
 
     # -- the ranked list for a saturated KV pool -----------------------------------------------------
     def for_kv_saturation(self) -> list[Scenario]:
-        out = [s for s in (self.dp_attention(), self.best_mem_fraction(), self.kv_fp8()) if s is not None and s.fits]
+        out = [s for s in (self.dp_attention(), self.best_mem_fraction(), self.kv_fp8()) if s is not None and s.fits and not s.risky]
         out.sort(key=lambda s: -(s.gain if s.gain is not None else -1.0))
         return out
 
@@ -389,7 +391,9 @@ class Planner:
                 out.append(hi)
         if p.host_mem_gib is not None and p.bpt:
             out.append(self.hicache(ratio=2.0))
-        return [s for s in out if s is not None]
+        done = [s for s in out if s is not None]
+        done.sort(key=lambda s: (not s.fits, s.risky, -(s.gain if s.gain is not None else -1.0)))
+        return done
 
 
 def _show(v: Any) -> str:
