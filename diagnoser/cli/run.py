@@ -163,7 +163,8 @@ def run_once(args: argparse.Namespace) -> int:
         sys.stdout.write(render(doc, verbose=args.verbose))
     if doc["status"] == "error":
         if args.format == "text":
-            msgs = [m for i in doc["inputs"] for m in i.get("messages", [])]
+            msgs = [e["error"] for e in doc.get("errors", []) if e.get("source") == "input"]
+            msgs += [m for i in doc["inputs"] for m in i.get("messages", [])]
             hint = msgs[0] if msgs else "No usable data was read from the inputs given."
             print(f"diagnose: {hint}", file=sys.stderr)
         return 2

@@ -100,8 +100,6 @@ class MetricsTarget:
         if (fetched is not None and looks_like_html(fetched)) or _looks_like_html_text(text):
             return self._fail(f"{shown} returned an HTML page, not Prometheus metrics. Point --url at the SGLang server itself (host:port), not a dashboard or login page.")
         text, truncated = cut_partial_line(text)
-        if truncated:
-            self._note(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
         source = f"scrape@{_iso(ts)}"
         samples = None
         if fast and not has_junk(text):
@@ -121,6 +119,8 @@ class MetricsTarget:
                 self.is_engine = True
                 return self._fail(f"{shown} serves sglang series, but none of the scheduler or request metrics diagnoser reads. Point --url at an SGLang server (not the router) started with --enable-metrics.")
         self.is_engine = True
+        if truncated:
+            self._note(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
         used = self.adapter.ingest_samples(samples, ts, sink, self.state, source)
         self.report.scrapes += 1
         self.report.lines_recognized += used
