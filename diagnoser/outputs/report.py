@@ -55,6 +55,10 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         "findings": findings,
         "errors": [e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors],
     }
+    if getattr(collection, "fleet", None) is not None:  # fleet mode (--prometheus)
+        from diagnoser.outputs.fleet import fleet_section
+
+        doc["fleet"] = fleet_section(collection, report)
     if extra:
         doc.update(extra)
     return doc

@@ -31,6 +31,10 @@ def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
 
 
 def render(doc: dict[str, Any], verbose: bool = False) -> str:
+    if doc.get("fleet"):  # fleet mode: summary first, then the worst targets
+        from diagnoser.outputs.fleet import render_fleet
+
+        return render_fleet(doc, verbose)
     out: list[str] = []
     status = doc["status"]
     title = f"diagnoser · {doc.get('engine', 'sglang')} {doc.get('version') or '(version unknown)'} · status: {status.upper()}"
