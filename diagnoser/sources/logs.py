@@ -27,6 +27,9 @@ def _is_junk(raw: bytes) -> bool:
         return printable < 0.8 * len(raw)
 
 
+CHUNK = 8 * 1024 * 1024  # bulk backfill reads this much at a time
+
+
 @dataclass(slots=True)
 class LogReader:
     """Feeds lines to a parser and keeps the counts for the input report."""
@@ -35,26 +38,64 @@ class LogReader:
     report: InputReport
     line_no: int = 0
 
+    def feed_raw(self, raw: bytes, line_no: int) -> bool | None:
+        """One line without its newline: ``None`` when skipped (blank, or junk counted as an error),
+        else whether the parser recognised it. Does not count the line as read."""
+        if len(raw) >= MAX_LINE or _is_junk(raw):
+            self.report.errors += 1
+            return None
+        line = raw.decode("utf-8", errors="replace")
+        if not line.strip():
+            return None
+        try:
+            return bool(self.parser.feed(line, line_no))
+        except Exception:  # a parser bug on one odd line must not stop the read
+            self.report.errors += 1
+            return None
+
     def feed_bytes(self, raw: bytes) -> None:
         self.line_no += 1
         self.report.lines_read += 1
-        if len(raw) > MAX_LINE or _is_junk(raw):
-            self.report.errors += 1
-            return
-        line = raw.decode("utf-8", errors="replace")
-        if not line.strip():
-            return
-        try:
-            ok = self.parser.feed(line, self.line_no)
-        except Exception:  # a parser bug on one odd line must not stop the read
-            self.report.errors += 1
-            return
-        if ok:
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if self.feed_raw(raw, self.line_no):
             self.report.lines_recognized += 1
 
     def feed_lines(self, lines: Iterable[bytes]) -> None:
         for raw in lines:
             self.feed_bytes(raw)
+
+    def feed_stream(self, stream: IO[bytes], chunk: int = CHUNK) -> None:
+        """Read a whole stream in large chunks through the parser's bulk reader when it has one
+        (exactly the same result as :meth:`feed_lines`, several times faster)."""
+        bulk_factory = getattr(self.parser, "bulk", None)
+        if bulk_factory is None:
+            self.feed_lines(stream)
+            return
+        bulk = bulk_factory()
+        rest = b""
+        while True:
+            data = stream.read(chunk)
+            if not data:
+                break
+            data = rest + data if rest else data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                if len(rest) > MAX_LINE * 4:  # no newline for far too long: junk, count it once
+                    self.feed_bytes(rest)
+                    rest = b""
+                continue
+            rest = data[cut + 1 :]
+            self._feed_block(bulk, data[:cut].split(b"\n"))
+        if rest:
+            self._feed_block(bulk, [rest])
+
+    def _feed_block(self, bulk: Any, lines: list[bytes]) -> None:
+        first = self.line_no + 1
+        self.line_no += len(lines)
+        self.report.lines_read += len(lines)
+        self.report.lines_recognized += bulk.feed_lines(lines, first, self.feed_raw)
 
 
 def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:
@@ -69,11 +110,11 @@ def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | No
     if stream is None and source == "-":
         stream = sys.stdin.buffer
     if stream is not None:
-        reader.feed_lines(stream)
+        reader.feed_stream(stream)
     else:
         try:
             with open(source, "rb") as fh:
-                reader.feed_lines(fh)
+                reader.feed_stream(fh)
         except FileNotFoundError:
             reader.report.messages.append(f"Log file {source} does not exist. Check the path, or pass --log - to read stdin.")
             reader.report.errors += 1
@@ -89,6 +130,15 @@ def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | No
 
 def finish_report(adapter: Any, reader: LogReader) -> None:
     rep = reader.report
+    finish = getattr(reader.parser, "finish", None)
+    if finish is not None:
+        finish()
+    summary = getattr(reader.parser, "access_summary", None)
+    if summary is not None:
+        acc = summary()
+        if acc["requests"]:
+            codes = ", ".join(f"{k}: {v}" for k, v in acc["status"].items())
+            rep.messages.append(f"Access log: {acc['requests']} request(s) by status code ({codes}).")
     if rep.lines_read and not rep.lines_recognized and not rep.messages:
         formats = "; ".join(adapter.expected_log_formats)
         rep.messages.append(

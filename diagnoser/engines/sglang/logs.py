@@ -24,7 +24,7 @@ from typing import Any
 
 from diagnoser.engines.sglang.config import facts_from_args
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
-from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.engines.sglang.versions import Version, VersionRange, fmt
 from diagnoser.model import LogEvent, SignalSink
 
 # ---------------------------------------------------------------------------------------------------
@@ -34,10 +34,11 @@ _PREFIX_RE = re.compile(
     r"^(?:[\w.-]+\s+\|\s)?"  # docker compose: "sglang-1  | "
     r"(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+)?"  # container stamp
     r"(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?"  # Ray
-    r"(?:\[|(?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\]))?"  # "[" (or missing "[" before a stamp)
+    r"(?:\[|(?=(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}[^\]]{0,60}\]))?"  # "[" (or missing "[" before a stamp)
     r"(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
     r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\]\s?"
 )
+_BARE_PREFIX_RE = re.compile(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?")
 _TAG_RE = re.compile(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
 
 _BATCH_RE = re.compile(r"(Prefill|Decode) batch(?:\s*\(mixed #running-req: (\d+)\))?\s*(?:\[(\d+)\])?\s*[.,]?\s*")
@@ -135,6 +136,69 @@ _AUTO_MEM_RE = re.compile(r"Automatically reduce --mem-fraction-static to ([\d.]
 _NOT_ENOUGH_MEM = ("Not enough memory. Please try to increase --mem-fraction-static", "leave no GPU memory for the KV cache")
 _HOST_MEM_ERR_RE = re.compile(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
 _PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
+_HICACHE_AUTO_RE = re.compile(
+    r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank \(fraction ([\d.]+), (\d+) ranks? on this host\), host pools ([\d.]+) GiB"
+)
+_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)")
+
+# Every line the parser can recognise contains one of these substrings (case-sensitive). A line with
+# none of them is counted as unrecognised without touching the parser's state, which is what lets
+# the bulk backfill (``logfast``) skip such lines in C and still produce exactly the same result.
+TRIGGERS: tuple[str, ...] = (
+    "batch",
+    "#running-req:",
+    "retracted_reqs",
+    "out of memory",
+    "max_total_num_tokens=",
+    "server_args=",
+    "KV Cache is allocated",
+    "KV cache allocated",
+    "Load weight",
+    "Memory pool end",
+    "Capture",
+    "Capturing batches",
+    "hierarchical",
+    "HiCache",
+    "max_running_requests was reduced",
+    "max_num_reqs",
+    "Max running requests is reset",
+    "HTTP/",
+    "fired up and ready to roll",
+    "mem-fraction-static",
+    "larger than the profiled value",
+    "Cuda graph is disabled",
+    "leak detected",
+    "Health check failed",
+    "Scheduler hit an exception",
+    "Traceback",
+)
+TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
+TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())
+
+# decode-line fields → the first version that prints them (reference §3.3); "=" marks one-release fields
+_DECODE_SINCE: dict[str, Version] = {
+    "accept len": (0, 4, 2), "accept rate": (0, 5, 4), "pre-allocated usage": (0, 4, 6), "#retracted-req": (0, 4, 8),
+    "#full token": (0, 4, 10), "full token usage": (0, 4, 10), "#swa token": (0, 4, 10), "swa token usage": (0, 4, 10),
+    "cpu graph": (0, 5, 2), "#prealloc-req": (0, 5, 3), "#transfer-req": (0, 5, 3), "mamba num": (0, 5, 4),
+    "mamba usage": (0, 5, 4), "npu graph": (0, 5, 9), "waiting-image-req": (0, 5, 9), "fwd occupancy": (0, 5, 11),
+    "cap len": (0, 5, 16), "block accept len": (0, 5, 16), "#host-receive-req": (0, 5, 21), "#gpu token": (0, 5, 21),
+    "gpu token usage": (0, 5, 21), "#cpu token": (0, 5, 21), "cpu token usage": (0, 5, 21), "cuda graph": (0, 4, 7),
+    "largest-len": (0, 4, 4),
+}
+_PREFILL_SINCE: dict[str, Version] = {
+    "#unbootstrapped-req": (0, 4, 6), "#transferring-req": (0, 4, 6), "input throughput (token/s)": (0, 4, 8),
+    "full token usage": (0, 4, 10), "swa token usage": (0, 4, 10), "#prealloc-req": (0, 5, 3), "#inflight-req": (0, 5, 3),
+    "mamba usage": (0, 5, 4), "cuda graph": (0, 5, 9), "cpu graph": (0, 5, 9), "npu graph": (0, 5, 9),
+    "waiting-image-req": (0, 5, 9), "#pending-token": (0, 5, 11), "fwd occupancy": (0, 5, 11), "#bootstrap-req": (0, 5, 12),
+    "#optimistic-req": (0, 5, 16), "#replay-token": (0, 5, 21), "time": (0, 4, 7),
+}
+# the field a complete 0.5.9+ batch line ends with (a ragged pasted line may stop anywhere)
+_LAST_FIELDS = ("#queue-req", "input throughput (token/s)", "cuda graph", "cpu graph", "npu graph", "musa graph", "fwd occupancy")
+_DECODE_UNTIL: dict[str, Version] = {"largest-len": (0, 4, 4)}
+_PREFILL_UNTIL: dict[str, Version] = {
+    "cache hit rate": (0, 4, 3), "#unbootstrapped-req": (0, 5, 2), "#transferring-req": (0, 5, 2),
+    "#prealloc-req": (0, 5, 11), "time": (0, 4, 7),
+}
 
 
 def _num(text: str) -> float | None:
@@ -165,7 +229,11 @@ def _split_fields(body: str) -> list[tuple[str, str]]:
 
 
 class SGLangLogParser:
-    """Stateful line parser: one per log source (it keeps the version hints and the last timestamp)."""
+    """Stateful line parser: one per log source (it keeps the version hints and the last timestamp).
+
+    This is the reference parser: :mod:`diagnoser.engines.sglang.logfast` reads the common shapes in
+    bulk and must produce exactly what this class produces (a test proves it on every real log).
+    """
 
     def __init__(self, sink: SignalSink, source_name: str = "server.log") -> None:
         self.sink = sink
@@ -175,9 +243,34 @@ class SGLangLogParser:
         self.untimed_lines = 0
         self.kinds: Counter[str] = Counter()
         self.status_codes: Counter[str] = Counter()
+        self.access_paths: Counter[str] = Counter()
+        self.access_last: tuple[float, int] | None = None  # (ts, line_no) of the last access line
         self._day_cache: dict[str, int] = {}
         self._retract_seen: set[tuple[float, str, str]] = set()
         self.saw_date = False
+
+    # -- version hints -------------------------------------------------------------------------
+    def hint_at_least(self, v: Version, why: str) -> None:
+        vr = self.version
+        if v > vr.high:
+            # a build between two releases (e.g. main between 0.5.3 and 0.5.4): keep both bounds honest
+            old_high = vr.high
+            vr.high = (99, 0, 0)
+            vr.at_least(old_high, f"conflicting hints, a development build: {why}")
+            vr.high = v
+            vr._why(f"<= {fmt(v)}: {why}")
+            return
+        vr.at_least(v, why)
+
+    def hint_at_most(self, v: Version, why: str) -> None:
+        vr = self.version
+        if v < vr.low:
+            old_low = vr.low
+            vr.low = v
+            vr.high = old_low
+            vr._why(f"<= {fmt(old_low)}: conflicting hints, a development build: {why}")
+            return
+        vr.at_most(v, why)
 
     # -- prefix --------------------------------------------------------------------------------
     def _ts(self, m: re.Match[str]) -> float:
@@ -208,24 +301,49 @@ class SGLangLogParser:
             parts.append(f"pp{parsed['PP']}")
         return "/".join(parts), parsed
 
+    def _tag_hints(self, tags: str) -> None:
+        """Rank-tag order per release (reference §3.1)."""
+        names = _TAG_RE.findall(tags)
+        order = [k for k, _ in names]
+        if "ATTN_CP" in order or "MOE_DP" in order:
+            self.hint_at_least((0, 5, 9), "ATTN_CP/MOE_DP rank tag")
+        if "EP" in order:
+            self.hint_at_least((0, 4, 10), "EP rank tag")
+        if "PP" in order:
+            pp = order.index("PP")
+            if any(k in ("TP", "EP") for k in order[:pp]):
+                self.hint_at_most((0, 5, 5), "PP tag after TP/EP")
+            elif "TP" in order[pp:]:
+                self.hint_at_least((0, 5, 6), "PP tag before TP")
+
     # -- main entry ----------------------------------------------------------------------------
     def feed(self, line: str, line_no: int) -> bool:
-        """Parse one line. Returns True when the line was recognised."""
+        """Parse one line. Returns True when the line was recognised.
+
+        A line with none of :data:`TRIGGERS` is unrecognised and leaves the parser untouched.
+        """
+        if not TRIGGER_RE.search(line):
+            return False
         line = line.rstrip("\r\n")
         m = _PREFIX_RE.match(line)
         if m:
             ts = self._ts(m)
-            rank, tags = self._rank(m.group(6) or "")
+            tag_text = m.group(6) or ""
+            rank, tags = self._rank(tag_text)
             msg = line[m.end():]
-            if m.group(1) is None and not self.saw_date:
-                self.version.at_most((0, 3, 3), "time-only log prefix") if tags else None
+            if m.group(1) is None and not self.saw_date and tags:
+                self.hint_at_most((0, 3, 3), "time-only log prefix")
             if m.group(5):
-                self.version.at_least((0, 5, 6), "milliseconds in the log prefix (SGLANG_LOG_MS)")
+                self.hint_at_least((0, 5, 6), "milliseconds in the log prefix (SGLANG_LOG_MS)")
+            if tags:
+                self._tag_hints(tag_text)
+            elif m.group(1) and ("Decode batch" in msg or "Prefill batch" in msg):
+                self.hint_at_least((0, 4, 7), "scheduler line without a rank tag")
             self.last_ts = ts
         else:
             msg = line.lstrip()
             # strip Ray / compose prefixes even without a timestamp
-            msg = re.sub(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?", "", msg)
+            msg = _BARE_PREFIX_RE.sub("", msg)
             rank, tags = "", {}
             ts = self._untimed_ts()
         src = f"{self.source_name}:{line_no}"
@@ -238,18 +356,46 @@ class SGLangLogParser:
         self.last_ts = base + 1.0
         return self.last_ts
 
+    def bulk(self) -> Any:
+        """The chunk reader for backfilling large logs (same result as :meth:`feed`, much faster)."""
+        from diagnoser.engines.sglang.logfast import BulkReader
+
+        return BulkReader(self)
+
+    def access_summary(self) -> dict[str, Any]:
+        """Requests and status codes counted from the access-log lines."""
+        return {
+            "requests": sum(self.status_codes.values()),
+            "status": dict(sorted(self.status_codes.items())),
+            "paths": dict(self.access_paths.most_common(10)),
+        }
+
+    def finish(self) -> None:
+        """Emit what is only known at the end of the log (one access-log summary event)."""
+        if self.access_last is not None:
+            ts, line_no = self.access_last
+            self.sink.add_event(LogEvent("access_summary", ts, line_no, f"{self.source_name}:{line_no}", self.access_summary()))
+
     def _message(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
         sink = self.sink
         if "batch" in msg:
             bm = _BATCH_RE.search(msg)
             if bm and bm.start() < 40:
                 return self._batch(msg, bm, ts, rank, src)
+        if "HTTP/" in msg:
+            am = _ACCESS_RE.search(msg)
+            if am:
+                self.status_codes[am.group(3)] += 1
+                self.access_paths[f"{am.group(1)} {am.group(2)}"] += 1
+                self.access_last = (ts, line_no)
+                self.kinds["access"] += 1
+                return True
         if msg.startswith("new fill batch."):
             return self._old_fill(msg, ts, rank, src)
         if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
             fields = _split_fields(msg)
             self._emit(fields, _DECODE_FIELDS, ts, rank, src)
-            self.version.at_most((0, 2, 99), "v0.1.x decode line without header")
+            self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
             self.kinds["decode"] += 1
             return True
         if "retracted_reqs" in msg:
@@ -270,30 +416,16 @@ class SGLangLogParser:
             sink.add_event(LogEvent("server_args", ts, line_no, src, {"count": len(args)}, rank))
             self.kinds["server_args"] += 1
             return True
-        if "KV Cache is allocated" in msg:
-            km = _KV_RE.search(msg)
-            if km:
-                dtype, tokens, k, v, kv = km.groups()
-                if tokens:
-                    sink.set_config("kv_pool_tokens_log", int(tokens), src)
-                size = float(kv) if kv else (float(k or 0) + float(v or 0))
-                sink.set_config("kv_cache_gb", size, src)
-                if k:
-                    sink.set_config("kv_k_size_gb", float(k), src)
-                sink.set_config("attention_kind_hint", "mla" if kv else "mha", src)
-                if dtype:
-                    sink.set_config("kv_cache_dtype_log", dtype, src)
-                    self.version.at_least((0, 5, 13), "dtype in the KV Cache allocation line")
-                if tokens:
-                    self.version.at_least((0, 4, 4), "#tokens in the KV Cache allocation line")
-                self.kinds["startup"] += 1
-                return True
+        if "KV Cache is allocated" in msg or "KV cache allocated" in msg:
+            return self._kv_alloc(msg, src)
         if "Load weight" in msg:
             lm = _LOAD_END_RE.search(msg)
             if lm:
                 sink.set_config("avail_mem_after_weights_gb", float(lm.group(1)), src)
                 if lm.group(2):
                     sink.set_config("weight_mem_gb", float(lm.group(2)), src)
+                if "Load weight end. elapsed=" in msg:
+                    self.hint_at_least((0, 5, 9), "'Load weight end. elapsed=' line")
                 self.kinds["startup"] += 1
                 return True
             lb = _LOAD_BEGIN_RE.search(msg)
@@ -308,19 +440,7 @@ class SGLangLogParser:
                 self.kinds["startup"] += 1
                 return True
         if "graph" in msg and "Capture" in msg or "Capturing batches" in msg:
-            gb = _GRAPH_BS_RE.search(msg) or _GRAPH_END_BS_RE.search(msg)
-            if gb:
-                sizes = [int(x) for x in gb.group(1).replace(" ", "").split(",") if x]
-                if sizes:
-                    sink.set_config("cuda_graph_bs", sizes, src)
-                    sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
-            ge = _GRAPH_END_RE.search(msg)
-            if ge and ge.group(2):
-                sink.set_config("avail_mem_after_graph_gb", float(ge.group(2)), src)
-            if ge and ge.group(1):
-                sink.set_config("graph_mem_gb", float(ge.group(1)), src)
-            self.kinds["startup"] += 1
-            return True
+            return self._graph(msg, src)
         if "hierarchical" in msg or "HiCache" in msg:
             hm = _HICACHE_RE.search(msg)
             if hm:
@@ -328,12 +448,25 @@ class SGLangLogParser:
                 sink.set_config("hicache_host_gb", float(gb), src)
                 if hm.group(3):
                     sink.set_config("hicache_host_tokens", int(hm.group(3)), src)
+                    self.hint_at_least((0, 5, 17), "'hierarchical KV host pool' allocation line")
+                else:
+                    self.hint_at_most((0, 5, 16), "'GB host memory for hierarchical KV cache' allocation line")
                 sink.set_config("enable_hierarchical_cache", True, src)
+                self.kinds["startup"] += 1
+                return True
+            ha = _HICACHE_AUTO_RE.search(msg)
+            if ha:
+                sink.set_config("hicache_ratio", float(ha.group(2)), src)
+                sink.set_config("hicache_host_gb", float(ha.group(3)) * 1.073741824, src)
+                sink.set_config("hicache_host_pools_gib", float(ha.group(6)), src)
+                sink.set_config("enable_hierarchical_cache", True, src)
+                self.hint_at_least((0, 5, 21), "'HiCache auto-sizing' line")
                 self.kinds["startup"] += 1
                 return True
             he = _HOST_MEM_ERR_RE.search(msg)
             if he:
                 sink.add_event(LogEvent("hicache_host_oom", ts, line_no, src, {"requested_gb": float(he.group(1)), "free_gb": float(he.group(2))}, rank))
+                self.kinds["oom"] += 1
                 return True
         if "max_running_requests was reduced" in msg:
             rr = _REDUCED_RE.search(msg)
@@ -355,15 +488,8 @@ class SGLangLogParser:
             if sm:
                 sink.set_config("max_running_requests", int(sm.group(1)), src)
                 sink.add_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": None, "effective": int(sm.group(1)), "reason": "speculative decoding"}, rank))
+                self.hint_at_least((0, 5, 5) if "You can override" in msg else (0, 5, 4), "speculative max-running-requests reset notice")
                 self.kinds["startup"] += 1
-                return True
-        if "HTTP/" in msg:
-            am = _ACCESS_RE.search(msg)
-            if am:
-                code = am.group(3)
-                self.status_codes[code] += 1
-                sink.add_event(LogEvent("access", ts, line_no, src, {"method": am.group(1), "path": am.group(2), "status": int(code)}, rank))
-                self.kinds["access"] += 1
                 return True
         if "fired up and ready to roll" in msg:
             sink.add_event(LogEvent("ready", ts, line_no, src, {}, rank))
@@ -373,9 +499,15 @@ class SGLangLogParser:
             am2 = _AUTO_MEM_RE.search(msg)
             if am2:
                 sink.set_config("mem_fraction_static", float(am2.group(1)), src)
+                self.hint_at_least((0, 4, 2), "'Automatically reduce --mem-fraction-static' notice")
+                self.hint_at_most((0, 4, 8), "'Automatically reduce --mem-fraction-static' notice")
                 self.kinds["startup"] += 1
                 return True
-            if any(s in msg for s in _NOT_ENOUGH_MEM):
+            nk = _NO_KV_MEM_RE.search(msg)
+            if nk or any(s in msg for s in _NOT_ENOUGH_MEM):
+                if nk:
+                    sink.set_config("mem_fraction_static", float(nk.group(1)), src)
+                    self.hint_at_least((0, 5, 14), "'Loaded weights leave no GPU memory' message")
                 sink.add_event(LogEvent("startup_oom", ts, line_no, src, {"text": msg[:200]}, rank))
                 self.kinds["oom"] += 1
                 return True
@@ -383,6 +515,7 @@ class SGLangLogParser:
             pm = _PROFILED_RE.search(msg)
             if pm:
                 sink.set_config("max_total_tokens_requested", int(pm.group(1)), src)
+                self.kinds["startup"] += 1
                 return True
         if msg.startswith("Cuda graph is disabled"):
             sink.set_config("cuda_graph_disabled_reason", msg[len("Cuda graph is disabled"):].strip(" .") or "disabled", src)
@@ -391,14 +524,77 @@ class SGLangLogParser:
             return True
         if "leak detected" in msg:
             sink.add_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.kinds["leak"] += 1
             return True
         if "Health check failed" in msg:
             sink.add_event(LogEvent("health_failed", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.kinds["health"] += 1
             return True
         if "Scheduler hit an exception" in msg or msg.startswith("Traceback"):
             sink.add_event(LogEvent("exception", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.kinds["exception"] += 1
             return True
         return False
+
+    # -- startup lines -------------------------------------------------------------------------
+    def _kv_alloc(self, msg: str, src: str) -> bool:
+        km = _KV_RE.search(msg)
+        if not km:
+            return False
+        sink = self.sink
+        dtype, tokens, k, v, kv = km.groups()
+        if tokens:
+            sink.set_config("kv_pool_tokens_log", int(tokens), src)
+        size = float(kv) if kv else (float(k or 0) + float(v or 0))
+        sink.set_config("kv_cache_gb", size, src)
+        if k:
+            sink.set_config("kv_k_size_gb", float(k), src)
+        sink.set_config("attention_kind_hint", "mla" if kv else "mha", src)
+        if dtype:
+            sink.set_config("kv_cache_dtype_log", dtype, src)
+            self.hint_at_least((0, 5, 13), "dtype in the KV Cache allocation line")
+        if tokens:
+            self.hint_at_least((0, 4, 4), "#tokens in the KV Cache allocation line")
+        else:
+            self.hint_at_most((0, 4, 3), "KV Cache allocation line without #tokens")
+        if kv:
+            self.hint_at_least((0, 4, 6), "MLA 'KV size' in the KV Cache allocation line")
+        if "Post-capture KV sizing" in msg:
+            sink.set_config("kv_post_capture_sizing", True, src)
+            am = re.search(r"avail mem=([\d.]+) GB", msg)
+            if am:
+                sink.set_config("avail_mem_after_pool_gb", float(am.group(1)), src)
+        self.kinds["startup"] += 1
+        return True
+
+    def _graph(self, msg: str, src: str) -> bool:
+        sink = self.sink
+        gb = _GRAPH_BS_RE.search(msg) or _GRAPH_END_BS_RE.search(msg)
+        if gb:
+            sizes = [int(x) for x in gb.group(1).replace(" ", "").split(",") if x]
+            if sizes:
+                sink.set_config("cuda_graph_bs", sizes, src)
+                sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
+            if gb.re is _GRAPH_BS_RE:
+                self.hint_at_least((0, 4, 7), "'Capture cuda graph bs [...]' line")
+        ge = _GRAPH_END_RE.search(msg)
+        if ge and ge.group(2):
+            sink.set_config("avail_mem_after_graph_gb", float(ge.group(2)), src)
+        if ge and ge.group(1):
+            sink.set_config("graph_mem_gb", float(ge.group(1)), src)
+        if "target decode CUDA graph" in msg or "target verify CUDA graph" in msg or "target prefill CUDA graph" in msg:
+            self.hint_at_least((0, 5, 14), "'Capture target ... CUDA graph' line")
+        elif re.search(r"Capture (?:cuda|cpu|npu|musa) graph (?:begin|end)", msg):
+            self.hint_at_most((0, 5, 13), "old-style 'Capture cuda graph begin/end' line")
+            if re.search(r"Capture (?:cpu|npu) graph", msg):
+                self.hint_at_least((0, 5, 2), "device label in the graph capture line")
+            if "avail mem=" in msg:
+                self.hint_at_least((0, 4, 4), "avail mem in the graph capture line")
+        elif "piecewise CUDA graph" in msg:
+            self.hint_at_least((0, 5, 6), "piecewise CUDA graph capture")
+            self.hint_at_most((0, 5, 13), "piecewise CUDA graph capture")
+        self.kinds["startup"] += 1
+        return True
 
     # -- batch lines ---------------------------------------------------------------------------
     def _batch(self, msg: str, bm: re.Match[str], ts: float, rank: str, src: str) -> bool:
@@ -436,33 +632,36 @@ class SGLangLogParser:
             add("token_usage", ts, max(usages), src, rank)
 
     def _batch_version_hints(self, kind: str, header: str, body: str, fields: list[tuple[str, str]]) -> None:
-        vr = self.version
+        """Version range implied by one batch line's shape (reference §3.2, §3.3)."""
+        hint_lo, hint_hi = self.hint_at_least, self.hint_at_most
         keys = {k for k, _ in fields}
-        if header.rstrip().endswith(","):
-            if "[" in header:
-                vr.at_least((0, 5, 4), f"'{kind} batch [N],' header")
+        h = header.rstrip()
+        trailing = body.rstrip().endswith(",")
+        if h.endswith(","):
+            if "[" in h:
+                hint_lo((0, 5, 4), f"'{kind} batch [N],' header")
             else:
-                vr.at_least((0, 5, 5), f"'{kind} batch,' header")
-        elif header.rstrip().endswith("."):
-            vr.at_most((0, 5, 3), f"'{kind} batch.' header")
-        if "#pending-token" in keys:
-            vr.at_least((0, 5, 11), "#pending-token field")
-        if "accept rate" in keys:
-            vr.at_least((0, 5, 4), "accept rate field")
-        if kind == "Decode" and keys & {"cuda graph", "cpu graph", "npu graph"}:
-            vr.at_least((0, 4, 7), "graph field in decode lines")
-        if "npu graph" in keys:
-            vr.at_least((0, 5, 9), "npu graph label")
-        if kind == "Prefill" and keys & {"cuda graph", "cpu graph", "npu graph"}:
-            vr.at_least((0, 5, 9), "graph field in prefill lines")
-        if kind == "Prefill" and "cache hit rate" in keys:
-            vr.at_most((0, 4, 3), "cache hit rate in prefill lines")
-        if "largest-len" in keys:
-            vr.at_least((0, 4, 4), "largest-len field")
-        if kind == "Decode" and header.rstrip().endswith(",") and not body.rstrip().endswith(","):
-            vr.at_least((0, 5, 9), "decode line without trailing comma")
-        if kind == "Decode" and body.rstrip().endswith(",") and header.rstrip().endswith(","):
-            vr.at_most((0, 5, 8), "decode line with trailing comma")
+                hint_lo((0, 5, 5), f"'{kind} batch,' header")
+            if trailing:
+                hint_hi((0, 5, 8), f"'{kind} batch,' line with a trailing comma")
+            elif fields[-1][0] in _LAST_FIELDS or fields[-1][0].startswith("est. "):
+                hint_lo((0, 5, 9), f"'{kind} batch,' line without a trailing comma")
+        elif h.endswith("."):
+            hint_hi((0, 5, 3), f"'{kind} batch.' header")
+            if trailing:
+                hint_lo((0, 4, 4), f"'{kind} batch.' line with a trailing comma")
+            elif "#queue-req" in keys and fields[-1][0] in ("#queue-req", "#transferring-req", "time", "input throughput (token/s)"):
+                hint_hi((0, 4, 9), f"'{kind} batch.' line without a trailing comma")
+        since, until = (_DECODE_SINCE, _DECODE_UNTIL) if kind == "Decode" else (_PREFILL_SINCE, _PREFILL_UNTIL)
+        for key in keys:
+            v = since.get(key)
+            if v is not None:
+                hint_lo(v, f"'{key}' field in {kind.lower()} lines")
+            v = until.get(key)
+            if v is not None:
+                hint_hi(v, f"'{key}' field in {kind.lower()} lines")
+        if any(k.startswith("est. ") for k in keys):
+            hint_lo((0, 5, 10), "MFU 'est. ...' suffix")
 
     def _old_fill(self, msg: str, ts: float, rank: str, src: str) -> bool:
         vals = dict(re.findall(r"(#?\w+): ([\d.]+%?)", msg))
@@ -473,21 +672,30 @@ class SGLangLogParser:
                 v = _num(vals[k])
                 if v is not None:
                     self.sink.add(sig, ts, v, src, rank)
-        self.version.at_most((0, 2, 99), "v0.1.x 'new fill batch' line")
+        self.hint_at_most((0, 2, 99), "v0.1.x 'new fill batch' line")
         self.kinds["prefill"] += 1
         return True
 
     def _retract(self, msg: str, rm: re.Match[str], ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
         n = int(rm.group(1))
         if "Decode out of memory happened" in msg:
-            self.version.at_most((0, 4, 6), "'Decode out of memory happened' retraction wording")
+            self.hint_at_most((0, 4, 6), "'Decode out of memory happened' retraction wording")
         elif rm.group(2) is not None:
-            self.version.at_least((0, 5, 7), "#new_tokens_gained in the retraction line")
+            self.hint_at_least((0, 5, 7), "#new_tokens_gained in the retraction line")
         elif "KV cache pool is full" in msg:
-            self.version.at_least((0, 4, 7), "'KV cache pool is full' retraction wording")
+            self.hint_at_least((0, 4, 7), "'KV cache pool is full' retraction wording")
+            self.hint_at_most((0, 5, 6), "retraction line without #new_tokens_gained")
+        if "Beam search group aborted" in msg:
+            self.hint_at_least((0, 5, 19), "beam-search retraction line")
         # Every TP rank of one DP group prints the same retraction: count it once.
         key = (ts, rank, msg)
         fields: dict[str, Any] = {"retracted_reqs": n}
+        if "Testing retraction" in msg:
+            fields["test_mode"] = True
+        if "Beam search group aborted" in msg:
+            fields["beam_search"] = True
+        if rm.group(3):
+            fields["mamba_num_gained"] = int(rm.group(3))
         if rm.group(2):
             fields["new_tokens_gained"] = int(rm.group(2))
         if rm.group(4):
@@ -528,10 +736,12 @@ class SGLangLogParser:
             if mem_key in facts:
                 sink.set_config("available_gpu_mem_gb", float(facts[mem_key]), src)
                 sink.set_config("device", "cpu" if mem_key == "available_cpu_mem" else "gpu", src)
-                self.version.at_least((0, 4, 7), f"{mem_key} in the summary line")
+                self.hint_at_least((0, 5, 2) if mem_key == "available_cpu_mem" else (0, 4, 7), f"{mem_key} in the summary line")
         if "chunked_prefill_size" in facts:
-            self.version.at_least((0, 4, 2), "chunked_prefill_size in the summary line")
+            self.hint_at_least((0, 4, 2), "chunked_prefill_size in the summary line")
         elif "max_prefill_tokens" in facts:
-            self.version.at_most((0, 4, 1), "summary line without chunked_prefill_size")
+            self.hint_at_most((0, 4, 1), "summary line without chunked_prefill_size")
+        if "chunked_prefill_size" in facts and not any(k in facts for k in ("available_gpu_mem", "available_cpu_mem")):
+            self.hint_at_most((0, 4, 6), "summary line without available_gpu_mem")
         self.kinds["startup"] += 1
         return True
