@@ -18,7 +18,7 @@ _SECRET_KEY_RE = re.compile(
 )
 # Keys that merely contain "key"/"token" but are not secrets (sizes, counts, flags).
 _NOT_SECRET = re.compile(
-    r"(?:tokens?_(?:size|len|num|ratio|usage|budget|per|limit|buckets?|id|map|interval)|(?:max|min|num|total|chunk|prefill|new|cached|pending|draft|page|context)_.*token|token_?(?:izer|s_total|_usage)|^(?:skip_tokenizer_init|tokenizer.*|key_?(?:s|value)?_?(?:dtype|layout)|.*_keys_active|kv_.*)$)",
+    r"(?:tokens?_(?:size|len|num|ratio|usage|budget|per|limit|buckets?|id|map|interval)|(?:max|min|num|total|chunk|prefill|new|cached|pending|draft|page|context)_.*token|token_?(?:izer|s_total|_usage)|^(?:skip_tokenizer_init|tokenizer.*|bucket_.*|key_?(?:s|value)?_?(?:dtype|layout)|.*_keys_active|kv_.*)$)",
     re.IGNORECASE,
 )
 _URL_CRED_RE = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@")
@@ -26,9 +26,10 @@ _CLI_SECRET_RE = re.compile(
     r"(--(?:admin-)?api-key|--[\w-]*(?:token|secret|password)[\w-]*)(=|\s+)(\S+)", re.IGNORECASE
 )
 _INLINE_SECRET_RE = re.compile(
-    r"""((?:admin_)?api_key|[\w]*(?:secret|password|passwd|_token|token_|credential)\w*)(\s*[=:]\s*)('[^']*'|"[^"]*"|[^,\s)]+)""",
+    r"""(?P<k>[\w-]*(?:api[_-]?key|secret|password|passwd|token|credential)[\w-]*)(?P<q>["']?)(?P<sep>\s*[=:]\s*)(?P<v>'[^']*'|"[^"]*"|[^,\s)}]+)""",
     re.IGNORECASE,
 )
+_NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
 def is_secret_key(key: str) -> bool:
@@ -43,15 +44,21 @@ def redact_text(text: str) -> str:
     if not text:
         return text
     text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
-    text = _CLI_SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    def _cli(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group(1).lstrip("-").replace("-", "_")) or _NUMBER_RE.match(m.group(3)):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}{REDACTED}"
+
+    text = _CLI_SECRET_RE.sub(_cli, text)
 
     def _inline(m: re.Match[str]) -> str:
-        if not is_secret_key(m.group(1)):
+        if not is_secret_key(m.group("k")):
             return m.group(0)
-        val = m.group(3)
-        if val in ("None", "null", "''", '""'):
+        val = m.group("v")
+        if val in ("None", "null", "''", '""', "True", "False", "true", "false") or _NUMBER_RE.match(val):
             return m.group(0)
-        return f"{m.group(1)}{m.group(2)}'{REDACTED}'"
+        quote = '"' if val.startswith('"') else "'"
+        return f"{m.group('k')}{m.group('q')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
     return _INLINE_SECRET_RE.sub(_inline, text)
 

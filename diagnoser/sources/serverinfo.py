@@ -8,7 +8,7 @@ from typing import Any
 
 from diagnoser.model import InputReport, SignalSink
 from diagnoser.redact import redact
-from diagnoser.sources.http import fetch
+from diagnoser.sources.http import display_url, fetch
 
 
 def _json(text: str) -> Any:
@@ -20,7 +20,7 @@ def _json(text: str) -> Any:
 
 def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version: Any) -> tuple[InputReport, dict[str, Any]]:
     """Fetch what config endpoints exist; returns the input report and the raw (redacted) payloads."""
-    report = InputReport(kind="server_info", source=base)
+    report = InputReport(kind="server_info", source=display_url(base))
     raw: dict[str, Any] = {}
     for path in adapter.server_info_paths:
         f = fetch(client, base + path, 8 * 1024 * 1024, "server info")
@@ -53,5 +53,5 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
             raw[adapter.loads_path] = redact(data)
             report.scrapes += 1
     if not raw:
-        report.messages.append(f"{base} has no server-info endpoint; config facts come from logs and metrics only.")
+        report.messages.append(f"{display_url(base)} has no server-info endpoint; config facts come from logs and metrics only.")
     return report, raw
