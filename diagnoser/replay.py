@@ -24,6 +24,7 @@ API:
 from __future__ import annotations
 
 import calendar
+import io
 import json
 import os
 import re
@@ -138,8 +139,9 @@ def _load_directory(path: str) -> ReplaySource:
     log_records: list[dict[str, Any]] = []
     for lp in logs:
         log_records.extend(_log_records(lp, target))
-    if t_first is None and log_records:
-        t_first = min(float(r["t"]) for r in log_records)
+    if log_records:
+        t_log = min(float(r["t"]) for r in log_records)
+        t_first = t_log if t_first is None else min(t_first, t_log)
     t_first = t_first or 0.0
     records: list[dict[str, Any]] = []
     for fname, ep in CONFIG_FILES.items():
@@ -342,10 +344,23 @@ class ReplayIngest:
     def apply_all(self) -> None:
         """Apply every record in the order a live ``--once`` run reads them: config, scrapes, logs."""
         recs = self.source.records
-        for kind in ("config", "scrape", "log"):
+        for kind in ("config", "scrape"):
             for r in recs:
                 if r.get("kind") == kind:
                     self.apply(r)
+        # each log whole, through the reader's stream path (what ``--once --log FILE`` uses)
+        logs: dict[tuple[str, str], list[bytes]] = {}
+        for r in recs:
+            if r.get("kind") == "log":
+                key = (str(r.get("target") or ""), str(r.get("source") or "server.log"))
+                logs.setdefault(key, []).extend(decode_line(x) for x in r.get("lines") or [])
+        for (target, src), lines in logs.items():
+            t = self._target(target)
+            self._ingest_config(t)
+            reader = t.readers.get(src)
+            if reader is None:
+                reader = t.readers[src] = open_log_reader(self.adapter, t.tl, src)
+            reader.feed_stream(io.BytesIO(b"\n".join(lines) + b"\n"))
 
     # -- results ---------------------------------------------------------------------------------
     def _build(self, copy: bool) -> Collection:
@@ -503,3 +518,77 @@ class ReplayFeed:
                 r["pass"] = self._pass
             out.append(r)
         return out
+
+
+# -- converting a recording (a run directory, or a damaged bundle) into a bundle ----------------------
+
+
+def write_source(src: ReplaySource, out: str, every: int = 1, name: str | None = None, note: str | None = None,
+                 max_bytes: int | None = None) -> dict[str, Any]:
+    """Write ``src`` as a bundle: one block per scrape (with the log lines up to the next scrape).
+
+    ``every=N`` keeps every Nth scrape (the first and last always); ``name`` renames the target (and
+    log sources keep only their file name), so a bundle does not carry local paths. Returns counts.
+    """
+    from diagnoser.bundle import BundleWriter, manifest
+
+    rename: dict[str, str] = {}
+    for t in src.targets:
+        rename[t] = name or t
+    for lg in src.manifest.get("logs", []):
+        tgt = lg.get("target")
+        if tgt and tgt not in rename:
+            rename[tgt] = name or tgt
+    scr = [r for r in src.records if r.get("kind") == "scrape"]
+    keep = {id(r) for i, r in enumerate(scr) if i % max(1, every) == 0 or i == len(scr) - 1}
+    t0, t1 = src.span()
+
+    def src_name(s: Any) -> str:
+        return os.path.basename(str(s)) if name else str(s)
+
+    iv = src.interval() * max(1, every) if scr else None
+    man = manifest(
+        targets=[{"name": rename[t], "url": rename[t]} for t in src.targets],
+        logs=[{"source": src_name(lg.get("source")), "target": rename.get(lg.get("target"), lg.get("target"))}
+              for lg in src.manifest.get("logs", [])],
+        start=t0, interval=iv or 0.0, planned_duration=t1 - t0, sglang_version=src.manifest.get("sglang_version"),
+        converted_from=os.path.basename(src.path.rstrip("/")), thinned_every=max(1, every),
+        **({"note": note} if note else {}),
+    )
+    man["created"] = src.manifest.get("created") or man["created"]
+    w = BundleWriter(out, max_bytes=max_bytes, fsync=False)
+    counts = {"scrapes": 0, "log_lines": 0, "dropped_scrapes": 0}
+    try:
+        head: list[dict[str, Any]] = [man]
+        block: list[dict[str, Any]] = head
+        for orig in src.records:
+            kind = orig.get("kind")
+            if kind == "scrape" and id(orig) not in keep:
+                counts["dropped_scrapes"] += 1
+                continue
+            r = dict(orig)
+            if "target" in r:
+                r["target"] = rename.get(r["target"], r["target"])
+            r.pop("file", None)
+            if kind == "scrape":
+                w.write_member(block)
+                block = [r]
+                counts["scrapes"] += 1
+            elif kind == "log":
+                r["source"] = src_name(r.get("source"))
+                counts["log_lines"] += len(r.get("lines") or [])
+                block.append(r)
+                if sum(len(x.get("lines") or []) for x in block if x.get("kind") == "log") >= 400:
+                    w.write_member(block)  # keep blocks small: damage then costs little
+                    block = []
+            elif kind in ("config", "note"):
+                block.append(r)
+        block.append({"kind": "end", "t": t1, "reason": "converted", "window": {"start": t0, "end": t1},
+                      "counts": {"scrapes": counts["scrapes"], "log_lines": counts["log_lines"]},
+                      "sglang_version": src.manifest.get("sglang_version")})
+        w.write_member(block, final=True)
+    finally:
+        w.close()
+    counts["bytes"] = w.size
+    return counts
+

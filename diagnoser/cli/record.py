@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import signal
@@ -85,7 +86,7 @@ class _TeeReader:
         self.kept.append(raw)
 
     def flush_to_reader(self) -> None:
-        self.reader.feed_lines(self.kept)
+        self.reader.feed_stream(io.BytesIO(b"\n".join(self.kept) + b"\n"))  # as read_log reads a file
         self.kept = []
 
     def take(self) -> tuple[int, list[bytes]]:
@@ -258,6 +259,10 @@ class Recorder:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="diagnose record", description="Record raw scrapes, log lines and server info into a bundle.")
+    p.add_argument("--from", dest="from_path", metavar="PATH", help="convert a run directory (or re-write a damaged bundle) instead of recording live")
+    p.add_argument("--every", type=int, default=1, help="with --from: keep every Nth scrape (default 1 = all)")
+    p.add_argument("--name", help="with --from: target name to store instead of the local path")
+    p.add_argument("--note", help="with --from: a note stored in the manifest (e.g. where the data came from)")
     p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable)")
     p.add_argument("--log", action="append", default=[], help="server log file to follow (repeatable)")
     p.add_argument("--duration", type=parse_duration, default=600.0, help="how long to record, e.g. 90s, 10m (default 10m)")
@@ -293,6 +298,8 @@ class _Interrupted(Exception):
 
 def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_path:
+        return _convert(args)
     if not args.url and not args.log:
         raise UsageError("nothing to record: pass --url http://HOST:30000 and/or --log PATH")
     if "-" in args.log:
@@ -369,6 +376,35 @@ def main(cmd: str, argv: list[str]) -> int:
     if args.report:
         code = max(code, _report(args, rec, adapter))
     return code
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from diagnoser.bundle import BundleError
+    from diagnoser.replay import load_source, write_source
+
+    if args.url or args.log:
+        raise UsageError("--from converts an existing recording; it cannot be combined with --url or --log")
+    if args.every < 1:
+        raise UsageError("--every must be 1 or more")
+    if os.path.exists(args.output) and not args.force:
+        raise UsageError(f"{args.output} already exists; pass --force to overwrite it or choose another -o")
+    try:
+        src = load_source(args.from_path)
+    except BundleError as e:
+        raise UsageError(str(e)) from None
+    if src.problems:
+        print(f"diagnose record: {src.summary}", file=sys.stderr)
+    try:
+        counts = write_source(src, args.output, every=args.every, name=args.name, note=args.note, max_bytes=args.max_size)
+    except BundleFull:
+        print(f"diagnose record: {args.output} would pass --max-size {args.max_size} bytes; raise it or thin with --every N.", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"diagnose record: writing {args.output} failed ({e.strerror or e}); the bundle holds what came before.", file=sys.stderr)
+        return 1
+    print(f"diagnose record: wrote {args.output}: {counts['scrapes']} scrape(s) ({counts['dropped_scrapes']} thinned out), "
+          f"{counts['log_lines']} log line(s), {counts['bytes']} bytes.", file=sys.stderr)
+    return 0
 
 
 def _report(args: argparse.Namespace, rec: Recorder, adapter: Any) -> int:
