@@ -2,7 +2,7 @@
 
 Each ``Decode batch`` line (or scrape) gives the running batch B and gen throughput X; the decode step
 time is ``t = B / X`` (reference §3.3: the throughput covers the last 40 steps, prefill time included).
-We fit ``t(B) = a + b·B`` by least squares (numpy). Projected throughput at another batch is
+We fit ``t(B) = a + b·B`` by weighted least squares (numpy) on each batch size's median step time. Projected throughput at another batch is
 ``B' / t(B')``. Where the batch did not vary enough, the fallback keeps the step time constant (throughput
 proportional to the batch), an upper bound marked low-confidence.
 """
@@ -53,34 +53,45 @@ class ThroughputModel:
 
 
 def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
-    """Fit step time vs batch; None when there is no decode point with a batch and a throughput."""
+    """Fit step time vs batch; None when there is no decode point with a batch and a throughput.
+
+    Points are grouped by batch size and each group's median step time is fitted, weighted by the group's
+    size: a log line's throughput covers 40 steps whose batch may have moved, and idle gaps make outliers.
+    """
     pts = [(b, x) for b, x in zip(running, tps, strict=False) if b > 0 and x > 0]
     if not pts:
         return None
     bs = [p[0] for p in pts]
     xs = [p[1] for p in pts]
-    steps = [b / x for b, x in pts]
     n = len(pts)
     bmin, bmax, bmean = min(bs), max(bs), sum(bs) / n
     tmean = sum(xs) / n
-    if n >= MIN_POINTS and bmax / bmin >= MIN_SPREAD and len(set(bs)) >= 3:
+    groups: dict[float, list[float]] = {}
+    for b, x in pts:
+        groups.setdefault(round(b), []).append(b / x)
+    if n >= MIN_POINTS and bmax / bmin >= MIN_SPREAD and len(groups) >= 3:
         import numpy as np
 
-        A = np.column_stack([np.ones(n), np.asarray(bs)])
-        y = np.asarray(steps)
-        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        gb = np.array(sorted(groups), dtype=float)
+        gy = np.array([float(np.median(groups[k])) for k in sorted(groups)])
+        w = np.sqrt(np.array([len(groups[k]) for k in sorted(groups)], dtype=float))
+        A = np.column_stack([np.ones(len(gb)), gb])
+        coef, *_ = np.linalg.lstsq(A * w[:, None], gy * w, rcond=None)
         a, b = float(coef[0]), float(coef[1])
         pred = A @ coef
-        ss_res = float(((y - pred) ** 2).sum())
-        ss_tot = float(((y - y.mean()) ** 2).sum())
+        wm = float((gy * w**2).sum() / (w**2).sum())
+        ss_res = float((w**2 * (gy - pred) ** 2).sum())
+        ss_tot = float((w**2 * (gy - wm) ** 2).sum())
         r2 = 1 - ss_res / ss_tot if ss_tot > 0 else 0.0
         if b >= 0 and a > 0:
             return ThroughputModel(a, b, n, bmin, bmax, bmean, tmean, r2, "fit", "")
-        note = "the fitted step time fell with batch size (noise), so the step time is held constant"
+        note = "the fitted step time fell with batch size (noise), so the step time is held constant — low confidence"
     else:
         note = (f"the batch did not vary enough to fit (batch {bmin:.0f}–{bmax:.0f}, {n} points): "
-                "the step time is held constant, so throughput scales with the batch — an upper bound")
-    step = sum(steps) / n
+                "the step time is held constant, so throughput scales with the batch — an upper bound, low confidence")
+    import statistics
+
+    step = statistics.median(b / x for b, x in pts)
     return ThroughputModel(step, 0.0, n, bmin, bmax, bmean, tmean, None, "constant-step", note)
 
 
