@@ -70,24 +70,24 @@ class LowBatchOccupancy(Rule):
             return None
         st = summarize(b)
         cap, cap_src = slot_cap(ctx)
+        pool, _ = pool_tokens(ctx)
+        tpr, tpr_how = tokens_per_request(ctx)
+        fit = int(0.9 * pool / tpr) if pool and tpr else None
         if cap:
-            limit = t["max_share"] * cap
-            thr = f"<= {t['max_share']:.0%} of {cap}"
+            allowed = min(cap, fit) if fit else cap
+            limit = t["max_share"] * allowed
+            thr = f"<= {t['max_share']:.0%} of {allowed}"
         else:
             limit = t["small_batch"]
             thr = f"<= {t['small_batch']} (cap unknown)"
         if st["p50"] > limit:
             return None
-        pool, _ = pool_tokens(ctx)
-        tpr, tpr_how = tokens_per_request(ctx)
         usage = ctx.stats("token_usage")
         queue = ctx.stats("queue_reqs")
         evs = [ev(ctx, "running_reqs", st["p50"], thr, at="last")]
         if cap:
             evs.append(evidence("max_running_requests", cap, None, "", cap_src))
-        fit = None
-        if pool and tpr:
-            fit = int(0.9 * pool / tpr)
+        if fit is not None:
             evs.append(evidence("requests the pool holds at 0.9 usage", fit, None, "", tpr_how))
         if usage["n"]:
             evs.append(ev(ctx, "token_usage", usage["p95"], None, at="max"))

@@ -1,0 +1,158 @@
+"""The golden case corpus: every folder under tests/cases/ runs through the real CLI.
+
+Each folder holds ``server.log`` and/or ``metrics/*_<epoch>.prom`` (read with ``--replay``), ``source.md``,
+``expected.json`` and optionally ``args.json`` (extra CLI arguments; ``{case}`` is the folder, ``{shared}``
+the ../shared directory). The runner calls ``diagnoser.cli.main([... "--once", "--format", "json"])`` in
+process and asserts:
+
+* every expected finding label is reported (``["healthy"]``: nothing at warning or above; ``"a|b"``
+  accepts either);
+* every expected suggested flag appears in some suggestion;
+* ``not_findings`` are absent and nothing exceeds ``max_severity`` when given;
+* evidence that cites ``server.log:N`` points at a real, non-empty line of that log.
+
+A last test checks the catalogue's coverage: each target rule fires on some case and stays silent on
+another.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnoser.cli import main as cli_main
+from diagnoser.model import Severity
+from diagnoser.rules import REGISTRY
+from tests.conftest import SHARED, need_shared
+
+CASES = Path(__file__).parent / "cases"
+CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
+REAL = sorted(p.name for p in (SHARED / "data" / "cases").iterdir()) if (SHARED / "data" / "cases").is_dir() else []
+_RESULTS: dict[str, dict[str, Any]] = {}
+_LINE = re.compile(r"(server\.log):(\d+)\b")
+
+
+def case_argv(case: Path) -> list[str]:
+    extra: list[str] = []
+    if (case / "args.json").is_file():
+        raw = json.loads((case / "args.json").read_text())
+        if any("{shared}" in a for a in raw):
+            need_shared()
+        extra = [a.replace("{case}", str(case)).replace("{shared}", str(SHARED)) for a in raw]
+    argv = ["--once", "--format", "json"]
+    if "--replay" not in extra and "--url" not in extra:
+        if (case / "metrics").is_dir():
+            argv += ["--replay", str(case)]
+        elif (case / "server.log").is_file():
+            argv += ["--log", str(case / "server.log")]
+    return argv + extra
+
+
+def run_case(case: Path) -> dict[str, Any]:
+    if case.name not in _RESULTS:
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            rc = cli_main(case_argv(case))
+        doc = json.loads(buf.getvalue())
+        doc["_rc"] = rc
+        _RESULTS[case.name] = doc
+    return _RESULTS[case.name]
+
+
+@pytest.mark.parametrize("case", CASE_DIRS, ids=[p.name for p in CASE_DIRS])
+def test_case(case: Path) -> None:
+    expected = json.loads((case / "expected.json").read_text())
+    doc = run_case(case)
+    assert not doc["errors"] or all(e.get("source") == "input" for e in doc["errors"]), doc["errors"]
+    found = {f["rule"] for f in doc["findings"]}
+    loud = [f for f in doc["findings"] if Severity.parse(f["severity"]) >= Severity.WARNING]
+    summary = [(f["rule"], f["severity"], f["summary"][:120]) for f in doc["findings"]]
+    labels = expected["findings"]
+    if labels == ["healthy"]:
+        assert not loud, f"healthy case reported {[(f['rule'], f['severity']) for f in loud]}"
+    else:
+        missing = [lab for lab in labels if not set(lab.split("|")) & found]
+        assert not missing, f"missing {missing}; got {summary}"
+    flags = {s["flag"] for f in doc["findings"] for s in f["suggestions"]}
+    missing_flags = [fl for fl in expected.get("suggested_flags", []) if not set(fl.split("|")) & flags]
+    assert not missing_flags, f"missing suggested flags {missing_flags}; got {sorted(flags)}"
+    unwanted = [r for r in expected.get("not_findings", []) if r in found]
+    assert not unwanted, f"should stay silent: {unwanted}; got {summary}"
+    if "max_severity" in expected:
+        cap = Severity.parse(expected["max_severity"])
+        over = [(f["rule"], f["severity"]) for f in doc["findings"] if Severity.parse(f["severity"]) > cap]
+        assert not over, f"above {expected['max_severity']}: {over}"
+    # every finding is well formed
+    for f in doc["findings"]:
+        assert f["summary"] and f["confidence"] in ("low", "medium", "high") and f["docs"].startswith("diagnose explain ")
+        for s in f["suggestions"]:
+            assert s["flag"].startswith("--") and s["proposed"] is not None and s["why"]
+            assert s["flag"] != "--cpu-offload-gb"
+            assert s["current"] is None or str(s["current"]).lower() != str(s["proposed"]).lower()
+    _check_line_refs(case, doc)
+
+
+def _log_lines(case: Path, doc: dict[str, Any]) -> list[str] | None:
+    logs = [i["source"] for i in doc["inputs"] if i["kind"] == "log"]
+    if not logs:
+        return None
+    return Path(logs[0]).read_text(errors="replace").splitlines()
+
+
+def _check_line_refs(case: Path, doc: dict[str, Any]) -> None:
+    lines = _log_lines(case, doc)
+    if lines is None:
+        return
+    for f in doc["findings"]:
+        for e in f["evidence"]:
+            for m in _LINE.finditer(str(e["source"])):
+                n = int(m.group(2))
+                assert 1 <= n <= len(lines), f"{f['rule']}: {e['source']} is past the end ({len(lines)} lines)"
+                assert lines[n - 1].strip(), f"{f['rule']}: {e['source']} is an empty line"
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_every_real_case_is_in_the_corpus(name: str) -> None:
+    """The corpus starts from every real case in ../shared/data/cases, copied verbatim."""
+    src = SHARED / "data" / "cases" / name
+    dst = CASES / name
+    assert dst.is_dir(), f"{name} is not in tests/cases"
+    for fname in ("server.log", "expected.json", "source.md"):
+        assert (dst / fname).read_bytes() == (src / fname).read_bytes(), f"{name}/{fname} differs from the shared copy"
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_case_text_report_cites_log_lines(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`diagnose --once --log` on each real case prints evidence pointing at real line numbers."""
+    log = CASES / name / "server.log"
+    lines = log.read_text(errors="replace").splitlines()
+    rc = cli_main(["--once", "--log", str(log), "--verbose"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1), out
+    refs = [int(n) for n in re.findall(r"server\.log:(\d+)", out)]
+    assert refs, f"no evidence line reference in:\n{out}"
+    assert all(1 <= n <= len(lines) and lines[n - 1].strip() for n in refs)
+
+
+def test_each_rule_fires_somewhere_and_stays_silent_elsewhere() -> None:
+    fired: dict[str, set[str]] = {}
+    for case in CASE_DIRS:
+        try:
+            doc = run_case(case)
+        except pytest.skip.Exception:
+            continue
+        for f in doc["findings"]:
+            fired.setdefault(f["rule"], set()).add(case.name)
+    names = [c.name for c in CASE_DIRS]
+    for rule in REGISTRY:
+        if rule.scope != "target":
+            continue
+        cases = fired.get(rule.name, set())
+        assert cases, f"{rule.name} fires on no case"
+        assert len(cases) < len(names), f"{rule.name} fires on every case"
