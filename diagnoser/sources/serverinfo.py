@@ -51,6 +51,8 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
         data = _json(f.text)
         if isinstance(data, dict):
             raw[adapter.loads_path] = redact(data)
+            if hasattr(adapter, "ingest_loads"):
+                adapter.ingest_loads(raw[adapter.loads_path], sink, adapter.loads_path.lstrip("/"))
             report.scrapes += 1
     if not raw:
         report.messages.append(f"{display_url(base)} has no server-info endpoint; config facts come from logs and metrics only.")

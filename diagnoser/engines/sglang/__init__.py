@@ -64,6 +64,9 @@ class SGLangAdapter:
     def ingest_model_info(self, info: dict[str, Any], sink: SignalSink, source: str) -> None:
         config.facts_from_model_info(info, sink, source)
 
+    def ingest_loads(self, data: dict[str, Any], sink: SignalSink, source: str) -> None:
+        config.facts_from_loads(data, sink, source)
+
     def flag(self, concept: str, version: tuple[int, int, int] | None = None) -> str:
         return flags.spelling(concept, version)
 

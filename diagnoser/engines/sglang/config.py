@@ -144,3 +144,24 @@ def facts_from_model_info(info: dict[str, Any], sink: SignalSink, source: str) -
     for k in ("model_path", "served_model_name", "model_type", "architectures", "is_generation", "weight_version"):
         if info.get(k) is not None:
             sink.set_config(f"model.{k}", info[k], f"{source} {k}")
+
+
+def facts_from_loads(data: dict[str, Any], sink: SignalSink, source: str) -> None:
+    """``/v1/loads`` (0.5.8+, reference §4.4): accelerator type and count, per-DP-rank capacity. Only fills
+    what server info did not already give (``override=False``)."""
+    data = redact(data)
+    if data.get("accelerator"):
+        sink.set_config("accelerator", data["accelerator"], f"{source} accelerator")
+    if data.get("num_accelerators") is not None:
+        sink.set_config("num_accelerators", data["num_accelerators"], f"{source} num_accelerators")
+    loads = [x for x in data.get("loads") or [] if isinstance(x, dict)]
+    if not loads:
+        return
+    mrr = [x.get("max_running_requests") for x in loads]
+    if all(isinstance(v, int) and v > 0 for v in mrr):
+        sink.set_config("max_running_requests", sum(mrr), f"{source} loads[*].max_running_requests", override=False)
+    cap = loads[0].get("max_total_num_tokens")
+    if isinstance(cap, int) and cap > 0:
+        sink.set_config("max_total_tokens", cap, f"{source} loads[0].max_total_num_tokens", override=False)
+    if data.get("version"):
+        sink.set_config("version", data["version"], f"{source} version", override=False)
