@@ -1,0 +1,147 @@
+"""advice.enrich: suggestions quantified by the capacity model, ranked by gain, still checked.
+
+The seed case (tests/cases/seed-kimi-k25) is written by us from issue 4's numbers (see its source.md);
+it runs through the same CLI path as ``diagnose --once --log … --model-config …``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnoser.advice import HICACHE_NOTE, enrich
+from diagnoser.cli import run
+from diagnoser.engines import get_adapter
+from diagnoser.evaluate import Report
+from diagnoser.model import Finding, Severity, Suggestion
+
+SEED = Path(__file__).parent / "cases" / "seed-kimi-k25"
+DP_FLAGS = ("--enable-dp-attention", "--attn-dp-size")
+
+
+def case_args(case: Path) -> list[str]:
+    extra = json.loads((case / "args.json").read_text()) if (case / "args.json").exists() else []
+    return ["--once", "--log", str(case / "server.log")] + [a.replace("{case}", str(case)) for a in extra]
+
+
+def analyse(argv: list[str]) -> tuple[Any, dict[str, Any]]:
+    args = run.build_parser().parse_args(argv)
+    adapter = get_adapter("sglang")
+    col = run.gather(args, adapter)
+    return run.analyse(args, col, adapter)
+
+
+@pytest.fixture(scope="module")
+def seed_doc() -> dict[str, Any]:
+    _, doc = analyse(case_args(SEED))
+    return doc
+
+
+def kv_finding(doc: dict[str, Any]) -> dict[str, Any]:
+    found = [f for f in doc["findings"] if f["rule"] == "kv_saturation"]
+    assert found, [f["rule"] for f in doc["findings"]]
+    return found[0]
+
+
+def test_seed_shows_kv_saturation_with_a_ranked_quantified_list(seed_doc: dict[str, Any]) -> None:
+    f = kv_finding(seed_doc)
+    sugs = f["suggestions"]
+    flags = [s["flag"] for s in sugs]
+    assert any(fl in DP_FLAGS for fl in flags) and "--mem-fraction-static" in flags and "--kv-cache-dtype" in flags
+    gains = [s["gain"] for s in sugs if s["gain"] is not None]
+    assert gains == sorted(gains, reverse=True)  # ranked by expected gain
+    for s in sugs:
+        if s["flag"] in DP_FLAGS + ("--mem-fraction-static", "--kv-cache-dtype"):
+            proj = s["projection"]
+            assert proj["pool_tokens"] > 116171, s
+            assert proj["projected_running"] > 52 and proj["projected_gen_throughput_tps"] > 834
+            assert proj["job_eta_hours"] < 120
+            assert "tokens" in s["effect"] and "tok/s" in s["effect"] and "ETA" in s["effect"]
+
+
+def test_seed_mem_fraction_carries_a_headroom_warning(seed_doc: dict[str, Any]) -> None:
+    s = next(s for s in kv_finding(seed_doc)["suggestions"] if s["flag"] == "--mem-fraction-static")
+    assert 0.85 < float(s["proposed"]) <= 0.90
+    assert s["projection"]["headroom_gib"] >= 6.0
+    assert "5–8" in s["effect"] and "GiB left for activations" in s["effect"]
+
+
+def test_seed_dp_attention_states_its_assumption(seed_doc: dict[str, Any]) -> None:
+    s = next(s for s in kv_finding(seed_doc)["suggestions"] if s["flag"] in DP_FLAGS)
+    assert "replicated" in s["effect"] and "own pool" in s["effect"]
+    assert s["projection"]["projected_running"] == 150  # the client's concurrency caps it
+
+
+def test_seed_hicache_described_as_prefix_cache_and_no_cpu_offload(seed_doc: dict[str, Any]) -> None:
+    f = kv_finding(seed_doc)
+    assert HICACHE_NOTE in f["notes"]
+    assert "not the number of requests that can decode at once" in HICACHE_NOTE
+    text = json.dumps(seed_doc)
+    assert "--cpu-offload-gb" not in [s["flag"] for x in seed_doc["findings"] for s in x["suggestions"]]
+    assert "cpu-offload" not in text.replace("cpu_offload_gb", "")  # not even mentioned as advice
+    for x in seed_doc["findings"]:
+        for s in x["suggestions"]:
+            assert not s["flag"].startswith("--hicache") and s["flag"] != "--enable-hierarchical-cache"
+
+
+def test_seed_notes_give_eta_and_capacity(seed_doc: dict[str, Any]) -> None:
+    notes = " ".join(kv_finding(seed_doc)["notes"])
+    assert "70,272 KV bytes per token" in notes and "ETA at the current rate" in notes and "days" in notes
+
+
+def test_seed_text_report_shows_the_numbers() -> None:
+    from diagnoser.outputs.text import render
+
+    _, doc = analyse(case_args(SEED))
+    out = render(doc)
+    assert "kv_saturation" in out and "→" in out and "tok/s" in out
+
+
+def log_timeline(path: Path) -> Any:
+    from diagnoser.collect import collect_logs
+
+    return collect_logs(get_adapter("sglang"), [str(path)]).timelines[0]
+
+
+def _report(findings: list[Finding]) -> Report:
+    r = Report()
+    r.findings = findings
+    return r
+
+
+def test_contradictions_still_refused_after_enrich() -> None:
+    """An OOM finding lowering the fraction beats kv_saturation's raise: ours is dropped, not both kept."""
+    tl = log_timeline(SEED / "server.log")
+    kv = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full")
+    oom = Finding("oom", Severity.CRITICAL, "high", tl.target, "oom",
+                  suggestions=[Suggestion("--mem-fraction-static", 0.85, 0.82, "OOM under load")])
+    rep = _report([oom, kv])
+    enrich(rep, [tl], {"model_config": str(SEED / "config.json"), "client_concurrency": 150})
+    fractions = [(f.rule, s.proposed) for f in rep.findings for s in f.suggestions if s.flag == "--mem-fraction-static"]
+    assert fractions == [("oom", 0.82)]
+    assert any(d["rule"] == "kv_saturation" and "contradicts" in d["reason"] for d in rep.dropped)
+    # the lowered fraction is quantified too: a smaller pool and more headroom
+    s = next(s for s in oom.suggestions if s.flag == "--mem-fraction-static")
+    assert s.projection["pool_tokens"] < 116171 and s.projection["headroom_gib"] > 11.42
+
+
+def test_cpu_offload_never_survives_enrich() -> None:
+    tl = log_timeline(SEED / "server.log")
+    f = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full",
+                suggestions=[Suggestion("--cpu-offload-gb", 0, 40, "free GPU memory")])
+    rep = _report([f])
+    enrich(rep, [tl], {})
+    assert all(s.flag != "--cpu-offload-gb" for s in f.suggestions)
+    assert any(d["flag"] == "--cpu-offload-gb" for d in rep.dropped)
+
+
+def test_without_model_config_it_says_what_is_missing() -> None:
+    tl = log_timeline(SEED / "server.log")
+    f = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full")
+    enrich(_report([f]), [tl], {})
+    assert any("--model-config" in n for n in f.notes)
+    # the engine's own KV size still sizes the pool and the fraction change
+    s = next(s for s in f.suggestions if s.flag == "--mem-fraction-static")
+    assert s.projection["pool_tokens"] > 116171
