@@ -221,11 +221,13 @@ def render(planner: Planner, notes: list[str]) -> str:
     shape = p.shape
     head = "diagnose plan"
     if shape is not None:
-        head += f" · {shape.arch} ({shape.attention.upper()}, {shape.full_attention_layers} KV layers)"
+        arch = shape.arch.replace("ForConditionalGeneration", "").replace("ForCausalLM", "")
+        head += f" · {arch} ({shape.attention.upper()}, {shape.full_attention_layers} KV layers)"
     head += f" · TP {p.tp}" + (f" DP {p.dp}" if p.dp > 1 else "") + (" dp-attention" if p.dp_attention else "")
     head += f" · kv {p.kv_cache_dtype}" + (f" · mem-fraction {p.mem_fraction}" if p.mem_fraction is not None else "")
-    out = [head, f"KV {p.bpt:,.0f} B/token/rank · pool {p.total_tokens:,} tokens ({p.pool_source})"
-           + (f" · headroom {p.headroom_gib:.1f} GiB" if p.headroom_gib is not None else ""), ""]
+    second = (f"KV {p.bpt:,.0f} B/token/rank · pool {p.total_tokens:,} tokens ({p.pool_source})"
+              + (f" · headroom {p.headroom_gib:.1f} GiB" if p.headroom_gib is not None else ""))
+    out = textwrap.wrap(head, WIDTH, subsequent_indent="  ") + textwrap.wrap(second, WIDTH, subsequent_indent="  ") + [""]
     rows: list[Scenario] = [now, *planner.plan()]
     hdr = f"{'change':<42} {'pool tok':>9} {'max req':>7} {'running':>7} {'gen tok/s':>9} {'ETA':>7} {'conf':>6}"
     out += [hdr, "-" * len(hdr)]
