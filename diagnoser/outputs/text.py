@@ -13,6 +13,8 @@ HEADLINE = [
     ("gen_throughput_tps", "gen tok/s", "{:.0f}"),
     ("cache_hit_rate", "cache hit", "{:.0%}"),
     ("ttft_seconds_p95", "TTFT p95 s", "{:.2f}"),
+    ("request_rate", "req/s", "{:.1f}"),
+    ("output_tps", "out tok/s", "{:.0f}"),
 ]
 SEV_MARK = {"critical": "CRIT", "warning": "WARN", "info": "info"}
 
@@ -55,7 +57,8 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
             elif key == "token_usage":
                 val = f"{_fmt(fmt, st['mean'])} (max {_fmt(fmt, st['max'])})"
             else:
-                val = _fmt(fmt, st["mean"] if key != "ttft_seconds_p95" else st["max"])
+                # latency: the quantile over the whole window when the histograms gave one
+                val = _fmt(fmt, st["mean"] if key != "ttft_seconds_p95" else st.get("window", st["max"]))
             cells.append(f"{label} {val}")
         line = "  "
         for c in cells:
