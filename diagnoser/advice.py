@@ -19,7 +19,7 @@ from typing import Any
 
 from diagnoser.capacity.build import planner_for
 from diagnoser.capacity.whatif import Planner, Scenario
-from diagnoser.evaluate import Report, check_suggestions, version_tuple
+from diagnoser.evaluate import Report, RuleError, check_suggestions, version_tuple
 from diagnoser.model import Finding, Suggestion
 from diagnoser.timeline import Timeline
 
@@ -121,18 +121,24 @@ def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | N
     planners: dict[str, tuple[Planner, list[str]]] = {}
     for f in report.findings:
         tl = by_target.get(f.target)
-        if tl is None:
+        if tl is None or not f.suggestions and f.rule != "kv_saturation":
             continue
-        if f.target not in planners:
-            planners[f.target] = planner_for(tl, extras, version_tuple(tl))
-        planner, notes = planners[f.target]
-        now = planner.now()
-        out = []
-        for s in f.suggestions:
-            sc = scenario_for(s, planner)
-            out.append(quantified(s, sc, now) if sc is not None else s)
-        f.suggestions = out
-        if f.rule == "kv_saturation":
-            _kv_saturation(f, planner, now, notes)
-        f.suggestions.sort(key=lambda s: -(s.gain if s.gain is not None else -0.5))
+        try:
+            if f.target not in planners:
+                planners[f.target] = planner_for(tl, extras, version_tuple(tl))
+            _enrich_finding(f, *planners[f.target])
+        except Exception as e:  # isolation: the findings stand without numbers; the error is listed
+            report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))
     check_suggestions(report, timelines)
+
+
+def _enrich_finding(f: Finding, planner: Planner, notes: list[str]) -> None:
+    now = planner.now()
+    out = []
+    for s in f.suggestions:
+        sc = scenario_for(s, planner)
+        out.append(quantified(s, sc, now) if sc is not None else s)
+    f.suggestions = out
+    if f.rule == "kv_saturation":
+        _kv_saturation(f, planner, now, notes)
+    f.suggestions.sort(key=lambda s: -(s.gain if s.gain is not None else -0.5))

@@ -145,3 +145,20 @@ def test_without_model_config_it_says_what_is_missing() -> None:
     # the engine's own KV size still sizes the pool and the fraction change
     s = next(s for s in f.suggestions if s.flag == "--mem-fraction-static")
     assert s.projection["pool_tokens"] > 116171
+
+
+def test_a_capacity_failure_is_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    import diagnoser.advice as advice
+
+    tl = log_timeline(SEED / "server.log")
+    f = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full",
+                suggestions=[Suggestion("--mem-fraction-static", 0.85, 0.9, "grow the pool")])
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(advice, "planner_for", boom)
+    rep = _report([f])
+    enrich(rep, [tl], {})
+    assert [s.proposed for s in f.suggestions] == [0.9]  # the rule's suggestion stands, unquantified
+    assert [(e.rule, e.error) for e in rep.errors] == [("capacity", "ZeroDivisionError: boom")]
