@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,15 @@ def shape_for(tl: Timeline | None, model_config: str | None) -> tuple[ModelShape
     if not path:
         return None, "no model config: pass --model-config config.json to size changes with the formula"
     try:
-        return model_shape(load_model_config(path)), ""
+        return _cached_shape(str(path), Path(path).stat().st_mtime if Path(path).exists() else 0.0), ""
     except CapacityInputError as e:
         return None, str(e)
+
+
+@lru_cache(maxsize=16)
+def _cached_shape(path: str, mtime: float) -> ModelShape:
+    """Live mode re-plans every pass: read each config once (until the file changes)."""
+    return model_shape(load_model_config(path))
 
 
 def _mean(vals: list[float]) -> float | None:
@@ -33,9 +40,10 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def workload_from_timeline(tl: Timeline, extras: dict[str, Any]) -> Workload:
+def workload_from_timeline(tl: Timeline, extras: dict[str, Any],
+                           points: tuple[list[float], list[float]] | None = None) -> Workload:
     w = Workload(client_concurrency=extras.get("client_concurrency"))
-    bs, xs = decode_points(tl)
+    bs, xs = points if points is not None else decode_points(tl)
     if bs:
         w.running, w.gen_tps = _mean(bs), _mean(xs)
     else:
@@ -76,8 +84,8 @@ def planner_for(tl: Timeline, extras: dict[str, Any], version: tuple[int, int, i
     notes = list(pool.notes)
     if why:
         notes.append(why)
-    bs, xs = decode_points(tl)
-    model = fit(bs, xs)
+    points = decode_points(tl)
+    model = fit(*points)
     if model is not None and model.method != "fit":
         notes.append(model.note)
-    return Planner(pool, workload_from_timeline(tl, extras), model, version), notes
+    return Planner(pool, workload_from_timeline(tl, extras, points), model, version), notes

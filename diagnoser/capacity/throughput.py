@@ -9,6 +9,7 @@ proportional to the batch), an upper bound marked low-confidence.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from diagnoser.timeline import Timeline
@@ -73,7 +74,7 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
         import numpy as np
 
         gb = np.array(sorted(groups), dtype=float)
-        gy = np.array([float(np.median(groups[k])) for k in sorted(groups)])
+        gy = np.array([statistics.median(groups[k]) for k in sorted(groups)])
         w = np.sqrt(np.array([len(groups[k]) for k in sorted(groups)], dtype=float))
         A = np.column_stack([np.ones(len(gb)), gb])
         coef, *_ = np.linalg.lstsq(A * w[:, None], gy * w, rcond=None)
@@ -89,8 +90,6 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
     else:
         note = (f"the batch did not vary enough to fit (batch {bmin:.0f}–{bmax:.0f}, {n} points): "
                 "the step time is held constant, so throughput scales with the batch — an upper bound, low confidence")
-    import statistics
-
     step = statistics.median(b / x for b, x in pts)
     return ThroughputModel(step, 0.0, n, bmin, bmax, bmean, tmean, None, "constant-step", note)
 
