@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from diagnoser.engines.sglang.logs import SGLangLogParser
 
 FAST_RE = re.compile(
-    rb"\[(?P<date>\d{4}-\d\d-\d\d) (?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:[.,](?P<frac>\d{1,6}))?"
+    rb"\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,6}))?"
     rb"(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\] (?:"
     rb"(?P<dec>Decode) batch(?:\. |, | \[\d+\], )"
     rb"#running-req: (?P<d_run>\d+), #token: (?P<d_tok>\d+), token usage: (?P<d_use>\d+\.\d+), "
@@ -134,16 +134,10 @@ class BulkReader:
         self._ranks: dict[bytes, str] = {}
         self.bulk_lines = 0
 
-    def _stamp(self, date: bytes, hh: bytes, mi: bytes, ss: bytes) -> int:
-        key = date + hh + mi + ss
-        v = self._stamps.get(key)
-        if v is None:
-            y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
-            day = calendar.timegm((y, mo, d, 0, 0, 0, 0, 0, 0))
-            v = self._stamps[key] = day + int(hh) * 3600 + int(mi) * 60 + int(ss)
-            if len(self._stamps) > 200_000:
-                self._stamps.clear()
-        return v
+    def _stamp(self, stamp: bytes) -> int:
+        """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
+        day = calendar.timegm((int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), 0, 0, 0, 0, 0, 0))
+        return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
 
     def feed_lines(self, lines: list[bytes], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
         """Parse ``lines`` (no newlines; line ``i`` has number ``first_line_no + i``).
@@ -219,12 +213,17 @@ class BulkReader:
     def _times(self, cols: list[tuple[Any, ...]], nb: int) -> list[float]:
         if not nb:
             return []
-        stamp = self._stamp
-        base = list(map(stamp, cols[_G["date"]], cols[_G["hh"]], cols[_G["mi"]], cols[_G["ss"]]))
+        stamps = self._stamps
+        col = cols[_G["stamp"]]
+        for u in set(col).difference(stamps):
+            stamps[u] = self._stamp(u)
+        base = list(map(stamps.__getitem__, col))
+        if len(stamps) > 100_000:
+            stamps.clear()
         fr = cols[_G["frac"]]
         if any(fr):
             return [b + (float("0." + f.decode()) if f else 0.0) for b, f in zip(base, fr, strict=True)]
-        return [b + 0.0 for b in base]
+        return list(map(float, base))
 
     def _rank_of(self, tags: bytes) -> str:
         r = self._ranks.get(tags)

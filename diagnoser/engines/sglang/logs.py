@@ -24,7 +24,7 @@ from typing import Any
 
 from diagnoser.engines.sglang.config import facts_from_args
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
-from diagnoser.engines.sglang.versions import Version, VersionRange, fmt
+from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
 from diagnoser.model import LogEvent, SignalSink
 
 # ---------------------------------------------------------------------------------------------------
@@ -141,6 +141,8 @@ _HICACHE_AUTO_RE = re.compile(
 )
 _NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)")
 
+_NO_HIGH: Version = (99, 0, 0)
+
 # Every line the parser can recognise contains one of these substrings (case-sensitive). A line with
 # none of them is counted as unrecognised without touching the parser's state, which is what lets
 # the bulk backfill (``logfast``) skip such lines in C and still produce exactly the same result.
@@ -246,31 +248,36 @@ class SGLangLogParser:
         self.access_paths: Counter[str] = Counter()
         self.access_last: tuple[float, int] | None = None  # (ts, line_no) of the last access line
         self._day_cache: dict[str, int] = {}
+        self._hints: set[str] = set()
+        self._lows: list[Version] = []
+        self._highs: list[Version] = []
         self._retract_seen: set[tuple[float, str, str]] = set()
         self.saw_date = False
 
     # -- version hints -------------------------------------------------------------------------
     def hint_at_least(self, v: Version, why: str) -> None:
-        vr = self.version
-        if v > vr.high:
-            # a build between two releases (e.g. main between 0.5.3 and 0.5.4): keep both bounds honest
-            old_high = vr.high
-            vr.high = (99, 0, 0)
-            vr.at_least(old_high, f"conflicting hints, a development build: {why}")
-            vr.high = v
-            vr._why(f"<= {fmt(v)}: {why}")
-            return
-        vr.at_least(v, why)
+        self._hint(v, why, lower=True)
 
     def hint_at_most(self, v: Version, why: str) -> None:
-        vr = self.version
-        if v < vr.low:
-            old_low = vr.low
-            vr.low = v
-            vr.high = old_low
-            vr._why(f"<= {fmt(old_low)}: conflicting hints, a development build: {why}")
+        self._hint(v, why, lower=False)
+
+    def _hint(self, v: Version, why: str, *, lower: bool) -> None:
+        """Narrow the version range. The range is a pure function of the *set* of hints seen (order
+        and repeats do not matter); conflicting hints mean a development build between two releases
+        (e.g. main between 0.5.3 and 0.5.4), reported as that span."""
+        text = f"{'>=' if lower else '<='} {fmt(v)}: {why}"
+        if text in self._hints:
             return
-        vr.at_most(v, why)
+        self._hints.add(text)
+        (self._lows if lower else self._highs).append(v)
+        lo = max(self._lows, default=OLDEST)
+        hi = min(self._highs, default=_NO_HIGH)
+        vr = self.version
+        vr._why(text)
+        if lo > hi:
+            lo, hi = hi, lo
+            vr._why(f"conflicting hints: a development build between {fmt(lo)} and {fmt(hi)}")
+        vr.low, vr.high = lo, hi
 
     # -- prefix --------------------------------------------------------------------------------
     def _ts(self, m: re.Match[str]) -> float:

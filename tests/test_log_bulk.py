@@ -1,0 +1,146 @@
+"""The bulk backfill (engines/sglang/logfast.py) must give exactly what the line-by-line reference parser
+gives: same points (time, value, source, rank, order), events, config, version hints, counts.
+
+Proven on every real log in ../shared/data, cut into chunks of several sizes (shapes and series that
+cross chunk boundaries), and on a generated log mixing every common and rare shape, with junk added.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnoser.engines.sglang import ADAPTER
+from diagnoser.sources.logs import LogReader, finish_report, open_log_reader
+from diagnoser.timeline import Timeline
+from tests.conftest import DATA, ROOT
+
+
+def _real_logs() -> list[Path]:
+    files = sorted((DATA / "sglang" / "logs").glob("*"))
+    files += sorted(DATA.glob("cases/*/server.log"))
+    files += sorted(DATA.glob("sglang-cpu-real/*/server.log"))
+    return files
+
+
+def _state(tl: Timeline, reader: LogReader) -> dict[str, Any]:
+    p = reader.parser
+    return {
+        "series": {k: (list(s.ts), list(s.values), list(s.sources)) for k, s in sorted(tl.series.items())},
+        "events": [(e.kind, e.ts, e.line_no, e.source, e.fields, e.rank) for e in tl.events],
+        "config": {k: (f.value, f.source) for k, f in tl.config.items()},
+        "version": (p.version.low, p.version.high, p.version.exact, p.version.reasons),
+        "kinds": dict(p.kinds),
+        "status": dict(p.status_codes),
+        "paths": dict(p.access_paths),
+        "access_last": p.access_last,
+        "clock": (p.last_ts, p.saw_date, p.untimed_lines),
+        "report": reader.report.to_dict(),
+    }
+
+
+def _reference(data: bytes) -> dict[str, Any]:
+    tl = Timeline(target="t")
+    rd = open_log_reader(ADAPTER, tl, "server.log")
+    rd.feed_lines(io.BytesIO(data))
+    finish_report(ADAPTER, rd)
+    return _state(tl, rd)
+
+
+def _bulk(data: bytes, chunk: int) -> tuple[dict[str, Any], int]:
+    tl = Timeline(target="t")
+    rd = open_log_reader(ADAPTER, tl, "server.log")
+    rd.feed_stream(io.BytesIO(data), chunk=chunk)
+    finish_report(ADAPTER, rd)
+    return _state(tl, rd), rd.report.lines_recognized
+
+
+def _assert_same(data: bytes, chunk: int) -> dict[str, Any]:
+    ref = _reference(data)
+    got, _ = _bulk(data, chunk)
+    for key in ref:
+        assert got[key] == ref[key], f"bulk path differs from the reference parser in {key!r} (chunk={chunk})"
+    return ref
+
+
+@pytest.mark.parametrize("path", _real_logs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("chunk", [1 << 23, 4096, 300])
+def test_bulk_equals_reference_on_real_logs(data_dir: Path, path: Path, chunk: int) -> None:
+    ref = _assert_same(path.read_bytes(), chunk)
+    assert ref["report"]["lines_recognized"] > 0
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_log_backfill", ROOT / "bench" / "bench_log_backfill.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("gen") / "server.log"
+    _generator().generate(path, 1.5, seed=11)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("chunk", [1 << 23, 65536, 5000])
+def test_bulk_equals_reference_on_generated_log(generated: bytes, chunk: int) -> None:
+    ref = _assert_same(generated, chunk)
+    # the generated mix really exercises the bulk path and the reference-only shapes
+    assert ref["kinds"]["decode"] > 1000 and ref["kinds"]["prefill"] > 1000 and ref["kinds"]["access"] > 2000
+    assert ref["kinds"]["retraction"] > 0
+    assert ("running_reqs", "dp1") in ref["series"] and ("swa_token_usage", "") in ref["series"]
+    assert ref["status"]["200"] > 2000 and set(ref["status"]) >= {"200", "500"}
+
+
+def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None:
+    lines = generated.split(b"\n")[:4000]
+    odd = [
+        b"\x00\x01\x02 binary junk \xff\xfe",
+        b"[2026-11-29 09:32:06] Decode batch, #running-req: 5, #token: 1539, token usage: 0.75, cuda graph: True, gen throughput (token/s): 1035.84, #queue-req: 35\r",
+        "[2026-11-29 09:32:06] INFO:     127.0.0.1:1 - \"GET /caf\u00e9 HTTP/1.1\" 200 OK".encode(),
+        b"[2026-11-29 09:32:06] Decode batch, #running-req: 5, #token: 1539, token usage: 0.75, cuda graph: True, gen throughput (token/s): 1035.84, #queue-req: 35 \xe9",
+        b"x" * 70000 + b" Decode batch, #running-req: 1",
+        b"",
+        b"   ",
+        b"[03:51:54] Decode batch, #running-req: 6, #full token: 2435072, full token usage: 0.92, swa token usage: 0.09, gen throughput (token/s): 24.33",
+        b"Prefill batch, #new-seq: 2, #new-token: 34560, #cached-token: 0, token usage: 0.19, #running-req: 45, #queue-req: 17,",
+        b"[2026-11-29 09:32:05.250 DP1 TP1] Decode batch, #running-req: 2, #token: 10, token usage: 0.01, cuda graph: True, gen throughput (token/s): 1.00, #queue-req: 0",
+    ]
+    mixed: list[bytes] = []
+    for i, line in enumerate(lines):
+        mixed.append(line)
+        if i % 97 == 0:
+            mixed.append(odd[(i // 97) % len(odd)])
+    data = b"\n".join(mixed)  # no final newline: the last line is partial
+    for chunk in (1 << 23, 7777):
+        ref = _assert_same(data, chunk)
+    assert ref["report"]["errors"] > 0  # junk was counted
+    assert ref["clock"][2] > 0  # untimed lines were ordered by the clock
+
+
+def test_bulk_is_used_for_files(tmp_path: Path, generated: bytes) -> None:
+    """read_log goes through the bulk reader: most lines never reach the per-line parser."""
+    from diagnoser.engines.sglang.logs import SGLangLogParser
+
+    tl = Timeline(target="t")
+    parser = SGLangLogParser(tl, "server.log")
+    bulk = parser.bulk()
+    rd = LogReader(parser, open_log_reader(ADAPTER, tl, "x").report)
+    calls = {"n": 0}
+
+    def fallback(raw: bytes, line_no: int) -> bool | None:
+        calls["n"] += 1
+        return rd.feed_raw(raw, line_no)
+
+    lines = generated.split(b"\n")
+    recognized = bulk.feed_lines(lines, 1, fallback)
+    assert bulk.bulk_lines > 0.8 * len(lines)
+    assert calls["n"] < 0.15 * len(lines)
+    assert recognized > 0.9 * len(lines)
