@@ -18,6 +18,7 @@ reset; histograms become per-interval quantiles, and :func:`window_quantile` giv
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -157,11 +158,18 @@ WANTED: frozenset[str] = frozenset(
     + sorted(PRERELEASE_NAMES)
 )
 
-_NAMES_ALT = "|".join(sorted((re.escape(n) for n in WANTED), key=len, reverse=True))
-_FAST_RE = re.compile(
-    r'^sglang[:_](' + _NAMES_ALT + r')(?:\{((?:[^}"]|"(?:[^"\\\n]|\\.)*")*)\})?[ \t]+([^ \t\n]+)',
-    re.MULTILINE,
-)
+
+
+@functools.cache
+def _fast_re() -> re.Pattern[str]:
+    """The one regex of the fast path (compiled on first use: log-only runs never pay for it)."""
+    names = "|".join(sorted((re.escape(n) for n in WANTED), key=len, reverse=True))
+    return re.compile(
+        r'^sglang[:_](' + names + r')(?:\{((?:[^}"]|"(?:[^"\\\n]|\\.)*")*)\})?[ \t]+([^ \t\n]+)',
+        re.MULTILINE,
+    )
+
+
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE_RE = re.compile(r"\\(.)")
 
@@ -182,7 +190,7 @@ def fast_samples(text: str) -> list[Sample]:
     out: list[Sample] = []
     append = out.append
     findall = _LABEL_RE.findall
-    for m in _FAST_RE.finditer(text):
+    for m in _fast_re().finditer(text):
         name, lab, val = m.groups()
         if lab:
             labels = {k: (_unescape(v) if "\\" in v else v) for k, v in findall(lab)}
