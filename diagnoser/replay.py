@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnoser.bundle import BundleError, decode_line, encode_line, read_bundle
+from diagnoser.bundle import BundleError, decode_line, encode_line, read_bundle, redact_fast
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.model import InputReport
-from diagnoser.redact import redact, redact_text
+from diagnoser.redact import redact
 from diagnoser.sources.http import Fetched
 from diagnoser.sources.logs import LogReader, finish_report, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
@@ -159,7 +159,7 @@ def _load_directory(path: str) -> ReplaySource:
         except OSError as e:
             problems.append(f"{fp} could not be read ({e.strerror})")
             continue
-        records.append({"kind": "scrape", "t": ts, "target": target, "text": redact_text(text), "status": 200,
+        records.append({"kind": "scrape", "t": ts, "target": target, "text": redact_fast(text), "status": 200,
                         "content_type": "text/plain; version=0.0.4; charset=utf-8", "file": os.path.basename(fp)})
     records.extend(log_records)
     version = None
@@ -198,7 +198,7 @@ def _log_records(path: str, target: str) -> list[dict[str, Any]]:
             out.append({"kind": "log", "t": cur_t, "target": target, "source": path, "first_line": first_line, "lines": pending})
             pending, first_line = [], i
         cur_t = t_line
-        pending.append(encode_line(raw))
+        pending.append(encode_line(_redact_raw(raw)))
     if pending:
         out.append({"kind": "log", "t": cur_t, "target": target, "source": path, "first_line": first_line, "lines": pending})
     # lines before the first stamp: give them the first stamp seen
@@ -207,6 +207,13 @@ def _log_records(path: str, target: str) -> list[dict[str, Any]]:
         if r["t"] is None:
             r["t"] = first_t
     return out
+
+
+def _redact_raw(raw: bytes) -> bytes:
+    try:
+        return redact_fast(raw.decode("utf-8")).encode("utf-8")
+    except UnicodeDecodeError:
+        return redact_fast(raw.decode("latin-1")).encode("latin-1")
 
 
 def _time_sorted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

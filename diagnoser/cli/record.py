@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from diagnoser.bundle import BundleFull, BundleWriter, encode_line, manifest
+from diagnoser.bundle import BundleFull, BundleWriter, encode_line, manifest, redact_fast
 from diagnoser.cli import UsageError
 from diagnoser.cli.run import _Parser, parse_duration
 from diagnoser.collect import Collection, finalize
@@ -60,9 +60,9 @@ def parse_size(text: str) -> int:
 
 def redact_line(raw: bytes) -> bytes:
     try:
-        return redact_text(raw.decode("utf-8")).encode("utf-8")
+        return redact_fast(raw.decode("utf-8")).encode("utf-8")
     except UnicodeDecodeError:
-        return redact_text(raw.decode("latin-1")).encode("latin-1")
+        return redact_fast(raw.decode("latin-1")).encode("latin-1")
 
 
 class _TeeReader:
@@ -158,7 +158,7 @@ class Recorder:
                 continue
             if f.truncated:
                 t.report.messages.append(f"The exposition from {display_url(t.metrics_url)} exceeded {self.max_bytes} bytes and was cut; raise --max-bytes if this is expected.")
-            text = redact_text(f.text)
+            text = redact_fast(f.text)
             f.text = text
             t.ingest_text(text, ts, self.tls[t.url], f)
             self.scrapes += 1
