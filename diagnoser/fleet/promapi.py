@@ -89,7 +89,8 @@ class PromAPI:
                 u = u[: -len(suffix)]
         self.url = u
         if self.client is None:
-            self.client = make_client(timeout=self.timeout, headers={**self.headers, "Accept": "application/json"})
+            # the store enforces `timeout` itself (and answers 503 timeout); the socket waits a bit longer
+            self.client = make_client(timeout=self.timeout + 5.0, headers={**self.headers, "Accept": "application/json"})
 
     @property
     def shown(self) -> str:
@@ -101,11 +102,12 @@ class PromAPI:
 
     # -- API calls -------------------------------------------------------------------------------
     def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        data = self._call("/api/v1/query_range", {"query": query, "start": _t(start), "end": _t(end), "step": _t(step)}, query)
+        form = {"query": query, "start": _t(start), "end": _t(end), "step": _t(step), "timeout": f"{self.timeout:g}s"}
+        data = self._call("/api/v1/query_range", form, query)
         return list(data.get("result") or [])
 
     def query(self, query: str, at: float) -> list[dict[str, Any]]:
-        data = self._call("/api/v1/query", {"query": query, "time": _t(at)}, query)
+        data = self._call("/api/v1/query", {"query": query, "time": _t(at), "timeout": f"{self.timeout:g}s"}, query)
         return list(data.get("result") or [])
 
     def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:

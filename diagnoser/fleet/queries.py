@@ -123,6 +123,8 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
     stems: dict[str, list[str]] = {}
     for base, stem in M.HISTOGRAMS.items():
         stems.setdefault(stem, []).append(base)
+    # quantiles: one point per rate window (non-overlapping, like the direct path's per-interval
+    # quantiles) — the bucket series are the fleet's largest set, this keeps them cheap
     for stem, bases in stems.items():
         for q in M.HISTOGRAM_QUANTILES.get(stem, (0.5, 0.95)):
             for prio, base in enumerate(bases):  # one name per query: old and new names have different buckets

@@ -47,7 +47,7 @@ class Window:
         notes: list[str] = []
         rng = float(rng or 600.0)
         end = float(end if end is not None else time.time())
-        st = float(step or max(5.0, round(rng / 60.0)))
+        st = float(step or max(15.0, round(rng / 40.0)))
         if rng / st > MAX_POINTS:
             st = math.ceil(rng / MAX_POINTS)
             notes.append(f"--step raised to {st:g} s to keep at most {MAX_POINTS} points per series.")
@@ -203,7 +203,8 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
 
     def run(q: Q.SignalQuery) -> tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]:
         try:
-            return q, api.query_range(q.promql, win.start, win.end, win.step), ""
+            step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
+            return q, api.query_range(q.promql, win.start, win.end, step), ""
         except PromError as e:
             return q, None, str(e)
 
@@ -315,6 +316,16 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             s = cache[t] = f"prometheus@{iso(t)} {shown}"
         return s
 
+    src_lists: dict[tuple[float, float, int], list[str]] = {}
+
+    def sources(ts: list[float]) -> list[str]:
+        # range results sit on the step grid: most series share one list of sources (copied, not shared)
+        key = (ts[0], ts[-1], len(ts))
+        got = src_lists.get(key)
+        if got is None:
+            got = src_lists[key] = [source(t) for t in ts]
+        return list(got)
+
     for (tid, rank), (tl, by_tp) in groups.items():
         low = min(tp for tp, _m in by_tp)
         parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
@@ -322,12 +333,23 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             used += _prefill(tl, rank, q, parts, source)
             fresh.add(tid)
             continue
-        merged = _points([v for vals in parts.values() for v in vals], q.how)
-        if not merged:
+        lists = [v for vals in parts.values() for v in vals]
+        if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
+            pts = lists[0]
+            vals = [float(v) for _t, v in pts]
+            if any(x != x for x in vals):
+                keep = [i for i, x in enumerate(vals) if x == x]
+                vals = [vals[i] for i in keep]
+                ts = [float(pts[i][0]) for i in keep]
+            else:
+                ts = [float(t) for t, _v in pts]
+        else:
+            merged = _points(lists, q.how)
+            ts = sorted(merged)
+            vals = [merged[t] for t in ts]
+        if not ts:
             continue
-        ts = sorted(merged)
-        vals = [merged[t] for t in ts]
-        srcs = [source(t) for t in ts]
+        srcs = sources(ts)
         if q.kind == "delta":
             if q.total:
                 tl.series[(q.total, rank)] = Series(ts, vals, srcs)
