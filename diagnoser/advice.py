@@ -41,8 +41,8 @@ def scenario_for(s: Suggestion, planner: Planner) -> Scenario | None:
     """The what-if that matches a suggestion's flag and proposed value (None when we cannot size it)."""
     flag, prop = s.flag, s.proposed
     n = _num(prop)
-    if flag == "--mem-fraction-static" and n is not None:
-        return planner.mem_fraction(n)
+    if flag == "--mem-fraction-static":
+        return planner.mem_fraction(n) if n is not None else planner.best_mem_fraction()
     if flag == "--kv-cache-dtype" and str(prop).lower().startswith("fp8"):
         return planner.kv_fp8()
     if flag in ("--enable-dp-attention", "--attn-dp-size"):
@@ -53,6 +53,7 @@ def scenario_for(s: Suggestion, planner: Planner) -> Scenario | None:
         return None
     table = {
         "--max-running-requests": lambda: planner.max_running_requests(int(n)),
+        "--max-total-tokens": lambda: planner.max_total_tokens(int(n)),
         "--context-length": lambda: planner.context_length(int(n)),
         "--chunked-prefill-size": lambda: planner.chunked_prefill_size(int(n)),
         "--max-prefill-tokens": lambda: planner.max_prefill_tokens(int(n)),
@@ -67,6 +68,9 @@ def scenario_for(s: Suggestion, planner: Planner) -> Scenario | None:
 
 
 def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
+    """The suggestion with the what-if's numbers; a worded value ("current + 0.02") becomes the sized one."""
+    if _num(s.proposed) is None and sc.proposed is not None and sc.flag == s.flag:
+        s = replace(s, proposed=sc.proposed, current=s.current if s.current is not None else sc.current)
     effect = sc.effect_text(now)
     if s.effect and s.effect not in effect:
         effect = f"{effect} — {s.effect}"
@@ -125,7 +129,9 @@ def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | N
             continue
         try:
             if f.target not in planners:
-                planners[f.target] = planner_for(tl, extras, version_tuple(tl))
+                planner, notes = planners[f.target] = planner_for(tl, extras, version_tuple(tl))
+                if any(x.rule == "kv_saturation" and x.target == f.target for x in report.findings):
+                    planner.work.kv_bound = True  # the rule found the pool is the limit: trust it over the mean
             _enrich_finding(f, *planners[f.target])
         except Exception as e:  # isolation: the findings stand without numbers; the error is listed
             report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))

@@ -40,6 +40,20 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _demand(tl: Timeline) -> float | None:
+    """Most requests in flight at one moment: running + waiting read from the same line or scrape."""
+    run, queue = tl.get("running_reqs"), tl.get("queue_reqs")
+    if run is None or queue is None:
+        return None
+    by_key = {(t, s if "@" not in s else ""): v for t, v, s in zip(run.ts, run.values, run.sources, strict=True)}
+    best = None
+    for t, q, s in zip(queue.ts, queue.values, queue.sources, strict=True):
+        r = by_key.get((t, s if "@" not in s else ""))
+        if r is not None and r == r and q == q:
+            best = r + q if best is None else max(best, r + q)
+    return best
+
+
 def workload_from_timeline(tl: Timeline, extras: dict[str, Any],
                            points: tuple[list[float], list[float]] | None = None) -> Workload:
     w = Workload(client_concurrency=extras.get("client_concurrency"))
@@ -49,6 +63,7 @@ def workload_from_timeline(tl: Timeline, extras: dict[str, Any],
     else:
         w.running = tl.stats("running_reqs")["mean"]
         w.gen_tps = tl.stats("gen_throughput_tps")["mean"]
+    w.demand = _demand(tl)
     w.usage = tl.stats("token_usage")["mean"]
     q = tl.stats("queue_reqs")
     w.queue = q["mean"]

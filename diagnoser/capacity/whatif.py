@@ -29,6 +29,7 @@ MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (refe
 WARN_HEADROOM_GIB = 8.0
 RISK_HEADROOM_GIB = 5.0
 MAX_FRACTION = 0.95
+MAX_EXTRAPOLATION = 3.0  # throughput is not projected past this multiple of the largest batch observed
 HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (§5.5)
 CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (§5.1, v0.5.3+ auto reserve)
 GRAPH_MIB_PER_BS = 2.0  # CUDA-graph reserve per captured batch size (§5.1, v0.5.3+ auto reserve)
@@ -47,6 +48,7 @@ class Workload:
     queue: float | None = None
     kv_bound: bool = False  # the pool is the limit (usage high, requests wait)
     client_concurrency: int | None = None
+    demand: float | None = None  # most requests seen in flight (running + waiting at one moment)
     output_tokens_per_request: float | None = None
     progress: JobProgress = field(default_factory=JobProgress)
 
@@ -95,15 +97,21 @@ class Scenario:
             d = self.pool_tokens - now.pool_tokens
             if d:
                 parts.append(f"pool {now.pool_tokens:,} → {self.pool_tokens:,} tokens ({d:+,}, {d / now.pool_tokens:+.0%})")
-        if self.projected_running is not None and now is not None and now.projected_running is not None:
-            parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")
-        if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
-            parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
-        if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
-            parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
+        moved = (self.projected_running is not None and now is not None and now.projected_running is not None
+                 and abs(self.projected_running - now.projected_running) >= 0.5)
+        if moved:
+            parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")  # type: ignore[union-attr]
+            if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
+                parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
+            if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
+                parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
+        elif self.pool_tokens is not None and now is not None and self.pool_tokens != now.pool_tokens:
+            parts.append("the running batch stays (the pool is not what limits it)")
         if self.headroom_gib is not None:
             parts.append(f"{self.headroom_gib:.1f} GiB left for activations and graphs")
-        text = "; ".join(parts) if parts else "no change to the pool or the running batch"
+        if self.projected_running is None and (now is None or now.projected_running is None):
+            parts.append("no running batch was observed, so running and throughput are not projected")
+        text = "; ".join(parts) if parts else "no change to the pool or the running batch expected"
         text += f" ({self.confidence} confidence)."
         if self.extra_flags:
             text += " Needs also: " + ", ".join(self.extra_flags) + "."
@@ -138,30 +146,18 @@ class Planner:
             sc.max_concurrent_requests = int(total // w.tokens_per_request)
             if w.tokens_per_request_p95:
                 sc.max_concurrent_requests_p95 = int(total // w.tokens_per_request_p95)
-        base_total = p.total_tokens
-        run = w.running
-        if run is not None and total is not None and base_total:
-            if w.kv_bound:
-                run = run * total / base_total
-        elif run is None and sc.max_concurrent_requests is not None:
-            run = float(sc.max_concurrent_requests)
-            sc.assumptions.append("running = requests that fit at full length (no running batch observed)")
-        caps = []
-        if w.client_concurrency:
-            caps.append((float(w.client_concurrency), f"the client's concurrency {w.client_concurrency}"))
-        mrr = running_cap if running_cap is not None else (p.max_running_requests * pools if p.max_running_requests else None)
-        if mrr:
-            caps.append((float(mrr), f"max_running_requests {mrr:.0f}"))
-        for cap, why in caps:
-            if run is not None and run > cap:
-                run = cap
-                sc.assumptions.append(f"running capped by {why}")
+        run = self._project_running(sc, total, pools, running_cap)
         sc.projected_running = run
         conf = confidence or "medium"
         if run is not None and w.gen_tps:
             base_run = w.running or run
             if self.model is not None:
-                ratio = self.model.tps(run) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
+                at = run
+                if self.model.batch_max and run > MAX_EXTRAPOLATION * self.model.batch_max:
+                    at = MAX_EXTRAPOLATION * self.model.batch_max
+                    sc.assumptions.append(f"throughput projected no further than {MAX_EXTRAPOLATION:g}× the largest batch seen "
+                                          f"({at:.0f} running): a floor for the gain, not a forecast")
+                ratio = self.model.tps(at) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
                 conf = _min_conf(conf, self.model.confidence(run))
             else:
                 ratio = run / base_run
@@ -174,6 +170,49 @@ class Planner:
             conf = _min_conf(conf, self.model.confidence(run))
         sc.confidence = conf
         return sc
+
+    def _project_running(self, sc: Scenario, total: int | None, pools: int, running_cap: float | None) -> float | None:
+        """Running batch after a change: scale by the binding limit (KV pool, slots, client) when the server
+        is at it; otherwise the batch stays (demand- or admission-bound) unless a new limit cuts it."""
+        p, w = self.pool, self.work
+        inf = float("inf")
+        run0 = w.running
+        if run0 is None:
+            if sc.max_concurrent_requests is None:
+                return None
+            sc.assumptions.append("running = requests that fit at full length (no running batch observed)")
+            run0 = float(sc.max_concurrent_requests)
+            caps = [c for c in (running_cap, w.client_concurrency) if c]
+            return min([run0, *caps])
+        base = p.total_tokens
+        ratio = total / base if total is not None and base else 1.0
+        if w.kv_bound:
+            kv_now = run0
+        elif w.usage and w.usage > 0.02:
+            kv_now = run0 * max(w.usage, 0.95) / w.usage
+        else:
+            kv_now = inf
+        slot_now = float(p.max_running_requests * p.pools) if p.max_running_requests else inf
+        slot_new = float(running_cap) if running_cap is not None else (float(p.max_running_requests * pools) if p.max_running_requests else inf)
+        client = float(w.client_concurrency) if w.client_concurrency else inf
+        client_name = "the client's concurrency"
+        if client == inf and w.demand:
+            client, client_name = w.demand, f"the demand seen (at most {w.demand:.0f} requests in flight)"
+        limits_new = {"the KV pool": kv_now * ratio, "max_running_requests": slot_new, client_name: client}
+        l_now = min(kv_now, slot_now, client)
+        l_new = min(limits_new.values())
+        if l_now == inf or l_new == inf:
+            return run0
+        binding = min(limits_new, key=lambda k: limits_new[k])
+        if run0 >= 0.9 * l_now:
+            run = run0 * l_new / l_now
+            if abs(run - run0) > 0.5:
+                sc.assumptions.append(f"the server is at its limit; after the change {binding} binds at about {run:.0f} running")
+            return run
+        if l_new < run0:
+            sc.assumptions.append(f"running capped by {binding}")
+            return l_new
+        return run0
 
     def now(self) -> Scenario:
         if self._now is None:
@@ -285,6 +324,26 @@ class Planner:
             if fraction_note:
                 sc.risks.append(f"at the current fraction the replicated weights leave {budget_now:.1f} GiB of KV per rank "
                                 f"(too little), so this projection includes {fraction_note} (see its headroom).")
+        return sc
+
+    def max_total_tokens(self, n: int) -> Scenario:
+        """Lift (or set) the --max-total-tokens cap; SGLang keeps the profiled pool if the cap exceeds it (§3.4)."""
+        p = self.pool
+        flag = flags.spelling("max_total_tokens", self.version)
+        profiled = None
+        if p.mem_fraction is not None and p.bpt:
+            budget = p.budget_gib(p.mem_fraction)
+            if budget is not None and budget > 0:
+                profiled = int(budget * GIB // p.bpt) // p.page_size * p.page_size
+        per_rank = min(n, profiled) if profiled else n
+        sc = self._scenario(flag, p.pool_tokens, n, per_rank)
+        if profiled is None:
+            sc.assumptions.append("the memory budget is unknown, so the cap is taken to fit; SGLang uses the profiled pool if it does not")
+            sc.confidence = _min_conf(sc.confidence, "low")
+        elif profiled < n:
+            sc.risks.append(f"the memory budget holds only about {profiled:,} tokens per rank: SGLang keeps the profiled value.")
+        else:
+            sc.assumptions.append(f"the memory budget at the current fraction holds about {profiled:,} tokens per rank")
         return sc
 
     def max_running_requests(self, n: int) -> Scenario:
