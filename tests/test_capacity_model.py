@@ -211,3 +211,55 @@ def test_other_what_ifs_have_numbers(seed: Timeline) -> None:
     cons = planner.schedule_conservativeness(1.3)
     assert "0.70 → 0.91" in cons.assumptions[0]
     assert planner.max_prefill_tokens(32768).pool_tokens == 116171
+
+
+def test_model_config_from_a_local_model_path_in_server_info(tmp_path: Path) -> None:
+    from diagnoser.capacity.build import shape_for
+
+    (tmp_path / "config.json").write_text((CONFIGS / "qwen3-8b.json").read_text())
+    tl = Timeline(target="t")
+    tl.set_config("model_path", str(tmp_path), "server_info model_path")
+    shape, why = shape_for(tl, None)
+    assert shape is not None and shape.kv_heads == 8 and why == ""
+    tl2 = Timeline(target="t")
+    tl2.set_config("model_path", "Qwen/Qwen3-8B", "server_info model_path")  # a hub id, not a local path
+    shape2, why2 = shape_for(tl2, None)
+    assert shape2 is None and "--model-config" in why2
+
+
+def test_pool_is_extrapolated_only_where_the_engine_is_silent() -> None:
+    tl = Timeline(target="t")
+    for k, v in (("avail_mem_before_weights_gb", 275.75), ("avail_mem_after_weights_gb", 260.48), ("mem_fraction_static", 0.9)):
+        tl.set_config(k, v, "server.log:1")
+    p = pool_from_timeline(tl, model_shape(load_model_config(CONFIGS / "qwen3-8b.json")))
+    assert p.pool_tokens == int((260.48 - 275.75 * 0.1) * GIB // 147456)
+    assert p.pool_source.startswith("extrapolated") and any("extrapolated" in n for n in p.notes)
+    tl.set_config("max_total_tokens", 1707904, "server.log:2")
+    p2 = pool_from_timeline(tl, model_shape(load_model_config(CONFIGS / "qwen3-8b.json")))
+    assert p2.pool_tokens == 1707904 and p2.pool_source == "server.log:2" and not p2.notes
+
+
+def test_slot_bound_real_run_grows_to_the_demand_not_the_slots(data_dir: Path) -> None:
+    """long-queue (real): 4 running, 36 waiting, KV usage 0.01. Raising the cap to 400 is bounded by the
+    40 requests the client keeps in flight, and throughput is not extrapolated past 3× the batch seen."""
+    tl = log_timeline(data_dir / "sglang-cpu-real/long-queue/server.log")
+    planner, _ = planner_for(tl, {})
+    assert planner.work.demand == 40
+    sc = planner.max_running_requests(400)
+    assert 36 <= sc.projected_running <= 40
+    assert any("demand seen" in a for a in sc.assumptions)
+    assert sc.projected_gen_throughput_tps <= 3.05 * planner.work.gen_tps
+    assert sc.confidence == "low"
+
+
+def test_lifting_max_total_tokens_on_the_real_kv_full_run(data_dir: Path) -> None:
+    run = data_dir / "sglang-cpu-real/kv-full-retract"
+    tl = log_timeline(run / "server.log")
+    planner, _ = planner_for(tl, {"model_config": str(CONFIGS / "tiny-llama.json")})
+    planner.work.kv_bound = True
+    sc = planner.max_total_tokens(16384)
+    assert sc.pool_tokens == 16384
+    # 40 clients in flight bound the batch long before 16K tokens do
+    assert sc.projected_running <= 41
+    fp8 = planner.kv_fp8()
+    assert fp8.pool_tokens == 4096 and fp8.projected_running == pytest.approx(2 * planner.work.running, rel=0.01)
