@@ -55,13 +55,13 @@ _REDACT_CANDIDATE = re.compile(
     r"://|--[\w-]*(?:api-key|token|secret|password)|(?:api_key|secret|passw|_token|token_|credential)\w*\s*[=:]"
     r"|(?:key|token|secret|passw|credential|auth|cookie)\w*['\"]\s*:"
 )
-_QUOTED_KV = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)('[^']*'|"[^"]*"|[^,\s)}\]]+)""")
+_QUOTED_KV = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)('[^']*'|"[^"]*")""")  # string values only
 
 
 def _redact_quoted(line: str) -> str:
     def sub(m: re.Match[str]) -> str:
         val = m.group(4)
-        if not is_secret_key(m.group(2)) or val in ("None", "null", "''", '""', "False", "false"):
+        if not is_secret_key(m.group(2)) or val in ("''", '""'):
             return m.group(0)
         return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}'{REDACTED}'"
 
