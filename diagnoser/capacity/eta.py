@@ -71,6 +71,7 @@ def progress_from_timeline(tl: Timeline, job_requests: int | None, output_tokens
                                        "requests finished before the log starts are not counted")
     if jp.rate_rps is None and gen_tps and output_tokens_per_request:
         jp.rate_rps = gen_tps / output_tokens_per_request
-        jp.rate_source = (f"gen throughput {gen_tps:.0f} tok/s / {output_tokens_per_request:,.0f} output tokens per request "
-                          "(no completion counter or access log)")
+        why = ("(no completion counter; the access log gives a count, not a rate)" if jp.completed_source
+               else "(no completion counter or access log)")
+        jp.rate_source = f"gen throughput {gen_tps:.0f} tok/s / {output_tokens_per_request:,.0f} output tokens per request {why}"
     return jp

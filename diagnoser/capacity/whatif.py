@@ -118,7 +118,9 @@ class Scenario:
         if self.risks:
             text += " Risk: " + " ".join(self.risks)
         if self.assumptions:
-            text += " Assumes: " + "; ".join(a.rstrip(".") for a in self.assumptions) + "."
+            own = [a for a in self.assumptions if not a.startswith(("running then bound", "running capped"))]
+            bound = [a for a in self.assumptions if a not in own]
+            text += " Assumes: " + "; ".join(a.rstrip(".") for a in (own + bound)[:4]) + "."
         return text
 
 
@@ -207,7 +209,7 @@ class Planner:
         if run0 >= 0.9 * l_now:
             run = run0 * l_new / l_now
             if abs(run - run0) > 0.5:
-                sc.assumptions.append(f"the server is at its limit; after the change {binding} binds at about {run:.0f} running")
+                sc.assumptions.append(f"running then bound by {binding}")
             return run
         if l_new < run0:
             sc.assumptions.append(f"running capped by {binding}")
