@@ -4,6 +4,7 @@ counted, binary junk is skipped and counted, nothing is fatal."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterable
@@ -73,23 +74,49 @@ class LogReader:
             self.feed_lines(stream)
             return
         bulk = bulk_factory()
+        # the bulk reader makes millions of short-lived tuples; the cyclic GC would rescan them all
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            self._read_chunks(bulk, stream, chunk)
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    def _read_chunks(self, bulk: Any, stream: IO[bytes], chunk: int) -> None:
         rest = b""
+        overlong = False  # inside a line already too long to keep: drop bytes up to its newline
         while True:
             data = stream.read(chunk)
             if not data:
                 break
+            if overlong:
+                cut = data.find(b"\n")
+                if cut < 0:
+                    continue
+                self._count_junk_line()
+                overlong = False
+                data = data[cut + 1 :]
             data = rest + data if rest else data
             cut = data.rfind(b"\n")
             if cut < 0:
                 rest = data
-                if len(rest) > MAX_LINE * 4:  # no newline for far too long: junk, count it once
-                    self.feed_bytes(rest)
-                    rest = b""
+                if len(rest) > MAX_LINE:
+                    overlong, rest = True, b""
                 continue
             rest = data[cut + 1 :]
             self._feed_block(bulk, data[:cut].split(b"\n"))
-        if rest:
+            if len(rest) > MAX_LINE:
+                overlong, rest = True, b""
+        if overlong:
+            self._count_junk_line()
+        elif rest:
             self._feed_block(bulk, [rest])
+
+    def _count_junk_line(self) -> None:
+        self.line_no += 1
+        self.report.lines_read += 1
+        self.report.errors += 1
 
     def _feed_block(self, bulk: Any, lines: list[bytes]) -> None:
         first = self.line_no + 1

@@ -249,6 +249,7 @@ class SGLangLogParser:
         self.access_last: tuple[float, int] | None = None  # (ts, line_no) of the last access line
         self._day_cache: dict[str, int] = {}
         self._hints: set[str] = set()
+        self._shapes_hinted: set[tuple[Any, ...]] = set()
         self._lows: list[Version] = []
         self._highs: list[Version] = []
         self._retract_seen: set[tuple[float, str, str]] = set()
@@ -640,10 +641,15 @@ class SGLangLogParser:
 
     def _batch_version_hints(self, kind: str, header: str, body: str, fields: list[tuple[str, str]]) -> None:
         """Version range implied by one batch line's shape (reference §3.2, §3.3)."""
-        hint_lo, hint_hi = self.hint_at_least, self.hint_at_most
-        keys = {k for k, _ in fields}
         h = header.rstrip()
         trailing = body.rstrip().endswith(",")
+        shape = (kind, h[-1:], "[" in h, trailing, fields[-1][0] if fields else "", *(k for k, _ in fields))
+        if shape in self._shapes_hinted:  # hints are a set: a repeated shape adds nothing
+            return
+        if len(self._shapes_hinted) < 4096:
+            self._shapes_hinted.add(shape)
+        hint_lo, hint_hi = self.hint_at_least, self.hint_at_most
+        keys = {k for k, _ in fields}
         if h.endswith(","):
             if "[" in h:
                 hint_lo((0, 5, 4), f"'{kind} batch [N],' header")
