@@ -98,8 +98,10 @@ def test_docs_2026_sample_old_label_set() -> None:
     assert last(tl, "used_tokens") == 123859
     assert last(tl, "gen_throughput_tps") == pytest.approx(86.50814177726902)
     assert last(tl, "cache_hit_rate") == pytest.approx(0.007507552643049313)
-    # labels are model_name only → 0.3.5.post1–0.4.3; the 2026 doc edit's spec_num_steps contradicts it
-    assert tl.version == ">=0.3.5,<=0.4.3"
+    # labels are model_name only → 0.3.5.post1–0.4.3, and the TTFT buckets are the 0.3.5.post1–0.4.1
+    # defaults; the 2026 doc edit's spec_num_steps contradicts both and is reported, not applied
+    assert tl.version == ">=0.3.5,<=0.4.1"
+    assert any("TTFT histogram buckets of 0.3.5–0.4.1" in r for r in t.state.version.reasons or [])
     assert any("spec_num_steps" in c for c in t.state.version.conflicts or [])
     assert t.state.model_names == {"meta-llama/Llama-3.1-8B-Instruct"}  # not func_latency's name="generate_request"
 

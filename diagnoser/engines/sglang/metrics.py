@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.engines.sglang.versions import VersionRange, fmt
 from diagnoser.model import SignalSink
 
 Sample = tuple[str, dict[str, str], float]  # (name without the sglang prefix, labels, value)
@@ -147,6 +147,13 @@ LABEL_HINTS: list[tuple[str, tuple[int, int, int]]] = [
     ("moe_ep_rank", (0, 5, 7)),
     ("priority", (0, 5, 10)),
 ]
+# default TTFT bucket bounds per release (§2.3); overridable from 0.4.7, so a match is a hint
+TTFT_BUCKETS: list[tuple[tuple[float, ...], tuple[int, int, int], tuple[int, int, int] | None]] = [
+    ((0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 15, 20, 25, 30), (0, 3, 5), (0, 4, 1)),
+    ((0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10, 20, 40, 60, 80, 120, 160), (0, 4, 2), (0, 4, 3)),
+    ((0.1, 0.3, 0.5, 0.7, 0.9, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160), (0, 4, 4), (0, 4, 4)),
+    ((0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400), (0, 4, 5), None),
+]
 PRERELEASE_NAMES = {"num_requests_running", "num_requests_waiting", "new_seq", "new_token", "cached_token", "queue_req", "request_success_total"}
 SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage")
 
@@ -263,6 +270,7 @@ class MetricsState:
     seen_names: set[str] = field(default_factory=set)
     model_names: set[str] = field(default_factory=set)
     label_names: set[str] = field(default_factory=set)
+    ttft_bounds: tuple[float, ...] | None = None  # finite TTFT bucket bounds, for version evidence
     sched_labels: set[str] | None = None  # label names on a scheduler gauge
     engine_types: set[str] = field(default_factory=set)
     prerelease: bool = False
@@ -376,6 +384,9 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             sig = "cache_hit_rate_last_prefill"  # the windowed hits/all from the counters is the better one
         sink.add(sig, ts, per_tp[min(per_tp)], f"{source} sglang:{gauge_base.get(sig, 'cache_hit_rate')}", rk)
     _counter_rates({k: v[min(v)] for k, v in counters.items()}, ts, sink, state, source)
+    ttft = hist.get("ttft_seconds")
+    if ttft and state.ttft_bounds is None:
+        state.ttft_bounds = tuple(sorted(b for b in ttft if not math.isinf(b)))
     _hist_quantiles(hist, ts, sink, state, source)
     detect_version(state)
     state.last_ts = ts
@@ -525,6 +536,13 @@ def detect_version(state: MetricsState) -> VersionRange:
             vr.at_most((0, 4, 9), "scheduler gauges carry no tp_rank label")
         elif "moe_ep_rank" not in sched:
             vr.at_most((0, 5, 6), "scheduler gauges carry no moe_ep_rank label")
+    if state.ttft_bounds:
+        for bounds, low, high in TTFT_BUCKETS:
+            if state.ttft_bounds == bounds:
+                what = "the default TTFT histogram buckets of " + (f"{fmt(low)}+" if high is None else f"{fmt(low)}–{fmt(high)}")
+                vr.at_least(low, what)
+                if high is not None:
+                    vr.at_most(high, what)
     for name, low, high in VERSION_HINTS:
         if name in names:
             if low:
