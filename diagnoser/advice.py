@@ -72,7 +72,7 @@ def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
     if _num(s.proposed) is None and sc.proposed is not None and sc.flag == s.flag:
         s = replace(s, proposed=sc.proposed, current=s.current if s.current is not None else sc.current)
     effect = sc.effect_text(now)
-    if s.effect and s.effect not in effect:
+    if s.effect and s.effect not in effect and "capacity model" not in s.effect:
         effect = f"{effect} — {s.effect}"
     gain = sc.gain if sc.gain is not None else s.gain
     if not sc.fits:
@@ -99,7 +99,8 @@ def _why(sc: Scenario, planner: Planner) -> str:
 
 def _kv_saturation(f: Finding, planner: Planner, now: Scenario, notes: list[str]) -> None:
     have = {s.flag for s in f.suggestions}
-    for sc in planner.for_kv_saturation():
+    fraction = next((_num(s.proposed) for s in f.suggestions if s.flag == "--mem-fraction-static" and _num(s.proposed)), None)
+    for sc in planner.for_kv_saturation(fraction):
         if sc.flag in have:
             continue
         s = Suggestion(flag=sc.flag, current=sc.current, proposed=sc.proposed, why=_why(sc, planner))

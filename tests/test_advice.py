@@ -162,3 +162,10 @@ def test_a_capacity_failure_is_isolated(monkeypatch: pytest.MonkeyPatch) -> None
     enrich(rep, [tl], {})
     assert [s.proposed for s in f.suggestions] == [0.9]  # the rule's suggestion stands, unquantified
     assert [(e.rule, e.error) for e in rep.errors] == [("capacity", "ZeroDivisionError: boom")]
+
+
+def test_seed_dp_attention_pairs_with_the_same_fraction_as_the_fraction_suggestion(seed_doc: dict[str, Any]) -> None:
+    sugs = kv_finding(seed_doc)["suggestions"]
+    frac = next(s for s in sugs if s["flag"] == "--mem-fraction-static")["proposed"]
+    dp = next(s for s in sugs if s["flag"] in DP_FLAGS)
+    assert f"--mem-fraction-static {float(frac):g}" in dp["projection"]["extra_flags"]

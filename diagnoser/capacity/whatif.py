@@ -281,7 +281,9 @@ class Planner:
         sc.risks.append("FP8 KV can cost a little accuracy; check your eval, and that the attention backend supports it.")
         return sc
 
-    def dp_attention(self, dp: int | None = None) -> Scenario | None:
+    def dp_attention(self, dp: int | None = None, fraction: float | None = None) -> Scenario | None:
+        """DP attention for MLA at TP > 1; when the replicated weights leave too little KV, paired with a
+        larger mem fraction (``fraction``, else the largest that keeps ≥ 6 GiB free)."""
         p = self.pool
         if p.dp_attention or p.tp <= 1 or p.pool_tokens is None:
             return None
@@ -307,10 +309,13 @@ class Planner:
         budget = (p.kv_gib or p.pool_tokens * p.bpt / GIB) - extra
         budget_now = budget
         fraction_note = None
-        f_best = self.best_mem_fraction()
-        if budget * GIB / p.bpt < 0.25 * p.pool_tokens and f_best is not None and p.pre_gib and p.mem_fraction is not None:
-            budget += (float(f_best.proposed) - p.mem_fraction) * p.pre_gib
-            fraction_note = f"{flags.spelling('mem_fraction_static', self.version)} {f_best.proposed}"
+        if budget * GIB / p.bpt < 0.25 * p.pool_tokens and p.pre_gib and p.mem_fraction is not None:
+            if fraction is None:
+                f_best = self.best_mem_fraction()
+                fraction = float(f_best.proposed) if f_best is not None else None
+            if fraction is not None and fraction > p.mem_fraction:
+                budget += (fraction - p.mem_fraction) * p.pre_gib
+                fraction_note = f"{flags.spelling('mem_fraction_static', self.version)} {fraction:g}"
         per_rank = max(0, int(budget * GIB // p.bpt) // p.page_size * p.page_size)
         sc = self._scenario(flag, cur, prop, per_rank, pools=dp)
         sc.assumptions = assumptions + sc.assumptions
@@ -437,8 +442,10 @@ class Planner:
         return sc
 
     # -- the ranked list for a saturated KV pool -----------------------------------------------------
-    def for_kv_saturation(self) -> list[Scenario]:
-        out = [s for s in (self.dp_attention(), self.best_mem_fraction(), self.kv_fp8()) if s is not None and s.fits and not s.risky]
+    def for_kv_saturation(self, fraction: float | None = None) -> list[Scenario]:
+        """DP attention, mem fraction, FP8 KV: those that fit without risk, by expected gain."""
+        frac = self.mem_fraction(fraction) if fraction is not None else self.best_mem_fraction()
+        out = [s for s in (self.dp_attention(fraction=fraction), frac, self.kv_fp8()) if s is not None and s.fits and not s.risky]
         out.sort(key=lambda s: -(s.gain if s.gain is not None else -1.0))
         return out
 
