@@ -102,3 +102,18 @@ def test_plan_errors_are_one_sentence(argv: list[str], msg: str, capsys: pytest.
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert msg in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("version", "flag", "extra"), [("0.5.23", "--attn-dp-size", None), ("0.5.8", "--enable-dp-attention", "--dp-size 8")])
+def test_plan_spells_dp_attention_for_the_version(version: str, flag: str, extra: str | None,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(SEED_ARGS + ["--sglang-version", version, "--format", "json"], capsys)
+    assert code == 0
+    dp = next(s for s in json.loads(out)["scenarios"] if s["flag"] in ("--attn-dp-size", "--enable-dp-attention"))
+    assert dp["flag"] == flag
+    assert (extra in dp["extra_flags"]) if extra else not any(e.startswith("--dp-size") for e in dp["extra_flags"])
+
+
+def test_plan_rejects_a_bad_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(SEED_ARGS + ["--sglang-version", "banana"], capsys)
+    assert code == 2 and "is not a version" in err
