@@ -133,6 +133,8 @@ def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | N
                 planner, notes = planners[f.target] = planner_for(tl, extras, version_tuple(tl))
                 if any(x.rule == "kv_saturation" and x.target == f.target for x in report.findings):
                     planner.work.kv_bound = True  # the rule found the pool is the limit: trust it over the mean
+                if extras.get("model_config") and planner.pool.shape is None:  # the user's file was unusable
+                    report.errors.append(RuleError("capacity", f.target, next((n for n in notes if "config" in n), "model config unusable")))
             _enrich_finding(f, *planners[f.target])
         except Exception as e:  # isolation: the findings stand without numbers; the error is listed
             report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))

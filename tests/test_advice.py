@@ -169,3 +169,13 @@ def test_seed_dp_attention_pairs_with_the_same_fraction_as_the_fraction_suggesti
     frac = next(s for s in sugs if s["flag"] == "--mem-fraction-static")["proposed"]
     dp = next(s for s in sugs if s["flag"] in DP_FLAGS)
     assert f"--mem-fraction-static {float(frac):g}" in dp["projection"]["extra_flags"]
+
+
+def test_a_bad_model_config_is_reported_once_and_the_rest_still_works(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{oops")
+    _, doc = analyse(case_args(SEED)[:3] + ["--model-config", str(bad)])
+    errs = [e for e in doc["errors"] if e.get("rule") == "capacity"]
+    assert len(errs) == 1 and "not readable JSON" in errs[0]["error"]
+    s = next(s for s in kv_finding(doc)["suggestions"] if s["flag"] == "--mem-fraction-static")
+    assert s["projection"]["pool_tokens"] > 116171  # the engine's own numbers still size it
