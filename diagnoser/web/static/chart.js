@@ -37,7 +37,9 @@
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, h);
     var pad = { l: 48, r: 10, t: 8, b: 22 };
-    var x0 = doc.start, x1 = doc.end;
+    var x0 = doc.start, x1 = doc.end, first = null;
+    Object.keys(doc.series).forEach(function (k) { var t = doc.series[k].t; if (t.length && (first === null || t[0] < first)) { first = t[0]; } });
+    if (first !== null && first > x0) { x0 = Math.max(x0, first - Math.max(2, (x1 - first) * 0.03)); }  // less data than the range: fit it
     var ymax = 0, any = false;
     var lines = [];
     spec.signals.forEach(function (pair, i) {
@@ -64,6 +66,7 @@
     ctx.textAlign = "center";
     for (var k = 0; k <= 4; k++) {
       var t = x0 + (x1 - x0) * k / 4;
+      ctx.textAlign = k === 0 ? "left" : (k === 4 ? "right" : "center");
       ctx.fillText(tlabel(t, x1 - x0), X(t), h - 6);
     }
     function hline(val, color, label) {

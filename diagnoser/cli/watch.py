@@ -1,0 +1,160 @@
+"""``diagnose`` without ``--once``: watch mode. Polls the targets and follows the logs, and every interval
+redraws a compact terminal view (headline numbers, firing findings, the top suggestion). When stdout is
+not a terminal it prints plain lines instead: one status line per target per tick, and a line whenever a
+finding fires or resolves. Ctrl-C exits cleanly with a final summary (the full text report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import IO, Any
+
+from diagnoser.cli import UsageError
+from diagnoser.cli.run import load_thresholds
+from diagnoser.model import Severity, iso
+from diagnoser.outputs.text import SEV_MARK, WIDTH
+
+CLEAR = "\x1b[H\x1b[2J"
+HEAD = [("running_reqs", "run", "{:.0f}"), ("queue_reqs", "queue", "{:.0f}"), ("token_usage", "kv", "{:.2f}"),
+        ("gen_throughput_tps", "gen tok/s", "{:.0f}"), ("ttft_seconds_p95", "ttft p95", "{:.2f}s")]
+
+
+def _fmt(f: str, v: Any) -> str:
+    try:
+        return f.format(float(v))
+    except (TypeError, ValueError):
+        return "-"
+
+
+def status_line(t: Any) -> str:
+    if t.is_url and t.up is False:
+        return f"{t.name}: DOWN — {t.last_error}"
+    cells = [f"{label} {_fmt(f, t.latest[k])}" for k, label, f in HEAD if k in t.latest]
+    mrr = t.config.get("max_running_requests")
+    if mrr is not None and "running_reqs" in t.latest:
+        cells[0] = f"run {_fmt('{:.0f}', t.latest['running_reqs'])}/{mrr.value}"
+    return f"{t.name}: " + (" · ".join(cells) if cells else "no data yet")
+
+
+def screen(snap: Any, started: float) -> str:
+    out = [f"diagnoser watch · {iso(snap.ts)} · tick {snap.tick} · Ctrl-C for the summary"[:WIDTH], ""]
+    for t in snap.targets:
+        out.append(("▸ " + status_line(t))[:WIDTH])
+        for f in snap.for_target(t.name):
+            mark = SEV_MARK.get(f.severity.label, f.severity.label)
+            pend = " (pending)" if f.state == "pending" else ""
+            out.append(f"   [{mark}] {f.rule}{pend}: {f.summary}"[:WIDTH])
+            if f.suggestions:
+                s = f.suggestions[0]
+                cur = "unset" if s.current is None else s.current
+                eff = f" — {s.effect}" if s.effect else ""
+                out.append(f"      → {s.flag} {cur} → {s.proposed}{eff}"[:WIDTH])
+        out.append("")
+    if not snap.findings:
+        out.append("No finding.")
+    return "\n".join(out) + "\n"
+
+
+class PlainPrinter:
+    """Plain lines for pipes: a status line per target per tick, and finding transitions."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.firing: set[tuple[str, str]] = set()
+
+    def __call__(self, snap: Any) -> None:
+        stamp = iso(snap.ts)
+        lines = [f"{stamp} {status_line(t)}" for t in snap.targets]
+        now = {(f.target, f.rule): f for f in snap.findings if f.state == "firing"}
+        for key, f in now.items():
+            if key not in self.firing:
+                lines.append(f"{stamp} FIRING {f.severity.label} {f.rule} {f.target}: {f.summary}")
+        for key in self.firing - set(now):
+            lines.append(f"{stamp} RESOLVED {key[1]} {key[0]}")
+        self.firing = set(now)
+        self.out.write("\n".join(lines) + "\n")
+        self.out.flush()
+
+
+def final_summary(monitor: Any, args: argparse.Namespace) -> tuple[str, str]:
+    """The full text report over the whole kept history (as ``--once`` would print it)."""
+    from diagnoser.collect import Collection
+    from diagnoser.evaluate import evaluate, select_rules
+    from diagnoser.outputs.report import build
+    from diagnoser.outputs.text import render
+
+    col = Collection()
+    for t in monitor.targets:
+        with t.lock:
+            tl = t.timeline.window(None, None)
+        col.timelines.append(tl)
+        col.inputs.extend(tl.inputs)
+    extras = dict(monitor.extras)
+    extras["unreachable"] = {t.name: t.last_error for t in monitor.targets if t.is_url and t.up is False}
+    report = evaluate(col.timelines, monitor.adapter, monitor.thresholds, select_rules(args.select, args.ignore), extras)
+    doc = build(col, report, Severity.parse(args.fail_on))
+    return render(doc, verbose=args.verbose), str(doc["status"])
+
+
+def _catch_signals() -> None:
+    """Ctrl-C (and SIGTERM) end the watch with the summary, even when started with SIGINT ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+
+
+def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | None = None) -> int:
+    out = out or sys.stdout
+    if not args.url and not args.log:
+        raise UsageError("nothing to watch: pass --url http://HOST:30000 and/or --log PATH (add --once for a single report)")
+    if "-" in args.log:
+        raise UsageError("watch mode follows log files; read stdin with --once --log -")
+    if args.interval <= 0:
+        raise UsageError("--interval must be above 0 seconds")
+    from diagnoser.engines import get_adapter
+    from diagnoser.evaluate import select_rules
+    from diagnoser.live import LiveMonitor
+
+    window = args.last or max(60.0, args.duration)
+    monitor = LiveMonitor(
+        get_adapter("sglang"), args.url, args.log, interval=args.interval, timeout=args.timeout, window_s=window,
+        for_seconds=getattr(args, "for_s", None), thresholds=load_thresholds(args), rules=select_rules(args.select, args.ignore),
+        extras={"job_requests": args.job_requests, "client_concurrency": args.client_concurrency,
+                "model_config": args.model_config, "avg_tokens_per_request": args.avg_tokens_per_request},
+    )
+    _catch_signals()
+    tty = out.isatty()
+    plain = PlainPrinter(out)
+    started = time.time()
+    ticks = 0
+    try:
+        while max_ticks is None or ticks < max_ticks:
+            t0 = time.monotonic()
+            snap = monitor.tick()
+            ticks += 1
+            if tty:
+                out.write(CLEAR + screen(snap, started))
+                out.flush()
+            else:
+                plain(snap)
+            if max_ticks is not None and ticks >= max_ticks:
+                break
+            time.sleep(max(0.05, monitor.interval - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        out.write("\n")
+    finally:
+        monitor.close()
+    text, status = final_summary(monitor, args)
+    out.write(("\n" if not tty else "") + f"Summary after {time.time() - started:.0f} s of watching:\n" + text)
+    out.flush()
+    return 2 if status == "error" else (1 if status == "problems" else 0)
