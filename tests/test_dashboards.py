@@ -1,0 +1,135 @@
+"""Grafana dashboards in dashboards/: structure, datasource as a variable, both spellings, and every
+expr parsed by the real promtool (Grafana itself is not installable here; see testing-tools.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnoser.outputs import grafana
+from tests.conftest import ROOT
+from tests.stack_support import DASHBOARD_FILES, dashboard_exprs, need_bin, run, substitute
+
+DS_VAR = {"type": "prometheus", "uid": "${datasource}"}
+EXPORTED = {  # the exporter's fixed names (issue 5); a dashboard may query no other diagnoser_ name
+    "diagnoser_finding_active", "diagnoser_signal", "diagnoser_pool_capacity_tokens", "diagnoser_suggestion_info",
+    "diagnoser_suggestion_projected_running_reqs", "diagnoser_suggestion_projected_gen_throughput_tps",
+    "diagnoser_scrape_up", "diagnoser_scrape_duration_seconds", "diagnoser_scrape_errors_total",
+    "diagnoser_rule_pass_duration_seconds",
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((ROOT / "dashboards" / name).read_text())
+
+
+@pytest.fixture(params=[p.name for p in DASHBOARD_FILES])
+def dash(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return load(request.param)
+
+
+def test_both_dashboards_exist() -> None:
+    assert {p.name for p in DASHBOARD_FILES} == {"sglang-overview.json", "diagnoser-findings.json"}
+    assert {load(p.name)["title"] for p in DASHBOARD_FILES} == {"SGLang overview", "diagnoser findings"}
+
+
+def test_datasource_is_a_variable_never_a_fixed_uid(dash: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    uids: list[str] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, dict):
+            if isinstance(o.get("datasource"), dict):
+                uids.append(o["datasource"].get("uid"))
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk({k: v for k, v in dash.items() if k != "uid"})
+    assert uids and set(uids) <= {"${datasource}", "-- Grafana --"}, set(uids)
+
+
+def test_every_panel_has_description_datasource_and_targets(dash: dict[str, Any]) -> None:
+    assert len(dash["panels"]) >= 6
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        assert len(p.get("description", "")) > 40, f"panel {p['title']!r} lacks a description"
+        assert p["datasource"] == DS_VAR
+        assert p["targets"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs))
+        for t in p["targets"]:
+            assert t["datasource"] == DS_VAR and t["expr"].strip()
+
+
+def test_annotations_mark_findings(dash: dict[str, Any]) -> None:
+    anns = [a for a in dash["annotations"]["list"] if a.get("expr")]
+    assert any("diagnoser_finding_active" in a["expr"] for a in anns)
+    for a in anns:
+        assert a["datasource"] == DS_VAR and a.get("titleFormat")
+
+
+def test_sglang_overview_covers_the_signals_with_both_spellings() -> None:
+    d = load("sglang-overview.json")
+    names = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "instance", "model", "dp_rank"} <= names
+    exprs = " ".join(e for _, e in dashboard_exprs(d))
+    for metric in ("token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput", "realtime_tokens_total",
+                   "prompt_tokens_total", "num_retracted_requests_total", "time_to_first_token_seconds_bucket",
+                   "inter_token_latency_seconds_bucket", "cache_hit_rate", "cached_tokens_total"):
+        assert f'sglang[:_]{metric}"' in exprs, metric
+    # no selector takes only one spelling
+    assert not re.search(r"sglang[:_](?!\])\w", exprs.replace("sglang[:_]", "")), "single-spelling selector"
+    for _, e in dashboard_exprs(d):
+        if "sglang[:_]" in e and "label_values" not in e and not e.startswith("{"):
+            assert "instance=~\"$instance\"" in e and "model_name=~\"$model\"" in e, e
+    per_rank = [e for _, e in dashboard_exprs(d) if "dp_rank" in e]
+    assert len(per_rank) >= 6, "gauges must keep DP ranks apart"
+
+
+def test_findings_dashboard_panels() -> None:
+    d = load("diagnoser-findings.json")
+    kinds = {p["title"]: p["type"] for p in d["panels"]}
+    assert kinds["Findings over time"] == "state-timeline"
+    exprs = " ".join(e for _, e in dashboard_exprs(d))
+    for name in ("diagnoser_finding_active", "diagnoser_suggestion_info", "diagnoser_suggestion_projected_gen_throughput_tps",
+                 "diagnoser_suggestion_projected_running_reqs", "diagnoser_pool_capacity_tokens", "diagnoser_scrape_up"):
+        assert name in exprs, name
+    used = set(re.findall(r"\bdiagnoser_[a-z_]+", exprs))
+    assert used <= EXPORTED, used - EXPORTED
+
+
+def test_committed_json_matches_the_builder() -> None:
+    for rel, text in grafana.rendered_dashboards().items():
+        assert (ROOT / rel).read_text() == text, f"{rel} is stale: run python -m diagnoser.outputs.promgen"
+
+
+def _promtool_check(exprs: list[tuple[str, str]], tmp_path: Path) -> tuple[int, str]:
+    rules = [{"record": f"check:expr_{i}", "expr": substitute(e)} for i, (_, e) in enumerate(exprs)]
+    path = tmp_path / "exprs.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard-exprs", "rules": rules}]}, indent=1))
+    r = run([need_bin("promtool"), "check", "rules", str(path)])
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_every_dashboard_expr_parses_under_promtool(dash: dict[str, Any], tmp_path: Path) -> None:
+    exprs = dashboard_exprs(dash)
+    assert len(exprs) >= 10
+    rc, out = _promtool_check(exprs, tmp_path)
+    assert rc == 0, out
+    assert f"SUCCESS: {len(exprs)} rules found" in out
+
+
+@pytest.mark.prometheus
+def test_promtool_check_rejects_a_broken_expr(tmp_path: Path) -> None:
+    rc, out = _promtool_check([("broken", 'sum by (le (rate({__name__=~"sglang[:_]x"}[$__rate_interval]))')], tmp_path)
+    assert rc != 0 and "parse error" in out.lower()
