@@ -52,7 +52,7 @@ def test_dashboard_live_finding_xss_and_down_target(browser: Any, data_dir: Path
 
             # overview: both cards, the dead one with source_unreachable, the live one with numbers
             page.goto(serve.base + "/")
-            page.wait_for_selector(f'article.card[data-target="1"] li[data-rule="source_unreachable"]', timeout=20_000)
+            page.wait_for_selector('article.card[data-target="1"] li[data-rule="source_unreachable"]', timeout=20_000)
             page.wait_for_selector('article.card[data-target="0"] li[data-rule="kv_saturation"]', timeout=30_000)
             live_card = page.locator('article.card[data-target="0"]')
             assert "running" in live_card.inner_text() and "KV usage" in live_card.inner_text()
