@@ -45,11 +45,14 @@ def serve(routes: dict[str, Route]) -> Iterator[str]:
                 n = counts.get(path, 0)
                 counts[path] = n + 1
                 status, ctype, body = route(n)
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (the timeout test)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -206,3 +209,32 @@ def test_usable_data_from_one_target_is_not_exit_2() -> None:
 def test_usage_error_exits_2() -> None:
     p = subprocess.run([*_diagnose(), "--once"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "nothing to read" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_timeout_exits_2_with_the_cause() -> None:
+    import time
+
+    def slow(n: int) -> tuple[int, str, bytes]:
+        time.sleep(2.0)
+        return 200, "text/plain", COLLECTOR.read_bytes()
+
+    with serve({"/metrics": slow, "/server_info": slow}) as url:
+        p = run("--url", url, "--duration", "0", "--timeout", "0.5")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "did not answer within the timeout" in p.stderr and "--timeout" in p.stderr
+
+
+def test_url_and_log_together() -> None:
+    files = sorted((RUN / "metrics").glob("metrics_*.prom"))
+    with serve({"/metrics": sequence([p.read_bytes() for p in files[1:6]])}) as url:
+        p = run("--url", url, "--log", str(RUN / "server.log"), "--duration", "1", "--interval", "0.25",
+                "--format", "json")
+    assert p.returncode in (0, 1), p.stderr
+    doc = json.loads(p.stdout)
+    assert list(doc["signals"]) == [url]  # one target: the log belongs to the scraped server
+    kinds = [i["kind"] for i in doc["inputs"]]
+    assert kinds.count("metrics") == 1 and kinds.count("log") == 1
+    log_in = next(i for i in doc["inputs"] if i["kind"] == "log")
+    assert log_in["lines_read"] > 100 and log_in["lines_recognized"] > 50
+    assert doc["version"].endswith("0.5.23")  # no server info served: a range from names, labels, log lines
+    assert doc["signals"][url]["running_reqs"]["n"] > 5  # scrapes and decode lines in one series
