@@ -433,3 +433,65 @@ def downsample(ts: list[float], values: list[float], max_points: int) -> dict[st
         out_min.append(min(acc) if acc else None)
         out_max.append(max(acc) if acc else None)
     return {"t": out_t, "v": out_v, "min": out_min, "max": out_max}
+
+
+class ReplayMonitor(LiveMonitor):
+    """A LiveMonitor fed by a recording (:class:`diagnoser.replay.ReplayFeed`) instead of live scrapes.
+
+    Records due by wall time go through :class:`diagnoser.replay.ReplayIngest` (the live ingestion
+    path); the monitor's clock is the recording's clock, so windows, charts and hysteresis follow the
+    recorded timestamps.
+    """
+
+    def __init__(self, feed: Any, adapter: Any, **kw: Any) -> None:
+        from diagnoser.replay import ReplayIngest
+
+        kw.pop("client", None)
+        super().__init__(adapter, [], [], client=_NoClient(), **kw)
+        self.feed = feed
+        self.ingest = ReplayIngest(adapter, feed.source)
+        self._known: set[str] = set()
+        self._sync_targets()
+
+    def _sync_targets(self) -> None:
+        for name, it in self.ingest.targets.items():
+            if name in self._known:
+                continue
+            self._known.add(name)
+            self.targets.append(LiveTarget(name, it.tl, version=it.version, metrics=it.metrics))
+
+    def clock(self) -> float:
+        n, pos = self.feed.position()
+        return float(self.feed.t0 + n * self.feed.period + pos)
+
+    def poll(self) -> None:
+        recs = self.feed.due()
+        locks = {t.name: t.lock for t in self.targets}
+        for rec in recs:
+            lock = locks.get(str(rec.get("target") or ""))
+            if lock is None:
+                self.ingest.apply(rec)
+                self._sync_targets()
+                locks = {t.name: t.lock for t in self.targets}
+            else:
+                with lock:
+                    self.ingest.apply(rec)
+        for t in self.targets:
+            it = self.ingest.targets.get(t.name)
+            if it is not None and t.metrics is None and it.metrics is not None:
+                t.metrics = it.metrics
+            if t.metrics is not None:
+                t.scrapes = t.metrics.report.scrapes
+                t.scrape_errors = t.metrics.report.errors
+                t.last_error = t.metrics.last_error
+                t.up = None if not t.scrapes and not t.last_error else not t.metrics.last_error
+
+    def tick(self, now: float | None = None, scrape: bool = True) -> Snapshot:
+        if scrape:
+            self.poll()
+        return super().tick(self.clock() if now is None else now, scrape=False)
+
+
+class _NoClient:
+    def close(self) -> None:
+        pass

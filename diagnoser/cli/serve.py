@@ -78,13 +78,23 @@ def make_monitor(args: argparse.Namespace, adapter: Any) -> Any:
 
 
 def replay_monitor(args: argparse.Namespace, adapter: Any) -> Any:
-    try:
-        from diagnoser.replay import ReplayFeed  # type: ignore[attr-defined]
-    except ImportError:
-        raise UsageError("--replay is not available in this build yet (diagnoser.replay.ReplayFeed is missing); serve live targets with --url") from None
-    from diagnoser.live import ReplayMonitor  # type: ignore[attr-defined]
+    from diagnoser.evaluate import select_rules
+    from diagnoser.live import ReplayMonitor
+    from diagnoser.replay import BundleError, ReplayFeed
 
-    return ReplayMonitor(ReplayFeed, args, adapter)
+    if args.speed <= 0:
+        raise UsageError("--speed must be above 0 (1 = real time, 10 = ten times faster)")
+    try:
+        feed = ReplayFeed(args.replay, speed=args.speed, loop=args.loop)
+    except (BundleError, OSError, ValueError) as e:
+        raise UsageError(f"cannot replay {args.replay}: {e}") from None
+    if not feed.records:
+        raise UsageError(f"{args.replay} holds no records to replay; record one with 'diagnose record' or pass a run directory with metrics/ or server.log")
+    return ReplayMonitor(
+        feed, adapter, interval=args.interval, timeout=args.timeout, window_s=args.window, history_s=args.history,
+        for_seconds=args.for_s, thresholds=load_thresholds(args), rules=select_rules(args.select, args.ignore),
+        extras=extras_from(args),
+    )
 
 
 def main(cmd: str, argv: list[str]) -> int:
