@@ -16,12 +16,11 @@ is never proposed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from diagnoser.capacity.eta import JobProgress
 from diagnoser.capacity.kvbytes import GIB, attention_weight_gib_per_rank, kv_dtype_bytes
 from diagnoser.capacity.pool import PoolFacts
+from diagnoser.capacity.scenario import Scenario, Workload, min_confidence, show_value
 from diagnoser.capacity.throughput import ThroughputModel
 from diagnoser.engines.sglang import flags
 
@@ -33,99 +32,6 @@ MAX_EXTRAPOLATION = 3.0  # throughput is not projected past this multiple of the
 HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (§5.5)
 CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (§5.1, v0.5.3+ auto reserve)
 GRAPH_MIB_PER_BS = 2.0  # CUDA-graph reserve per captured batch size (§5.1, v0.5.3+ auto reserve)
-
-
-@dataclass(slots=True)
-class Workload:
-    """What the server's clients asked for, as observed (or given on the command line)."""
-
-    tokens_per_request: float | None = None  # p50 (or the given average) of prompt + output
-    tokens_per_request_p95: float | None = None
-    tokens_source: str = ""
-    running: float | None = None  # observed mean running batch
-    gen_tps: float | None = None  # observed mean gen throughput
-    usage: float | None = None  # observed mean token usage
-    queue: float | None = None
-    kv_bound: bool = False  # the pool is the limit (usage high, requests wait)
-    client_concurrency: int | None = None
-    demand: float | None = None  # most requests seen in flight (running + waiting at one moment)
-    output_tokens_per_request: float | None = None
-    progress: JobProgress = field(default_factory=JobProgress)
-
-
-@dataclass(slots=True)
-class Scenario:
-    change: str  # "--mem-fraction-static 0.85 → 0.90"
-    flag: str
-    current: Any
-    proposed: Any
-    pool_tokens: int | None = None
-    pool_tokens_per_rank: int | None = None
-    max_concurrent_requests: int | None = None
-    max_concurrent_requests_p95: int | None = None
-    projected_running: float | None = None
-    projected_gen_throughput_tps: float | None = None
-    job_eta_hours: float | None = None
-    confidence: str = "low"
-    assumptions: list[str] = field(default_factory=list)
-    risks: list[str] = field(default_factory=list)
-    headroom_gib: float | None = None
-    fits: bool = True
-    risky: bool = False  # fits, but leaves too little headroom to recommend
-    gain: float | None = None  # relative gen-throughput gain vs now
-    extra_flags: list[str] = field(default_factory=list)  # other changes this one needs
-
-    def to_dict(self) -> dict[str, Any]:
-        r = (lambda v, d=0: None if v is None else round(v, d) if d else round(v))  # noqa: E731
-        return {
-            "change": self.change, "flag": self.flag, "current": self.current, "proposed": self.proposed,
-            "pool_tokens": self.pool_tokens, "pool_tokens_per_rank": self.pool_tokens_per_rank,
-            "max_concurrent_requests": self.max_concurrent_requests,
-            "max_concurrent_requests_p95": self.max_concurrent_requests_p95,
-            "projected_running": r(self.projected_running, 1), "projected_gen_throughput_tps": r(self.projected_gen_throughput_tps),
-            "job_eta_hours": r(self.job_eta_hours, 1), "gain": r(self.gain, 3), "confidence": self.confidence,
-            "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "risky": self.risky, "extra_flags": list(self.extra_flags),
-            "assumptions": list(self.assumptions), "risks": list(self.risks),
-        }
-
-    def effect_text(self, now: Scenario | None = None) -> str:
-        """One paragraph: what the change should buy, with its numbers and assumptions."""
-        if not self.fits:
-            return "Does not fit: " + "; ".join(self.risks or self.assumptions)
-        parts = []
-        if self.pool_tokens is not None and now is not None and now.pool_tokens:
-            d = self.pool_tokens - now.pool_tokens
-            if d:
-                parts.append(f"pool {now.pool_tokens:,} → {self.pool_tokens:,} tokens ({d:+,}, {d / now.pool_tokens:+.0%})")
-        moved = (self.projected_running is not None and now is not None and now.projected_running is not None
-                 and abs(self.projected_running - now.projected_running) >= 0.5)
-        if moved:
-            parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")  # type: ignore[union-attr]
-            if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
-                parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
-            if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
-                parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
-        elif self.pool_tokens is not None and now is not None and self.pool_tokens != now.pool_tokens:
-            parts.append("the running batch stays (the pool is not what limits it)")
-        if self.headroom_gib is not None:
-            parts.append(f"{self.headroom_gib:.1f} GiB left for activations and graphs")
-        if self.projected_running is None and (now is None or now.projected_running is None):
-            parts.append("no running batch was observed, so running and throughput are not projected")
-        text = "; ".join(parts) if parts else "no change to the pool or the running batch expected"
-        text += f" ({self.confidence} confidence)."
-        if self.extra_flags:
-            text += " Needs also: " + ", ".join(self.extra_flags) + "."
-        if self.risks:
-            text += " Risk: " + " ".join(self.risks)
-        if self.assumptions:
-            own = [a for a in self.assumptions if not a.startswith(("running then bound", "running capped"))]
-            bound = [a for a in self.assumptions if a not in own]
-            text += " Assumes: " + "; ".join(a.rstrip(".") for a in (own + bound)[:4]) + "."
-        return text
-
-
-def _eta(h: float) -> str:
-    return f"{h / 24:.1f} days" if h >= 48 else f"{h:.1f} h"
 
 
 class Planner:
@@ -142,7 +48,7 @@ class Planner:
         p, w = self.pool, self.work
         pools = pools or p.pools
         total = None if per_rank is None else per_rank * pools
-        sc = Scenario(change=change or f"{flag} {_show(current)} → {_show(proposed)}", flag=flag, current=current,
+        sc = Scenario(change=change or f"{flag} {show_value(current)} → {show_value(proposed)}", flag=flag, current=current,
                       proposed=proposed, pool_tokens=total, pool_tokens_per_rank=per_rank)
         if total is not None and w.tokens_per_request:
             sc.max_concurrent_requests = int(total // w.tokens_per_request)
@@ -160,7 +66,7 @@ class Planner:
                     sc.assumptions.append(f"throughput projected no further than {MAX_EXTRAPOLATION:g}× the largest batch seen "
                                           f"({at:.0f} running): a floor for the gain, not a forecast")
                 ratio = self.model.tps(at) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
-                conf = _min_conf(conf, self.model.confidence(run))
+                conf = min_confidence(conf, self.model.confidence(run))
             else:
                 ratio = run / base_run
                 conf = "low"
@@ -169,7 +75,7 @@ class Planner:
             sc.job_eta_hours = w.progress.eta_hours(ratio)
         elif run is not None and self.model is not None:
             sc.projected_gen_throughput_tps = self.model.tps(run)
-            conf = _min_conf(conf, self.model.confidence(run))
+            conf = min_confidence(conf, self.model.confidence(run))
         sc.confidence = conf
         return sc
 
@@ -242,7 +148,7 @@ class Planner:
         sc.headroom_gib = head
         if head is None:
             sc.risks.append("free memory after the pool is unknown (no available_gpu_mem in the log); check it stays ≥ 5–8 GB.")
-            sc.confidence = _min_conf(sc.confidence, "low")
+            sc.confidence = min_confidence(sc.confidence, "low")
         elif head < RISK_HEADROOM_GIB:
             sc.risks.append(f"only {head:.1f} GiB would stay free for activations and CUDA graphs (< {RISK_HEADROOM_GIB:.0f}): likely OOM under load.")
             sc.fits = head > 0
@@ -320,7 +226,7 @@ class Planner:
         sc = self._scenario(flag, cur, prop, per_rank, pools=dp)
         sc.assumptions = assumptions + sc.assumptions
         sc.extra_flags = extra_flags + ([fraction_note] if fraction_note else [])
-        sc.confidence = _min_conf(sc.confidence, "medium")
+        sc.confidence = min_confidence(sc.confidence, "medium")
         if per_rank <= 0:
             sc.fits = False
             sc.risks.append(f"the replicated attention weights ({extra:.1f} GiB per rank) leave no KV budget.")
@@ -346,7 +252,7 @@ class Planner:
         sc = self._scenario(flag, p.pool_tokens, n, per_rank)
         if profiled is None:
             sc.assumptions.append("the memory budget is unknown, so the cap is taken to fit; SGLang uses the profiled pool if it does not")
-            sc.confidence = _min_conf(sc.confidence, "low")
+            sc.confidence = min_confidence(sc.confidence, "low")
         elif profiled < n:
             sc.risks.append(f"the memory budget holds only about {profiled:,} tokens per rank: SGLang keeps the profiled value.")
         else:
@@ -462,15 +368,6 @@ class Planner:
         done = [s for s in out if s is not None]
         done.sort(key=lambda s: (not s.fits, s.risky, -(s.gain if s.gain is not None else -1.0)))
         return done
-
-
-def _show(v: Any) -> str:
-    return "unset" if v is None else str(v)
-
-
-def _min_conf(a: str, b: str) -> str:
-    order = {"low": 0, "medium": 1, "high": 2}
-    return a if order.get(a, 0) <= order.get(b, 0) else b
 
 
 __all__ = ["Planner", "Scenario", "Workload"]
