@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from diagnoser.rules import REGISTRY, Rule, by_name
+from diagnoser.timeline import SIGNALS
 
 RUNBOOK_BASE = "http://localhost:8000/rules/"  # `diagnose serve` rule-doc pages (/rules/<name>)
 ALERT_PREFIX = "Diagnoser"
@@ -76,8 +77,13 @@ def rule_for_seconds(rule: type[Rule]) -> float:
 
 
 def quoted_signals(rule: type[Rule]) -> list[str]:
+    """Signals a finding alert quotes: the rule's ``needs``, then canonical signals its doc names under Evidence
+    or What it detects (in the order named), then running/queued requests for context."""
+    sections = rule.doc_sections()
+    evidence = sections.get("Evidence", "") + "\n" + sections.get("What it detects", "")
+    named = sorted((m.start(), s) for s in SIGNALS if (m := re.search(rf"(?<![\w.]){re.escape(s)}(?![\w\[])", evidence)))
     out: list[str] = []
-    for s in (*rule.needs, *CONTEXT_SIGNALS):
+    for s in (*rule.needs, *(s for _, s in named), *CONTEXT_SIGNALS):
         if s not in out:
             out.append(s)
     return out[:MAX_QUOTED]
@@ -92,7 +98,6 @@ def _signal_template(signal: str) -> str:
 
 
 def finding_alert(rule: type[Rule], for_override: str | None = None, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
-    title = rule.title or rule.summary_line()
     signals = "".join(_signal_template(s) for s in quoted_signals(rule))
     return {
         "alert": alert_name(rule),
@@ -100,11 +105,11 @@ def finding_alert(rule: type[Rule], for_override: str | None = None, runbook_bas
         "for": for_override or duration(rule_for_seconds(rule)),
         "labels": {"severity": rule.severity.label, "rule": rule.name, "rule_code": rule.code},
         "annotations": {
-            "summary": f"{rule.code} {rule.name} on {{{{ $labels.target }}}}",
+            "summary": f"{rule.code} {rule.title or rule.name} on {{{{ $labels.target }}}}",
             "description": (
-                f"{title.rstrip('.')}. diagnoser has reported it on {{{{ $labels.target }}}} since the alert went"
-                f" pending. Now:{signals}. Run `diagnose explain {rule.name}` or open the runbook for the"
-                " evidence and the flag changes."
+                f"{rule.summary_line()} diagnoser has reported {rule.name} on {{{{ $labels.target }}}} since the"
+                f" alert went pending. Now:{signals}. Run `diagnose explain {rule.name}` or open the runbook for"
+                " the evidence and the flag changes."
             ),
             "runbook_url": f"{runbook_base}{rule.name}",
         },
@@ -230,11 +235,10 @@ def _fmt(v: float) -> str:
 
 
 def expected_description(rule: type[Rule], target: str, values: dict[str, float]) -> str:
-    title = rule.title or rule.summary_line()
     now = "".join(f" {s}={_fmt(values[s])}" for s in quoted_signals(rule) if s in values)
     return (
-        f"{title.rstrip('.')}. diagnoser has reported it on {target} since the alert went pending. Now:{now}."
-        f" Run `diagnose explain {rule.name}` or open the runbook for the evidence and the flag changes."
+        f"{rule.summary_line()} diagnoser has reported {rule.name} on {target} since the alert went pending."
+        f" Now:{now}. Run `diagnose explain {rule.name}` or open the runbook for the evidence and the flag changes."
     )
 
 
@@ -265,7 +269,7 @@ def finding_tests(runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
         firing = {
             "exp_labels": {"severity": rule.severity.label, "rule": rule.name, "rule_code": rule.code, "target": TEST_TARGET},
             "exp_annotations": {
-                "summary": f"{rule.code} {rule.name} on {TEST_TARGET}",
+                "summary": f"{rule.code} {rule.title or rule.name} on {TEST_TARGET}",
                 "description": expected_description(rule, TEST_TARGET, values),
                 "runbook_url": f"{runbook_base}{rule.name}",
             },
