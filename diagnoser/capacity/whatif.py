@@ -28,6 +28,7 @@ MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (refe
 WARN_HEADROOM_GIB = 8.0
 RISK_HEADROOM_GIB = 5.0
 MAX_FRACTION = 0.95
+DP_ATTENTION_RESERVE_GIB = 4.0  # SGLang's auto fraction reserves this much more with DP attention (§5.1, 0.4.8-0.5.2)
 MAX_EXTRAPOLATION = 3.0  # throughput is not projected past this multiple of the largest batch observed
 HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (§5.5)
 CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (§5.1, v0.5.3+ auto reserve)
@@ -236,7 +237,14 @@ class Planner:
                             "reserves about 4 GiB more for it, §5.1).")
             if fraction_note:
                 sc.risks.append(f"at the current fraction the replicated weights leave {budget_now:.1f} GiB of KV per rank "
-                                f"(too little), so this projection includes {fraction_note} (see its headroom).")
+                                f"(too little), so this projection includes {fraction_note}.")
+            head = p.headroom_at(fraction) if fraction_note and fraction is not None else p.headroom_gib
+            if head is not None:
+                sc.headroom_gib = head
+                if head - DP_ATTENTION_RESERVE_GIB < RISK_HEADROOM_GIB:
+                    sc.risks.append(f"{head:.1f} GiB stays free after the pool; less about {DP_ATTENTION_RESERVE_GIB:g} GiB for DP "
+                                    f"attention's buffers leaves {head - DP_ATTENTION_RESERVE_GIB:.1f} GiB: watch for OOM, and lower "
+                                    "--chunked-prefill-size if it happens.")
         return sc
 
     def max_total_tokens(self, n: int) -> Scenario:
