@@ -117,3 +117,19 @@ def test_plan_spells_dp_attention_for_the_version(version: str, flag: str, extra
 def test_plan_rejects_a_bad_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(SEED_ARGS + ["--sglang-version", "banana"], capsys)
     assert code == 2 and "is not a version" in err
+
+
+def test_plan_from_the_seed_log_agrees_with_diagnose_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The offline calculator and the live advice are one model: same log, same numbers."""
+    common = ["--model-config", str(SEED / "config.json"), "--client-concurrency", "150", "--job-requests", "88000",
+              "--avg-tokens-per-request", "4340"]
+    code, out, _ = run(["plan", "--log", str(SEED / "server.log"), *common, "--format", "json"], capsys)
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["workload"]["kv_bound"] and plan["workload"]["demand"] >= 140
+    code, out, _ = run(["--once", "--log", str(SEED / "server.log"), *common, "--format", "json"], capsys)
+    live = json.loads(out)
+    fp8_live = next(s["projection"] for f in live["findings"] for s in f["suggestions"] if s["flag"] == "--kv-cache-dtype")
+    fp8_plan = next(s for s in plan["scenarios"] if s["flag"] == "--kv-cache-dtype")
+    for k in ("pool_tokens", "projected_running", "projected_gen_throughput_tps", "job_eta_hours"):
+        assert fp8_live[k] == fp8_plan[k], k

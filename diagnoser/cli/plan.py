@@ -184,7 +184,7 @@ def _workload(args: argparse.Namespace, tl: Any, pool: PoolFacts, notes: list[st
 
 
 def document(planner: Planner, notes: list[str]) -> dict[str, Any]:
-    p, now = planner.pool, planner.now()
+    p, w, now = planner.pool, planner.work, planner.now()
     scen = planner.plan()
     return {
         "model": None if p.shape is None else {"arch": p.shape.arch, "attention": p.shape.attention, "layers": p.shape.layers,
@@ -199,6 +199,10 @@ def document(planner: Planner, notes: list[str]) -> dict[str, Any]:
         "gen_throughput_tps": now.to_dict()["projected_gen_throughput_tps"],
         "job_eta_hours": now.to_dict()["job_eta_hours"],
         "headroom_gib": None if p.headroom_gib is None else round(p.headroom_gib, 2),
+        "workload": {"tokens_per_request": w.tokens_per_request, "tokens_per_request_p95": w.tokens_per_request_p95,
+                     "tokens_source": w.tokens_source or "--avg-tokens-per-request", "running": w.running, "gen_tps": w.gen_tps,
+                     "kv_bound": w.kv_bound, "demand": w.demand, "client_concurrency": w.client_concurrency,
+                     "completed": w.progress.completed, "rate_rps": w.progress.rate_rps, "rate_source": w.progress.rate_source},
         "memory": p.to_dict(),
         "throughput_model": planner.model.describe() if planner.model else None,
         "scenarios": [s.to_dict() for s in scen],
