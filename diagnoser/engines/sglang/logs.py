@@ -115,16 +115,16 @@ _RETRACT_RE = re.compile(
 _OOM_RE = re.compile(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
 _SUMMARY_RE = re.compile(r"max_total_num_tokens=(\d+)(?:, .*)?$")
 _KV_RE = re.compile(
-    r"KV Cache is allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+    r"KV [Cc]ache (?:is )?allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
 )
 _LOAD_END_RE = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
 _LOAD_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
 _MEMPOOL_END_RE = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
-_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, ]*)\]")
-_GRAPH_END_RE = re.compile(
-    r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\..*?(?:mem usage=([\d.]+) GB)?[.,]?\s*(?:avail mem=([\d.]+) GB)?"
-)
-_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, ]*)\]")
+_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
+_GRAPH_END_RE = re.compile(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
+_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
+_GRAPH_MEM_RE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
+_AVAIL_RE = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
 _HICACHE_RE = re.compile(
     r"Allocating (?:([\d.]+) GB host memory for hierarchical KV cache|(\w+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory)"
 )
@@ -139,7 +139,7 @@ _PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled v
 _HICACHE_AUTO_RE = re.compile(
     r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank \(fraction ([\d.]+), (\d+) ranks? on this host\), host pools ([\d.]+) GiB"
 )
-_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)")
+_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
 
 _NO_HIGH: Version = (99, 0, 0)
 
@@ -579,17 +579,20 @@ class SGLangLogParser:
         sink = self.sink
         gb = _GRAPH_BS_RE.search(msg) or _GRAPH_END_BS_RE.search(msg)
         if gb:
-            sizes = [int(x) for x in gb.group(1).replace(" ", "").split(",") if x]
-            if sizes:
+            listed = gb.group(1)
+            sizes = [int(x) for x in listed.replace(" ", "").split(",") if x.isdigit()]
+            if sizes and "..." not in listed:  # an elided list ("[1, 2, 4, ...]") does not give the maximum
                 sink.set_config("cuda_graph_bs", sizes, src)
                 sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
             if gb.re is _GRAPH_BS_RE:
                 self.hint_at_least((0, 4, 7), "'Capture cuda graph bs [...]' line")
-        ge = _GRAPH_END_RE.search(msg)
-        if ge and ge.group(2):
-            sink.set_config("avail_mem_after_graph_gb", float(ge.group(2)), src)
-        if ge and ge.group(1):
-            sink.set_config("graph_mem_gb", float(ge.group(1)), src)
+        if _GRAPH_END_RE.search(msg) and "piecewise" not in msg and "draft" not in msg:
+            am = _AVAIL_RE.search(msg)
+            if am:
+                sink.set_config("avail_mem_after_graph_gb", float(am.group(1)), src)
+            mu = _GRAPH_MEM_RE.search(msg)
+            if mu:
+                sink.set_config("graph_mem_gb", float(mu.group(1)), src)
         if "target decode CUDA graph" in msg or "target verify CUDA graph" in msg or "target prefill CUDA graph" in msg:
             self.hint_at_least((0, 5, 14), "'Capture target ... CUDA graph' line")
         elif re.search(r"Capture (?:cuda|cpu|npu|musa) graph (?:begin|end)", msg):
@@ -665,6 +668,8 @@ class SGLangLogParser:
                 hint_lo((0, 4, 4), f"'{kind} batch.' line with a trailing comma")
             elif "#queue-req" in keys and fields[-1][0] in ("#queue-req", "#transferring-req", "time", "input throughput (token/s)"):
                 hint_hi((0, 4, 9), f"'{kind} batch.' line without a trailing comma")
+                if kind == "Prefill" and "cache hit rate" not in keys and "(mixed" not in h:
+                    hint_lo((0, 4, 4), "'Prefill batch.' line without cache hit rate")
         since, until = (_DECODE_SINCE, _DECODE_UNTIL) if kind == "Decode" else (_PREFILL_SINCE, _PREFILL_UNTIL)
         for key in keys:
             v = since.get(key)
