@@ -263,3 +263,20 @@ def test_lifting_max_total_tokens_on_the_real_kv_full_run(data_dir: Path) -> Non
     assert sc.projected_running <= 41
     fp8 = planner.kv_fp8()
     assert fp8.pool_tokens == 4096 and fp8.projected_running == pytest.approx(2 * planner.work.running, rel=0.01)
+
+
+def test_pool_and_dp_ranks_derived_from_real_decode_lines_when_no_summary() -> None:
+    """Case 010 (real, DP attention, ranks DP0…DP7 in the excerpt) prints no summary line: the pool per
+    rank comes from #token / token usage and the pool count from the highest DP tag."""
+    tl = log_timeline(Path(__file__).parent / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log")
+    p = pool_from_timeline(tl)
+    assert p.pools == 8 and p.dp == 8
+    assert p.pool_source.startswith("server.log:") and "#token / token usage" in p.pool_source
+    line = (Path(__file__).parent / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log").read_text().splitlines()[
+        int(p.pool_source.split(":")[1].split()[0]) - 1]
+    import re
+
+    used = int(re.search(r"#token: (\d+)", line).group(1))
+    usage = float(re.search(r"token usage: ([\d.]+)", line).group(1))
+    assert p.pool_tokens == round(used / usage)
+    assert any("derived" in n for n in p.notes)

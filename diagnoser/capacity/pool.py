@@ -145,11 +145,39 @@ def pool_from_timeline(tl: Timeline, shape: ModelShape | None = None) -> PoolFac
     if p.headroom_gib is None and _num(cfg("avail_mem_after_graph_gb")) is not None:
         p.headroom_gib = _num(cfg("avail_mem_after_graph_gb"))
         p.headroom_source = src("avail_mem_after_graph_gb")
+    dp_ranks = sorted({r.split("/")[0] for r in tl.ranks("running_reqs") if r.startswith("dp")})
+    if len(dp_ranks) > 1 and p.pools == 1:
+        p.dp = p.pools = max(int(r[2:]) for r in dp_ranks if r[2:].isdigit()) + 1
+        p.notes.append(f"DP ranks up to DP{p.dp - 1} report separately in the input: {p.dp} pools assumed, one per rank")
+    if p.pool_tokens is None:
+        est = _pool_from_usage(tl, [r for r in tl.ranks("used_tokens") if r.startswith("dp")] or [""])
+        if est:
+            p.pool_tokens, p.pool_source = est
+            p.notes.append("pool per rank derived from #token / token usage (the engine did not print it)")
     if p.pre_gib is None and p.after_weights_gib is not None and p.weights_gib is not None:
         p.pre_gib = p.after_weights_gib + p.weights_gib
         p.pre_source = f"{src('avail_mem_after_weights_gb')} (avail mem + mem usage)"
     settle(p)
     return p
+
+
+def _pool_from_usage(tl: Timeline, ranks: list[str]) -> tuple[int, str] | None:
+    """Pool tokens per rank from the fullest reading of used tokens / token usage (2-decimal usage: best when full)."""
+    best: list[tuple[float, float, str]] = []
+    for rank in ranks:
+        used, usage = tl.get("used_tokens", rank), tl.get("token_usage", rank)
+        if used is None or usage is None:
+            continue
+        by_src = dict(zip(usage.sources, usage.values, strict=True))
+        cands = [(by_src[src], u / by_src[src], src) for u, src in zip(used.values, used.sources, strict=True)
+                 if by_src.get(src, 0) >= 0.05]
+        if cands:
+            best.append(max(cands))
+    if not best:
+        return None
+    best.sort(key=lambda c: c[1])
+    mid = best[len(best) // 2]
+    return int(round(mid[1])), f"{mid[2]} (#token / token usage {mid[0]:.2f})"
 
 
 def _int(v: Any) -> int | None:
