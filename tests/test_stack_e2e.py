@@ -207,3 +207,21 @@ def test_artifacts(stack: dict[str, Any]) -> None:
         (out / f"alerts-{spelling}.json").write_text(json.dumps(p.api("/api/v1/alerts"), indent=1))
         shutil.copy(p.logfile, out / f"prometheus-{spelling}.log")
     assert any(out.iterdir())
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_template_variables_find_values(stack: dict[str, Any], spelling: str) -> None:
+    """Grafana fills the instance/model/target variables from these selectors: they must find the replayed server."""
+    prom: Prometheus = stack["prom"][spelling]
+    found: dict[str, set[str]] = {}
+    for path in DASHBOARD_FILES:
+        for v in json.loads(path.read_text())["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            label = v["query"]["query"].rsplit(",", 1)[1].strip(" )")
+            selector = dashboard_exprs({"templating": {"list": [v]}})[0][1]
+            found[v["name"]] = {r["metric"].get(label, "") for r in prom.query(substitute(selector))}
+    assert found["instance"] == {stack["sglang"]}
+    assert found["model"] == {"tiny-llama"}
+    assert found["dp_rank"] == {""}  # a single-rank server has no dp_rank label; "All" (.*) still matches
+    assert found["target"] == {f"http://{stack['sglang']}"}
