@@ -263,7 +263,9 @@ class LiveMonitor:
             for fol in t.followers:
                 with t.lock:
                     fol.poll()
-        deadline = time.monotonic() + self.timeout + 0.5
+        # wait for fresh data, but never longer than most of an interval: a slow target stays "busy"
+        # and is picked up on a later tick while the others keep updating
+        deadline = time.monotonic() + min(self.timeout + 0.5, max(0.2, 0.8 * self.interval))
         for fut in started:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -462,6 +464,8 @@ class ReplayMonitor(LiveMonitor):
 
     def clock(self) -> float:
         n, pos = self.feed.position()
+        if not self.feed.loop:  # a finished recording stays at its end
+            pos = min(pos, self.feed.period)
         return float(self.feed.t0 + n * self.feed.period + pos)
 
     def poll(self) -> None:
