@@ -73,12 +73,13 @@ def evaluate(
     instances = [r() for r in rules]
     for tl in timelines:
         version = version_tuple(tl)
+        memo: dict[Any, Any] = {}  # joint series and stats shared by the rules of this timeline
         for rule in instances:
             if rule.scope != "target":
                 continue
             cfg = dict(rule.defaults)
             cfg.update(thresholds.get(rule.name, {}))
-            ctx = RuleContext(tl, cfg, adapter, version, dict(extras or {}))
+            ctx = RuleContext(tl, cfg, adapter, version, dict(extras or {}), memo)
             try:
                 out = rule.evaluate(ctx)
             except Exception as e:  # isolation: a broken rule is reported, the rest still run
