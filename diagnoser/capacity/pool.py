@@ -154,6 +154,9 @@ def pool_from_timeline(tl: Timeline, shape: ModelShape | None = None) -> PoolFac
         if est:
             p.pool_tokens, p.pool_source = est
             p.notes.append("pool per rank derived from #token / token usage (the engine did not print it)")
+    after_pool = _num(cfg("avail_mem_after_pool_gb"))
+    if p.graph_gib is None and after_pool is not None and p.headroom_gib is not None and after_pool > p.headroom_gib:
+        p.graph_gib = after_pool - p.headroom_gib  # 'Memory pool end' minus what is left after graphs
     if p.pre_gib is None and p.after_weights_gib is not None and p.weights_gib is not None:
         p.pre_gib = p.after_weights_gib + p.weights_gib
         p.pre_source = f"{src('avail_mem_after_weights_gb')} (avail mem + mem usage)"
