@@ -280,3 +280,15 @@ def test_pool_and_dp_ranks_derived_from_real_decode_lines_when_no_summary() -> N
     usage = float(re.search(r"token usage: ([\d.]+)", line).group(1))
     assert p.pool_tokens == round(used / usage)
     assert any("derived" in n for n in p.notes)
+
+
+def test_dp_attention_only_for_mla(data_dir: Path) -> None:
+    """A GQA model at TP > 1 splits its KV heads already: no DP-attention what-if, with or without a config."""
+    tl = log_timeline(data_dir / "sglang/logs/log_startup_qwen3_8b_tp1_2026-05.log")
+    tl.set_config("tp_size", 8, "test")
+    planner, _ = planner_for(tl, {})
+    assert planner.pool.attention_hint == "mha" and planner.dp_attention() is None
+    planner2, _ = planner_for(tl, {"model_config": str(CONFIGS / "qwen3-8b.json")})
+    assert planner2.dp_attention() is None
+    seed_planner, _ = planner_for(log_timeline(SEED / "server.log"), {})  # MLA known from 'KV size' alone
+    assert seed_planner.pool.attention_hint == "mla" and seed_planner.dp_attention() is not None

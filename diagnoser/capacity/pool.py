@@ -54,6 +54,7 @@ class PoolFacts:
     host_mem_gib: float | None = None
     shape: ModelShape | None = None
     device: str = "gpu"
+    attention_hint: str = ""  # "mla" / "mha" from the KV allocation line (one KV size vs K and V sizes)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -129,6 +130,7 @@ def pool_from_timeline(tl: Timeline, shape: ModelShape | None = None) -> PoolFac
     p.hicache = _truthy(cfg("enable_hierarchical_cache"))
     p.mem_fraction = _num(cfg("mem_fraction_static"))
     p.device = str(cfg("device") or "gpu")
+    p.attention_hint = str(cfg("attention_kind_hint") or "")
     for name in ("max_total_tokens", "kv_pool_tokens_log"):
         v = _int(cfg(name))
         if v:

@@ -194,8 +194,9 @@ class Planner:
         p = self.pool
         if p.dp_attention or p.tp <= 1 or p.pool_tokens is None:
             return None
-        if p.shape is not None and p.shape.attention != "mla":
-            return None
+        kind = p.shape.attention if p.shape is not None else p.attention_hint
+        if kind != "mla":
+            return None  # DP attention helps the pool only where TP replicates the KV (MLA)
         dp = dp or p.tp
         spell = flags.flag("dp_attention", self.version)
         if spell.flag == "--attn-dp-size":
