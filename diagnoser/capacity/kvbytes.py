@@ -141,6 +141,8 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         nope = int(c.get("qk_nope_head_dim") or 0)
         vhd = int(c.get("v_head_dim") or 0)
         qlr = int(c.get("q_lora_rank") or 0)
+        if c.get("index_topk") or c.get("index_head_dim"):
+            notes.append("NSA/DSA model: the indexer's per-layer cache is not counted (reference §5.1), so bytes per token are a floor")
         q_b = (qlr if qlr else hidden) * heads * (nope + rope)
         kv_b = kvr * heads * (nope + vhd)
         o = heads * vhd * hidden
