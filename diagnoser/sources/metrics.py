@@ -113,6 +113,9 @@ class MetricsTarget:
                 return self._fail(f"{shown} returned no parseable Prometheus metrics. Check that the URL is SGLang's /metrics (e.g. http://HOST:30000).")
             if not self.adapter.is_engine_exposition(pr.families):
                 self.is_engine = False
+                what = getattr(self.adapter, "foreign_exposition", lambda f: None)(pr.families)
+                if what:
+                    return self._fail(f"{shown} looks like {what}.")
                 return self._fail(f"{shown} serves Prometheus metrics, but none are SGLang's (no sglang:/sglang_ series). Check the port (SGLang's default is 30000) and that SGLang runs with --enable-metrics.")
             samples = self.adapter.samples_from_families(pr.families)
             if not samples:

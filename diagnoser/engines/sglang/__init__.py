@@ -46,6 +46,9 @@ class SGLangAdapter:
     def is_engine_exposition(self, families: list[Any]) -> bool:
         return metrics.has_sglang_family(families)
 
+    def foreign_exposition(self, families: Any) -> str | None:
+        return metrics.foreign_exposition(families)
+
     def fast_samples(self, text: str) -> list[metrics.Sample]:
         return metrics.fast_samples(text)
 

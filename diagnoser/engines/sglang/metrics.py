@@ -48,7 +48,7 @@ __all__ = [  # the name tables live in metric_names; re-exported for the other r
     "CONFIG_GAUGES", "COUNTERS", "GAUGES", "HISTOGRAM_QUANTILES", "HISTOGRAMS", "LABEL_HINTS", "PID_SUMMED",
     "PREFILL_MODES", "PRERELEASE_NAMES", "SCHEDULER_PROBE", "TTFT_BUCKETS", "VERSION_HINTS", "WANTED",
     "MetricsState", "Sample", "detect_version", "fast_samples", "has_sglang_family", "histogram_quantile",
-    "ingest_families", "ingest_samples", "ingest_text", "normalise", "rank_key", "samples_from_families",
+    "foreign_exposition", "ingest_families", "ingest_samples", "ingest_text", "normalise", "rank_key", "samples_from_families",
     "version_from_labels", "window_quantile", "window_quantiles",
 ]
 
@@ -116,6 +116,24 @@ def has_sglang_family(families: Iterable[Any]) -> bool:
 
 
 looks_like_sglang = has_sglang_family  # older name
+
+# exposition prefixes of servers people point diagnoser at by mistake → what to say
+FOREIGN = (
+    (("sgl_router_", "smg_"), "the SGLang router / model gateway, not a worker: pass each SGLang worker's URL (the router's /engine_metrics is not read)"),
+    (("vllm:", "vllm_"), "a vLLM server: diagnoser reads SGLang only for now"),
+    (("tgi_",), "a Text Generation Inference server: diagnoser reads SGLang only"),
+    (("node_",), "a Prometheus node exporter: pass the SGLang server's URL (default port 30000)"),
+    (("prometheus_", "go_gc_"), "a Prometheus or Go service: pass the SGLang server's URL (default port 30000)"),
+)
+
+
+def foreign_exposition(families: Iterable[Any]) -> str | None:
+    """What the exposition looks like when it is not SGLang's (for the one-sentence error)."""
+    names = [f.name for f in families]
+    for prefixes, what in FOREIGN:
+        if any(n.startswith(prefixes) for n in names):
+            return what
+    return None
 
 
 def rank_key(labels: dict[str, str]) -> str:
