@@ -170,7 +170,7 @@ class PromAPI:
             hint = "check that --prometheus points at the Prometheus base URL (no /api/v1 path, or the right prefix)"
         elif status == 400:
             hint = "check --selector"
-        elif status == 503 or (isinstance(doc, dict) and doc.get("errorType") == "timeout"):
+        elif status in (422, 503) or (isinstance(doc, dict) and doc.get("errorType") == "timeout"):
             hint = "the store is overloaded or the query too large; narrow --range/--selector or raise --step"
         else:
             hint = "check the store's logs"
