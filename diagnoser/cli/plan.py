@@ -135,6 +135,7 @@ def build(args: argparse.Namespace) -> tuple[Planner, list[str]]:
         pool.headroom_source = f"estimate: (1 − f) × free memory − {GRAPH_ESTIMATE_GIB} GiB for CUDA graphs and buffers"
         notes.append(f"headroom after the pool is estimated ({pool.headroom_source}); --log gives the server's own available_gpu_mem")
     notes.extend(pool.notes)
+    notes.extend(shape.notes if shape is not None else ())
     work, model = _workload(args, tl, pool, notes)
     version = None
     if args.sglang_version:
