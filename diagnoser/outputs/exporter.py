@@ -26,9 +26,10 @@ from diagnoser.timeline import SIGNALS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# keys of Suggestion.projection (diagnoser.capacity.scenario.Scenario.to_dict first), in priority order
 _PROJ_KEYS = {
-    "running_reqs": ("diagnoser_suggestion_projected_running_reqs", "max_running_requests", "running_reqs", "concurrency", "max_concurrency"),
-    "gen_throughput_tps": ("diagnoser_suggestion_projected_gen_throughput_tps", "gen_throughput_tps", "throughput_tps", "gen_tps"),
+    "running_reqs": ("projected_running", "projected_running_reqs", "running_reqs", "max_running_requests"),
+    "gen_throughput_tps": ("projected_gen_throughput_tps", "gen_throughput_tps", "throughput_tps"),
 }
 
 
@@ -48,16 +49,11 @@ def projected(projection: dict[str, Any] | None, kind: str) -> float | None:
     """Pick a projected number out of ``Suggestion.projection`` (keys vary; first finite match wins)."""
     if not projection:
         return None
-    keys = _PROJ_KEYS[kind][1:]
-    for k in keys:
-        for cand in (k, f"projected_{k}", f"{k}_after", f"after_{k}"):
-            if cand in projection:
-                val = projection[cand]
-                if isinstance(val, dict):
-                    val = val.get("value", val.get("after"))
-                f = _finite(val)
-                if f is not None:
-                    return f
+    for k in _PROJ_KEYS[kind]:
+        if k in projection:
+            f = _finite(projection[k])
+            if f is not None:
+                return f
     after = projection.get("after")
     if isinstance(after, dict):
         return projected(after, kind)

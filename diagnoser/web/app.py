@@ -153,7 +153,7 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
         as_json = wants_json(request, tid)
         t = _target(tid)
         if t is None:
-            return not_found(request, f"Target {tid}", as_json)
+            return not_found(request, f"Target {tid.removesuffix('.json')}", as_json)
         doc = views.target_doc(monitor.snapshot, t, monitor, job_requests)
         if as_json:
             return _json(doc)
