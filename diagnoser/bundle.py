@@ -136,7 +136,8 @@ class BundleWriter:
         self.path = path
         self.max_bytes = max_bytes
         self.fsync = fsync
-        self.fh: IO[bytes] = fh if fh is not None else open(path, "wb")
+        # unbuffered: a failed write leaves no buffered tail that a later flush/close could append
+        self.fh: IO[bytes] = fh if fh is not None else open(path, "wb", buffering=0)
         self.size = 0
         self.members = 0
         self.records = 0
@@ -151,7 +152,12 @@ class BundleWriter:
         if limit is not None and self.size + len(member) > limit:
             raise BundleFull(f"the next record would take the bundle past {self.max_bytes} bytes")
         try:
-            self.fh.write(member)
+            mv = memoryview(member)
+            while mv:
+                n = self.fh.write(mv)
+                if not n:
+                    raise OSError(28, "No space left on device")
+                mv = mv[n:]
             self.fh.flush()
             if self.fsync:
                 try:
@@ -169,12 +175,8 @@ class BundleWriter:
     def _rollback(self) -> None:
         """Cut a half-written member off the end of the file."""
         try:
-            self.fh.flush()
-        except OSError:
-            pass
-        try:
-            self.fh.seek(self.size)
             self.fh.truncate(self.size)
+            self.fh.seek(self.size)
         except (OSError, ValueError):
             try:
                 os.truncate(self.path, self.size)
@@ -184,8 +186,8 @@ class BundleWriter:
     def close(self) -> None:
         try:
             self.fh.close()
-        except OSError:
-            self._rollback()
+        except (OSError, ValueError):
+            pass
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -147,26 +148,37 @@ class Recorder:
 
     def tick(self) -> None:
         recs: list[dict[str, Any]] = []
+        done: list[tuple[MetricsTarget, float, Any]] = []
         for t in self.targets:
             ts = time.time()
             t0 = time.perf_counter()
             f = fetch(self.client, t.metrics_url, self.max_bytes, "metrics")
             t.last_duration_s = time.perf_counter() - t0
             if not f.ok:
-                t._fail(f.error)
                 recs.append({"kind": "scrape", "t": ts, "target": t.report.source, "error": f.error, "status": f.status})
+                done.append((t, ts, f))
+                continue
+            f.text = redact_fast(f.text)
+            recs.append({"kind": "scrape", "t": ts, "target": t.report.source, "text": f.text, "status": f.status,
+                         "content_type": f.content_type, "duration_s": round(t.last_duration_s, 6),
+                         **({"truncated": True} if f.truncated else {})})
+            done.append((t, ts, f))
+        recs.extend(self.poll_logs())
+        self.writer.write_member(recs)
+        # only what is on disk counts, and only that goes into the live diagnosis (so --report and
+        # a replay of the bundle always agree, even after --max-size or a write error)
+        self._count(recs)
+        for t, ts, f in done:
+            if not f.ok:
+                t._fail(f.error)
                 continue
             if f.truncated:
                 t.report.messages.append(f"The exposition from {display_url(t.metrics_url)} exceeded {self.max_bytes} bytes and was cut; raise --max-bytes if this is expected.")
-            text = redact_fast(f.text)
-            f.text = text
-            t.ingest_text(text, ts, self.tls[t.url], f)
-            self.scrapes += 1
-            recs.append({"kind": "scrape", "t": ts, "target": t.report.source, "text": text, "status": f.status,
-                         "content_type": f.content_type, "duration_s": round(t.last_duration_s, 6),
-                         **({"truncated": True} if f.truncated else {})})
-        recs.extend(self.poll_logs())
-        self.writer.write_member(recs)
+            t.ingest_text(f.text, ts, self.tls[t.url], f)
+
+    def _count(self, recs: list[dict[str, Any]]) -> None:
+        self.scrapes += sum(1 for r in recs if r.get("kind") == "scrape" and "text" in r)
+        self.lines += sum(len(r.get("lines") or []) for r in recs if r.get("kind") == "log")
 
     def poll_logs(self) -> list[dict[str, Any]]:
         recs = []
@@ -174,7 +186,6 @@ class Recorder:
             follower.poll()
             first, lines = tee.take()
             if lines:
-                self.lines += len(lines)
                 recs.append({"kind": "log", "t": time.time(), "target": target, "source": redact_text(path),
                              "first_line": first, "lines": [encode_line(x) for x in lines]})
         return recs
@@ -186,9 +197,12 @@ class Recorder:
         end = {"kind": "end", "t": now, "reason": reason, "window": {"start": self.started, "end": now},
                "counts": {"scrapes": self.scrapes, "log_lines": self.lines},
                "sglang_version": self.version_text()}
+        end["counts"] = {"scrapes": self.scrapes, "log_lines": self.lines + sum(len(r.get("lines") or []) for r in recs)}
         try:
             self.writer.write_member([*recs, end], final=True)
+            self._count(recs)
         except BundleFull:
+            end["counts"]["log_lines"] = self.lines
             self.writer.write_member([end], final=True)
 
     def close_logs(self) -> None:
@@ -292,10 +306,6 @@ def _mmss(s: float) -> str:
     return f"{s // 60:02d}:{s % 60:02d}"
 
 
-class _Interrupted(Exception):
-    pass
-
-
 def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.from_path:
@@ -325,10 +335,15 @@ def main(cmd: str, argv: list[str]) -> int:
     tty = sys.stderr.isatty()
     last = [-1.0]
 
-    def _term(signum: int, frame: Any) -> None:
-        raise _Interrupted()
+    stop = threading.Event()
 
-    old = signal.signal(signal.SIGTERM, _term)
+    def _stop(signum: int, frame: Any) -> None:
+        if stop.is_set():  # a second Ctrl-C: stop at once (the block being written may be lost)
+            raise KeyboardInterrupt
+        stop.set()  # finish the block being written, then end cleanly
+
+    old_int = signal.signal(signal.SIGINT, _stop)
+    old_term = signal.signal(signal.SIGTERM, _stop)
     code = 0
     note = ""
     try:
@@ -336,13 +351,17 @@ def main(cmd: str, argv: list[str]) -> int:
             rec.begin()
             n = max(1, int(round(args.duration / args.interval)) + 1) if args.duration > 0 else 1
             for i in range(n):
+                if stop.is_set():
+                    break
                 t0 = time.monotonic()
                 rec.tick()
                 _progress(rec, tty, last)
                 if i < n - 1:
-                    time.sleep(max(0.0, args.interval - (time.monotonic() - t0)))
-            rec.end("duration")
-        except (KeyboardInterrupt, _Interrupted):
+                    stop.wait(max(0.0, args.interval - (time.monotonic() - t0)))
+            rec.end("interrupted" if stop.is_set() else "duration")
+            if stop.is_set():
+                note = "stopped by Ctrl-C/SIGTERM; the bundle is complete up to that moment"
+        except KeyboardInterrupt:
             rec.end("interrupted")
             note = "stopped by Ctrl-C/SIGTERM; the bundle is complete up to that moment"
         except BundleFull:
@@ -356,12 +375,13 @@ def main(cmd: str, argv: list[str]) -> int:
         try:
             rec.end("write-error")
             kept = "the end record was written"
-        except OSError:
+        except (OSError, BundleFull):
             kept = "there was no room for the end record"
         note = (f"{what} while writing {args.output}: recording stopped after {rec.scrapes} scrape(s); the {rec.writer.size} "
                 f"bytes written are a valid bundle ({kept}). Free space and record again for the rest.")
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
         rec.close_logs()
         writer.close()
         client.close()
