@@ -32,6 +32,19 @@ def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=first if first is not None else indent, subsequent_indent=indent) or [indent.rstrip()]
 
 
+def _per_rank(sigs: dict[str, Any]) -> list[str]:
+    """``dp0 running 10 KV 0.50 · dp1 running 30 KV 0.90``: DP imbalance at a glance."""
+    out = []
+    ranks = sorted({k[k.index("[") + 1 : -1] for k in sigs if k.startswith("running_reqs[")})
+    for r in ranks:
+        run, use = sigs.get(f"running_reqs[{r}]") or {}, sigs.get(f"token_usage[{r}]") or {}
+        cell = f"{r} running {_fmt('{:.0f}', run.get('mean'))}"
+        if use.get("n"):
+            cell += f" KV {_fmt('{:.2f}', use.get('max'))}"
+        out.append(cell)
+    return out
+
+
 def render(doc: dict[str, Any], verbose: bool = False) -> str:
     if doc.get("fleet"):  # fleet mode: summary first, then the worst targets
         from diagnoser.outputs.fleet import render_fleet
@@ -68,6 +81,9 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
             line += c + " · "
         if line.strip():
             out.append(line.rstrip(" ·"))
+        ranks = _per_rank(sigs)
+        if ranks:
+            out.extend(_wrap("per rank: " + " · ".join(ranks), "    ", "  "))
         cfg = doc.get("config", {}).get(target, {})
         facts = []
         for k, label in (("max_total_tokens", "pool"), ("max_running_requests", "max running"), ("mem_fraction_static", "mem frac"), ("chunked_prefill_size", "chunk"), ("tp_size", "tp")):

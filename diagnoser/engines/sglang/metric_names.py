@@ -133,7 +133,7 @@ TTFT_BUCKETS: list[tuple[tuple[float, ...], tuple[int, int, int], tuple[int, int
     ((0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400), (0, 4, 5), None),
 ]
 PRERELEASE_NAMES = {"num_requests_running", "num_requests_waiting", "new_seq", "new_token", "cached_token", "queue_req", "request_success_total"}
-SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage")
+SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens", "gen_throughput", "cache_hit_rate")
 
 # every sample name the fast path must read: mapped series plus version evidence
 WANTED: frozenset[str] = frozenset(

@@ -1,0 +1,32 @@
+"""The 80-column text report: headline numbers first, per-DP-rank line, errors last (real DP lines of
+SGLang PR #7597 as input)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from diagnoser.collect import Collection, finalize
+from diagnoser.engines.sglang import ADAPTER
+from diagnoser.outputs.report import build
+from diagnoser.outputs.text import render
+from diagnoser.sources.metrics import MetricsTarget
+from diagnoser.timeline import Timeline
+
+
+def test_dp_ranks_headline_and_width(data_dir: Path) -> None:
+    text = (data_dir / "sglang" / "logs" / "lines_from_issue_threads.txt").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("sglang:gen_throughput{dp_rank")]
+    assert len(lines) == 2
+    target = "http://a-rather-long-hostname.cluster.example.internal:30000"
+    t = MetricsTarget(target, ADAPTER)
+    tl = Timeline(target=target)
+    assert t.ingest_text("\n".join(lines) + "\n", 1.0, tl)
+    finalize(tl, t.state.version)
+    col = Collection(timelines=[tl], inputs=[t.report], errors=["http://b:30000/metrics did not answer within the timeout."])
+    out = render(build(col, SimpleNamespace(findings=[], errors=[])))
+    rows = out.splitlines()
+    assert all(len(r) <= 80 for r in rows)
+    assert rows[0] == "diagnoser · sglang >=0.4.10,<=0.5.6 · status: OK"
+    assert "gen tok/s 772" in rows[4]
+    assert "! input: http://b:30000/metrics did not answer" in out.replace("\n", " ").replace("  ", " ")
