@@ -5,7 +5,9 @@ Used by ``diagnose`` watch mode and ``diagnose serve``. One :class:`LiveMonitor`
 * each target is scraped by a worker thread with its own HTTP timeout; a target whose previous scrape
   is still running is skipped for that tick, so one slow target never stalls the others;
 * a log file is followed (:class:`~diagnoser.sources.logs.LogFollower`, survives rotation);
-* history is trimmed by age (``history_s``) and size (``max_points`` per series, ``max_events``);
+* history is trimmed by age (``history_s``) and size (``max_points`` per series, ``max_events``); history
+  older than an hour is thinned to one point per 30 s, and per-point source text is kept only for the
+  window the rules judge (evidence cites it), so 24 h of 8 targets stays small;
 * each tick evaluates the rules over the last ``window_s`` seconds of every target, runs
   ``advice.enrich`` when it exists, and passes the findings through :class:`Hysteresis`;
 * the result is published as an immutable :class:`Snapshot` that readers (web, exporter, terminal) take
@@ -14,6 +16,7 @@ Used by ``diagnose`` watch mode and ``diagnose serve``. One :class:`LiveMonitor`
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -36,6 +39,8 @@ DEFAULT_HISTORY_S = 24 * 3600.0
 DEFAULT_MAX_POINTS = 20_000  # per series: 24 h at a 5 s interval is 17,280
 DEFAULT_MAX_EVENTS = 5_000
 CONFIG_REFRESH_S = 300.0
+FULL_RES_S = 3600.0  # history older than this is thinned …
+COARSE_S = 30.0  # … to one point per 30 s (a 24 h chart shows ~600 points anyway)
 
 
 @dataclass(slots=True)
@@ -57,6 +62,8 @@ class LiveTarget:
     last_duration_s: float = 0.0
     config_at: float = 0.0
     raw_config: dict[str, Any] = field(default_factory=dict)
+    compacted_until: float = -math.inf
+    blanked_until: float = -math.inf
 
     @property
     def is_url(self) -> bool:
@@ -126,6 +133,31 @@ def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
     return dropped
 
 
+def compact(tl: Timeline, start: float, end: float, step: float, blank_until: float, blank_from: float) -> None:
+    """Bound what old history costs: thin ``[start, end)`` to one point per ``step`` seconds, and drop the
+    per-point source text of points in ``[blank_from, blank_until)`` (rules cite only the recent window)."""
+    import bisect
+
+    for s in tl.series.values():
+        if end > start and step > 0:
+            lo, hi = bisect.bisect_left(s.ts, start), bisect.bisect_left(s.ts, end)
+            if hi > lo:
+                keep: list[int] = []
+                last = s.ts[lo - 1] if lo > 0 else -math.inf  # the range continues the one thinned last tick
+                for i in range(lo, hi):
+                    if s.ts[i] - last >= step:
+                        keep.append(i)
+                        last = s.ts[i]
+                if len(keep) < hi - lo:
+                    s.ts[lo:hi] = [s.ts[i] for i in keep]
+                    s.values[lo:hi] = [s.values[i] for i in keep]
+                    s.sources[lo:hi] = ["" for _ in keep]
+        if blank_until > blank_from:
+            lo, hi = bisect.bisect_left(s.ts, blank_from), bisect.bisect_left(s.ts, blank_until)
+            for i in range(lo, hi):
+                s.sources[i] = ""
+
+
 def _reaggregate(tl: Timeline) -> None:
     """Rebuild the rank-"" series of signals that have per-rank series (they grow every tick)."""
     ranked = {name for (name, rank) in tl.series if rank}
@@ -163,6 +195,8 @@ class LiveMonitor:
         history_s: float = DEFAULT_HISTORY_S,
         max_points: int = DEFAULT_MAX_POINTS,
         max_events: int = DEFAULT_MAX_EVENTS,
+        full_res_s: float = FULL_RES_S,
+        coarse_s: float = COARSE_S,
         for_seconds: float | None = None,
         thresholds: dict[str, dict[str, Any]] | None = None,
         rules: list[type[Rule]] | None = None,
@@ -178,6 +212,8 @@ class LiveMonitor:
         self.history_s = float(history_s)
         self.max_points = int(max_points)
         self.max_events = int(max_events)
+        self.full_res_s = max(float(full_res_s), float(window_s))
+        self.coarse_s = float(coarse_s)
         self.thresholds = thresholds or {}
         self.rules = rules if rules is not None else list(REGISTRY)
         self.extras = dict(extras or {})
@@ -293,6 +329,12 @@ class LiveMonitor:
             ref = self._ref_now(t, now)
             with t.lock:
                 trim(t.timeline, ref - self.history_s, self.max_points, self.max_events)
+                coarse_end = ref - self.full_res_s
+                blank_end = ref - self.window_s - self.interval
+                compact(t.timeline, max(t.compacted_until, ref - self.history_s), coarse_end, self.coarse_s,
+                        blank_end, max(t.blanked_until, ref - self.history_s))
+                t.compacted_until = max(t.compacted_until, coarse_end)
+                t.blanked_until = max(t.blanked_until, blank_end)
                 _reaggregate(t.timeline)
                 rng = VersionRange()
                 rng.merge(t.version)

@@ -222,3 +222,24 @@ def test_watch_screen_has_headline_finding_and_top_suggestion(data_dir: Path) ->
     if sugg:
         assert f"→ {sugg[0].suggestions[0].flag}" in text
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_old_history_is_thinned_and_loses_source_text_incrementally() -> None:
+    from diagnoser.live import compact
+
+    tl = Timeline(target="t")
+    cut = -1e18
+    for i in range(2000):  # 5 s points, compacted tick by tick like the monitor does
+        tl.add("running_reqs", 5.0 * i, float(i), f"scrape@{i} sglang:num_running_reqs")
+        now = 5.0 * i
+        compact(tl, cut, now - 3600, 30.0, now - 300, cut)
+        cut = now - 3600
+    s = tl.get("running_reqs")
+    assert s is not None
+    old = [t for t in s.ts if t < 5.0 * 1999 - 3600]
+    recent = [t for t in s.ts if t >= 5.0 * 1999 - 3600]
+    assert len(recent) == 721  # full resolution for the last hour (both ends)
+    assert all(b - a >= 30.0 for a, b in zip(old, old[1:], strict=False))
+    assert abs(len(old) - (5.0 * 1999 - 3600) / 30.0) <= 2
+    assert all(src == "" for t, src in zip(s.ts, s.sources, strict=True) if t < 5.0 * 1999 - 300)
+    assert s.sources[-1] == "scrape@1999 sglang:num_running_reqs"
