@@ -225,3 +225,19 @@ def test_template_variables_find_values(stack: dict[str, Any], spelling: str) ->
     assert found["model"] == {"tiny-llama"}
     assert found["dp_rank"] == {""}  # a single-rank server has no dp_rank label; "All" (.*) still matches
     assert found["target"] == {f"http://{stack['sglang']}"}
+
+
+def test_every_runbook_url_resolves_on_diagnose_serve(stack: dict[str, Any]) -> None:
+    """Each alert's runbook_url points at a page `diagnose serve` really has (compose publishes it on :8000)."""
+    urls = set()
+    for name in ("diagnoser-alerts.yml", "sglang-alerts.yml"):
+        for group in yaml.safe_load((ROOT / "rules" / name).read_text())["groups"]:
+            urls |= {r["annotations"]["runbook_url"] for r in group["rules"]}
+    assert len(urls) >= 10
+    for url in sorted(urls):
+        assert url.startswith(promgen.RUNBOOK_BASE.rsplit("/rules/", 1)[0])
+        local = url.replace("http://localhost:8000", f"http://{stack['serve']}")
+        r = httpx.get(local, timeout=10)
+        assert r.status_code == 200, f"{url} -> {r.status_code}"
+        name = url.rstrip("/").rsplit("/", 1)[1]
+        assert name == "rules" or name in r.text

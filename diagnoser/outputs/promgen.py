@@ -38,7 +38,7 @@ RAW_WINDOW = "5m"
 
 def runbook(base: str, rule: str) -> str:
     """The rule's doc page when the catalogue has that rule, else the rule index."""
-    return f"{base}{rule}" if by_name(rule) is not None else base
+    return f"{base}{rule}" if by_name(rule) is not None else base.rstrip("/")
 
 
 def sg(metric: str, extra: str = "") -> str:
@@ -144,7 +144,7 @@ def exporter_alerts(for_override: str | None = None, runbook_base: str = RUNBOOK
                     "Prometheus could not scrape diagnoser at {{ $labels.instance }} for 5 minutes, so no"
                     " finding alert can fire. Restart `diagnose serve` or fix the scrape target."
                 ),
-                "runbook_url": runbook_base,
+                "runbook_url": runbook_base.rstrip("/"),
             },
         },
     ]
@@ -204,7 +204,7 @@ def sglang_alerts(for_override: str | None = None, runbook_base: str = RUNBOOK_B
                     " minutes: the server is down, overloaded, or runs without --enable-metrics (then"
                     " /metrics answers 404)."
                 ),
-                "runbook_url": runbook_base,
+                "runbook_url": runbook_base.rstrip("/"),
             },
         },
     ]
