@@ -73,6 +73,9 @@ class SGLangAdapter:
     def flag(self, concept: str, version: tuple[int, int, int] | None = None) -> str:
         return flags.spelling(concept, version)
 
+    def flag_available(self, concept: str, version: tuple[int, int, int] | None = None) -> bool:
+        return flags.available(concept, version)
+
 
 ADAPTER = SGLangAdapter()
 

@@ -80,3 +80,23 @@ def spelling(concept: str, version: Version | None = None) -> str:
 
 def version_note(version: Version | None) -> str:
     return f"spelling for SGLang {fmt(version)}" if version else f"spelling for SGLang {fmt(NEWEST_KNOWN)} (version unknown)"
+
+
+# first release that has the flag (reference §5); a suggestion must not name a flag the server lacks
+SINCE: dict[str, Version] = {
+    "enable_metrics": (0, 3, 5),
+    "decode_log_interval": (0, 3, 5),
+    "cuda_graph_max_bs": (0, 3, 5),
+    "dp_attention": (0, 3, 6),
+    "hierarchical_cache": (0, 4, 3),
+    "hicache_ratio": (0, 4, 5),
+    "hicache_size": (0, 4, 6),
+    "cpu_offload_gb": (0, 4, 0),
+}
+
+
+def available(concept: str, version: Version | None = None) -> bool:
+    """False when the detected version predates the flag (unknown versions count as the newest)."""
+    since = SINCE.get(concept)
+    return since is None or _v(version) >= since
+
