@@ -223,6 +223,10 @@ def test_cpu_real_sequence_matches_its_timeline(run: str) -> None:
     gen = [(file_ts(p), float(r["generation_tokens_total"])) for p, r in zip(files, rows, strict=True) if r["generation_tokens_total"]]
     expected = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(gen, gen[1:], strict=False)]
     assert out is not None and out.values[-len(expected):] == pytest.approx(expected, rel=1e-9)
+    pr = tl.get("prompt_tps")
+    ptok = [(file_ts(p), float(r["prompt_tokens_total"])) for p, r in zip(files, rows, strict=True) if r["prompt_tokens_total"]]
+    expected = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(ptok, ptok[1:], strict=False)]
+    assert pr is not None and pr.values[-len(expected):] == pytest.approx(expected, rel=1e-9)
     assert tl.version == ">=0.5.23"
     assert t.report.scrapes == len(files) and t.report.errors == 0
 

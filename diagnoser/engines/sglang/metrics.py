@@ -247,6 +247,8 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             used += 1
             continue
         if name in COUNTERS or name == "total_retracted_reqs":
+            if not math.isfinite(value):
+                continue
             key = name
             if name in ("realtime_tokens_total", "prefill_effective_tokens_total"):
                 key = f"{name}:{labels.get('mode', '')}"
