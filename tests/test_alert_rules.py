@@ -102,7 +102,7 @@ def test_promtool_check_rules() -> None:
 def test_promtool_unit_tests_pass() -> None:
     promtool = need_bin("promtool")
     tests = sorted(p.name for p in (RULES / "tests").glob("*.test.yml"))
-    assert {"diagnoser-alerts.test.yml", "sglang-alerts.test.yml"} <= set(tests)
+    assert {"diagnoser-alerts.test.yml", "diagnoser-exporter.test.yml", "sglang-alerts.test.yml"} <= set(tests)
     r = run([promtool, "test", "rules", *tests], cwd=RULES / "tests")
     assert r.returncode == 0, r.stdout + r.stderr
     # one generated test per catalogue rule
@@ -125,6 +125,7 @@ def _mutated_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
     # the rule waits one step longer than the test expects: the `for` boundary check must catch it
     ("sglang-alerts.yml", 'for: "5m"', 'for: "5m15s"'),
     ("diagnoser-alerts.yml", 'for: "1m"', 'for: "1m15s"'),
+    ("diagnoser-alerts.yml", 'for: "2m"', 'for: "2m30s"'),
     # a wrong rendered annotation must be caught
     ("sglang-alerts.yml", "peaked at", "peaks at"),
     ("tests/diagnoser-alerts.test.yml", "token_usage=0.97", "token_usage=0.98"),
