@@ -54,7 +54,7 @@ def _reference(data: bytes) -> dict[str, Any]:
 def _bulk(data: bytes, chunk: int) -> tuple[dict[str, Any], int]:
     tl = Timeline(target="t")
     rd = open_log_reader(ADAPTER, tl, "server.log")
-    rd.feed_stream(io.BytesIO(data), chunk=chunk)
+    rd.feed_stream(io.BytesIO(data), chunk=chunk, bulk_min=0)
     finish_report(ADAPTER, rd)
     return _state(tl, rd), rd.report.lines_recognized
 
@@ -123,6 +123,19 @@ def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None
         ref = _assert_same(data, chunk)
     assert ref["report"]["errors"] > 0  # junk was counted
     assert ref["clock"][2] > 0  # untimed lines were ordered by the clock
+
+
+def test_small_inputs_take_the_line_path_large_ones_the_bulk_path(generated: bytes) -> None:
+    small, large = generated[:200_000], generated
+    for data, bulk in ((small, False), (large, True)):
+        tl = Timeline(target="t")
+        rd = open_log_reader(ADAPTER, tl, "server.log")
+        used: list[bool] = []
+        real = rd.parser.bulk
+        rd.parser.bulk = lambda real=real: (used.append(True), real())[1]  # type: ignore[method-assign]
+        rd.feed_stream(io.BytesIO(data))
+        assert bool(used) == bulk
+        assert rd.report.lines_read == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
 
 
 def test_bulk_is_used_for_files(tmp_path: Path, generated: bytes) -> None:

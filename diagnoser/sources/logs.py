@@ -5,6 +5,7 @@ counted, binary junk is skipped and counted, nothing is fatal."""
 from __future__ import annotations
 
 import gc
+import io
 import os
 import sys
 from collections.abc import Iterable
@@ -29,6 +30,20 @@ def _is_junk(raw: bytes) -> bool:
 
 
 CHUNK = 8 * 1024 * 1024  # bulk backfill reads this much at a time
+BULK_MIN = 1024 * 1024  # inputs smaller than this are read line by line (no bulk regex to compile)
+
+
+class _Prepend:
+    """A stream with some already-read bytes put back in front."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self.head, self.stream = head, stream
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            out, self.head = self.head, b""
+            return out
+        return self.stream.read(n)
 
 
 @dataclass(slots=True)
@@ -66,13 +81,18 @@ class LogReader:
         for raw in lines:
             self.feed_bytes(raw)
 
-    def feed_stream(self, stream: IO[bytes], chunk: int = CHUNK) -> None:
+    def feed_stream(self, stream: Any, chunk: int = CHUNK, bulk_min: int = BULK_MIN) -> None:
         """Read a whole stream in large chunks through the parser's bulk reader when it has one
         (exactly the same result as :meth:`feed_lines`, several times faster)."""
         bulk_factory = getattr(self.parser, "bulk", None)
         if bulk_factory is None:
             self.feed_lines(stream)
             return
+        head = stream.read(bulk_min) if bulk_min > 0 else b""
+        if bulk_min > 0 and len(head) < bulk_min:  # the whole input is small: the line path starts faster
+            self.feed_lines(io.BytesIO(head))
+            return
+        stream = _Prepend(head, stream)
         bulk = bulk_factory()
         # the bulk reader makes millions of short-lived tuples; the cyclic GC would rescan them all
         gc_was_on = gc.isenabled()
@@ -83,7 +103,7 @@ class LogReader:
             if gc_was_on:
                 gc.enable()
 
-    def _read_chunks(self, bulk: Any, stream: IO[bytes], chunk: int) -> None:
+    def _read_chunks(self, bulk: Any, stream: Any, chunk: int) -> None:
         rest = b""
         overlong = False  # inside a line already too long to keep: drop bytes up to its newline
         while True:
