@@ -89,6 +89,11 @@ def quoted_signals(rule: type[Rule]) -> list[str]:
     return out[:MAX_QUOTED]
 
 
+def first_line(rule: type[Rule]) -> str:
+    """The rule's one-line doc, rST literals (``x``) shown as Markdown ones (`x`)."""
+    return rule.summary_line().replace("``", "`")
+
+
 def _signal_template(signal: str) -> str:
     q = f'diagnoser_signal{{target="%s",signal="{signal}"}}'
     return (
@@ -107,7 +112,7 @@ def finding_alert(rule: type[Rule], for_override: str | None = None, runbook_bas
         "annotations": {
             "summary": f"{rule.code} {rule.title or rule.name} on {{{{ $labels.target }}}}",
             "description": (
-                f"{rule.summary_line()} diagnoser has reported {rule.name} on {{{{ $labels.target }}}} since the"
+                f"{first_line(rule)} diagnoser has reported {rule.name} on {{{{ $labels.target }}}} since the"
                 f" alert went pending. Now:{signals}. Run `diagnose explain {rule.name}` or open the runbook for"
                 " the evidence and the flag changes."
             ),
@@ -237,7 +242,7 @@ def _fmt(v: float) -> str:
 def expected_description(rule: type[Rule], target: str, values: dict[str, float]) -> str:
     now = "".join(f" {s}={_fmt(values[s])}" for s in quoted_signals(rule) if s in values)
     return (
-        f"{rule.summary_line()} diagnoser has reported {rule.name} on {target} since the alert went pending."
+        f"{first_line(rule)} diagnoser has reported {rule.name} on {target} since the alert went pending."
         f" Now:{now}. Run `diagnose explain {rule.name}` or open the runbook for the evidence and the flag changes."
     )
 
