@@ -235,7 +235,9 @@ def test_kv_full_retract_sequence_signals() -> None:
     files = scrape_files("kv-full-retract")
     tl, t = ingest([(file_ts(p), p.read_text()) for p in files])
     st = tl.stats("retracted_reqs")
-    assert sum(tl.get("retracted_reqs").values) == 9  # README: 9 retractions, counter 9
+    rr = tl.get("retracted_reqs")
+    assert sum(rr.values) == 9  # README: 9 retractions, counter 9
+    assert len(set(rr.ts)) == len(rr.ts) == len(files)  # one reading per scrape: gauge first, then counter
     assert st["max"] >= 1
     assert max(tl.get("token_usage").values) == pytest.approx(0.96)
     # prefill tokens from prefill_effective_tokens_total{mode}: sums over the window match the counter

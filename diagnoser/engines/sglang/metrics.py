@@ -222,6 +222,8 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     counters: dict[tuple[str, str], dict[int, float]] = {}
     hist: dict[str, dict[float, float]] = {}
     seen = state.seen_names
+    if not state.prerelease:  # decided before the loop: it changes how some gauges read
+        state.prerelease = any(s[0] in PRERELEASE_NAMES for s in samples)
     for name, labels, value in samples:
         seen.add(name)
         if labels:
@@ -234,8 +236,6 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             et = labels.get("engine_type")
             if et:
                 state.engine_types.add(et)
-        if name in PRERELEASE_NAMES:
-            state.prerelease = True
         if name.endswith("_bucket"):
             stem = HISTOGRAMS.get(name[:-7])
             le = labels.get("le")
@@ -280,9 +280,10 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             per_tp[tp] = value
         gauge_base[sig] = name
         used += 1
-    # the counter's per-interval delta is exact; the gauge only holds the last event (used until the
-    # counter has a previous value to subtract)
-    has_retract_counter = any(k[0] == "num_retracted_requests_total" for k in state.counters)
+    # the counter's per-interval delta is exact; the gauge only holds the last event: use the gauge only
+    # when the counter gives no delta this tick (first scrape, or a version without the counter)
+    has_retract_counter = (state.last_ts is not None and state.last_ts < ts
+                           and any(k[0] == "num_retracted_requests_total" for k in counters))
     has_prefill_counter = any(k[0].startswith("prefill_effective_tokens_total:") or k[0].startswith("realtime_tokens_total:") for k in counters)
     for (sig, rk), per_tp in gauges.items():
         if sig == "retracted_reqs" and has_retract_counter:
