@@ -153,3 +153,21 @@ def test_findings_sorted_by_severity() -> None:
     rep = evaluate([tl], ADAPTER)
     sev = [int(f.severity) for f in rep.findings]
     assert sev == sorted(sev, reverse=True) and rep.findings[0].rule == "oom"
+
+
+def test_docs_rules_md_is_current() -> None:
+    from pathlib import Path
+
+    from diagnoser.cli.rules_cmd import markdown
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
+    assert path.read_text() == markdown(), "docs/rules.md is stale: regenerate it (command at its top)"
+
+
+def test_explain_prints_doc_and_thresholds(capsys: pytest.CaptureFixture[str]) -> None:
+    from diagnoser.cli import main as cli_main
+
+    assert cli_main(["explain", "kv_retraction"]) == 0
+    out = capsys.readouterr().out
+    assert "What it detects" in out and "kv_retraction.frequent_per_min = 1.0" in out and "§7" in out
+    assert cli_main(["explain", "nope"]) == 2

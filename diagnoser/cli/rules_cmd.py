@@ -36,3 +36,18 @@ def main(cmd: str, argv: list[str]) -> int:
             help_ = rule.threshold_help.get(k, "")
             sys.stdout.write(f"  {rule.name}.{k} = {v}   {help_}\n")
     return 0
+
+
+def markdown() -> str:
+    """The rule catalogue as Markdown (docs/rules.md is generated from this; a test keeps it current)."""
+    out = ["# Rule catalogue", "", "Generated from the rules' own docs (`diagnoser/rules/`); regenerate with",
+           "`python -c 'from diagnoser.cli.rules_cmd import markdown; print(markdown(), end=\"\")' > docs/rules.md`.", "",
+           "| code | rule | severity | what it detects |", "|---|---|---|---|"]
+    for r in REGISTRY:
+        out.append(f"| {r.code} | [`{r.name}`](#{r.name}) | {r.severity.label} | {r.summary_line()} |")
+    for r in REGISTRY:
+        out += ["", f"## {r.name}", "", f"`{r.code}`, default severity {r.severity.label}.", "", r.doc()]
+        if r.defaults:
+            out += ["", "| threshold | default | meaning |", "|---|---|---|"]
+            out += [f"| `{r.name}.{k}` | {v} | {r.threshold_help.get(k, '')} |" for k, v in r.defaults.items()]
+    return "\n".join(out) + "\n"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
-from diagnoser.timeline import Series, Timeline
+from diagnoser.timeline import Series, Timeline, summarize
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "Fix", "Known false positives", "References")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -31,6 +31,7 @@ class RuleContext:
     adapter: Any
     version: tuple[int, int, int] | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. capacity model, job size, other findings
+    memo: dict[Any, Any] = field(default_factory=dict)  # shared by the rules of one pass over one timeline
 
     @property
     def target(self) -> str:
@@ -43,18 +44,39 @@ class RuleContext:
         return self.timeline.get(signal, rank)
 
     def stats(self, signal: str, rank: str = "") -> dict[str, Any]:
-        return self.timeline.stats(signal, rank)
+        key = ("stats", signal, rank)
+        if key not in self.memo:
+            s = self.timeline.get(signal, rank)
+            self.memo[key] = fast_summary(s.values if s is not None else [])
+        return self.memo[key]  # type: ignore[no-any-return]
 
     def cfg(self, name: str, default: Any = None) -> Any:
         return self.timeline.cfg(name, default)
 
     def window_text(self) -> str:
-        start, end = self.timeline.span()
+        if "span" not in self.memo:
+            self.memo["span"] = self.timeline.span()
+        start, end = self.memo["span"]
         if start is None or end is None:
             return ""
         if self.timeline.untimed:
             return "the lines read (no timestamps)"
         return f"{end - start:.0f} s"
+
+
+def fast_summary(values: list[float]) -> dict[str, Any]:
+    """:func:`diagnoser.timeline.summarize` computed with numpy (same linear quantiles; tested equal)."""
+    if len(values) < 64:
+        return summarize(values)
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if not arr.size:
+        return summarize([])
+    p50, p95 = np.percentile(arr, [50, 95])
+    return {"last": float(arr[-1]), "mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max()),
+            "p50": float(p50), "p95": float(p95), "n": int(arr.size)}
 
 
 class Rule:
@@ -142,8 +164,14 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
     s = ctx.series(signal, rank)
     src = ""
     if s is not None and len(s):
-        idx = {"last": len(s) - 1, "max": s.argmax(), "min": s.argmin()}.get(at, len(s) - 1)
-        src = s.sources[idx] if idx >= 0 else s.last_source()
+        idx = len(s) - 1
+        if at in ("max", "min"):
+            import numpy as np
+
+            _, vals = raw_arrays(ctx, signal, rank)
+            if not np.isnan(vals).all():
+                idx = int(np.nanargmax(vals) if at == "max" else np.nanargmin(vals))
+        src = s.sources[idx]
     return Evidence(signal=signal if not rank else f"{signal}[{rank}]", observed=_round(observed), threshold=threshold, window=window if window is not None else ctx.window_text(), source=src)
 
 
@@ -169,19 +197,114 @@ def suggest(ctx: RuleContext, concept: str, current: Any, proposed: Any, why: st
 
 
 def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float, float, float, str]]:
-    """Points where both signals were read at the same moment (same log line or same scrape)."""
+    """Points where both signals were read at the same moment (same log line or same scrape):
+    (ts, value of a, value of b, source of a). Memoised for the pass; callers must not mutate it."""
+    key = ("joint", a, b, rank)
+    hit = ctx.memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
     sa, sb = ctx.series(a, rank), ctx.series(b, rank)
-    if sa is None or sb is None:
-        return []
-    bmap: dict[float, float] = {}
-    for t, v in zip(sb.ts, sb.values, strict=True):
-        bmap[t] = v
-    out = []
-    for t, v, src in zip(sa.ts, sa.values, sa.sources, strict=True):
-        w = bmap.get(t)
-        if w is not None and v == v and w == w:
-            out.append((t, v, w, src))
+    out: list[tuple[float, float, float, str]] = []
+    if sa is not None and sb is not None:
+        if len(sa) < 64 or len(sb) < 64:
+            bmap = dict(zip(sb.ts, sb.values, strict=True))
+            get = bmap.get
+            out = [(t, v, w, src) for t, v, src in zip(sa.ts, sa.values, sa.sources, strict=True)
+                   if (w := get(t)) is not None and v == v and w == w]
+        else:
+            out = _joint_np(ctx, a, b, rank)
+    ctx.memo[key] = out
     return out
+
+
+def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | None:
+    """(ts, values) of a series as numpy arrays, NaNs dropped; memoised for the pass."""
+    key = ("arrays", signal, rank)
+    if key not in ctx.memo:
+        s = ctx.series(signal, rank)
+        if s is None:
+            ctx.memo[key] = None
+        else:
+            import numpy as np
+
+            ts = np.asarray(s.ts, dtype=float)
+            vs = np.asarray(s.values, dtype=float)
+            ok = ~np.isnan(vs)
+            ctx.memo[key] = (ts[ok], vs[ok])
+    return ctx.memo[key]  # type: ignore[no-any-return]
+
+
+def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]:
+    """(ts, values) of a series as numpy arrays aligned with its sources (NaNs kept); memoised."""
+    key = ("raw", signal, rank)
+    if key not in ctx.memo:
+        import numpy as np
+
+        s = ctx.series(signal, rank)
+        ctx.memo[key] = (np.asarray(s.ts if s else [], dtype=float), np.asarray(s.values if s else [], dtype=float))
+    return ctx.memo[key]  # type: ignore[no-any-return]
+
+
+def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
+    """``other``'s value at each point of ``base`` (the last one read at that same time), NaN where none."""
+    key = ("aligned", base, other, rank)
+    if key not in ctx.memo:
+        import numpy as np
+
+        ta, _ = raw_arrays(ctx, base, rank)
+        tb, vb = raw_arrays(ctx, other, rank)
+        if not len(tb) or not len(ta):
+            ctx.memo[key] = np.full(len(ta), np.nan)
+        else:
+            uniq, first_rev = np.unique(tb[::-1], return_index=True)
+            last = len(tb) - 1 - first_rev  # the last occurrence of each time wins, as a dict would keep it
+            pos = np.minimum(np.searchsorted(uniq, ta), len(uniq) - 1)
+            ctx.memo[key] = np.where(uniq[pos] == ta, vb[last[pos]], np.nan)
+    return ctx.memo[key]
+
+
+@dataclass(slots=True)
+class Pairs:
+    """Points where two signals were read at the same moment, as numpy arrays: ``ts``, ``a``, ``b`` and
+    ``idx`` (the positions in ``a``'s series, for :meth:`src`)."""
+
+    ts: Any
+    a: Any
+    b: Any
+    idx: Any
+    sources: list[str]
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def src(self, k: int) -> str:
+        return self.sources[int(self.idx[k])]
+
+
+def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
+    """The vectorised form of :func:`joint` (memoised): use it on series that can be long."""
+    key = ("pairs", a, b, rank)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        import numpy as np
+
+        ta, va = raw_arrays(ctx, a, rank)
+        w = aligned(ctx, a, b, rank)
+        idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0] if len(ta) else np.zeros(0, dtype=int)
+        s = ctx.series(a, rank)
+        hit = ctx.memo[key] = Pairs(ta[idx], va[idx], w[idx] if len(ta) else np.zeros(0), idx, s.sources if s is not None else [])
+    return hit  # type: ignore[no-any-return]
+
+
+def _joint_np(ctx: RuleContext, a: str, b: str, rank: str) -> list[tuple[float, float, float, str]]:
+    """The same join with numpy: for each point of ``a`` the last point of ``b`` at the same time."""
+    import numpy as np
+
+    ta, va = raw_arrays(ctx, a, rank)
+    w = aligned(ctx, a, b, rank)
+    idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0]
+    srcs = ctx.series(a, rank).sources  # type: ignore[union-attr]
+    return list(zip(ta[idx].tolist(), va[idx].tolist(), w[idx].tolist(), [srcs[i] for i in idx.tolist()], strict=True))
 
 
 def next_pow2(n: float) -> int:
@@ -205,23 +328,33 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
     if isinstance(v, int | float) and v > 0:
         return int(v), ctx.timeline.cfg_source("max_total_tokens")
     # derive from #token / token usage on the same line when the pool size was not printed
-    pts = [(u, r, s) for _, u, r, s in joint(ctx, "used_tokens", "token_usage") if r >= 0.05]
-    if pts:
-        u, r, s = max(pts, key=lambda p: p[1])
-        return int(round(u / r, -2)), f"{s} (#token / token usage)"
-    return None, ""
+    if "pool" not in ctx.memo:
+        import numpy as np
+
+        p = pairs(ctx, "used_tokens", "token_usage")
+        ok = np.nonzero(p.b >= 0.05)[0]
+        if len(ok):
+            k = int(ok[np.argmax(p.b[ok])])
+            ctx.memo["pool"] = (int(round(float(p.a[k] / p.b[k]), -2)), f"{p.src(k)} (#token / token usage)")
+        else:
+            ctx.memo["pool"] = (None, "")
+    return ctx.memo["pool"]  # type: ignore[no-any-return]
 
 
 def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
     """KV tokens one running request holds: the median of decode_sum_seq_lens / running_reqs (0.5.7+
     metrics), else of used_tokens / running_reqs (used tokens also count prompts still in prefill)."""
-    from diagnoser.timeline import quantile
+    if "tpr" not in ctx.memo:
+        import numpy as np
 
-    for signal in ("decode_sum_seq_lens", "used_tokens"):
-        per = sorted(u / r for _, u, r, _ in joint(ctx, signal, "running_reqs") if r > 0 and u > 0)
-        if per:
-            return quantile(per, 0.5), f"median of {signal} / running_reqs"
-    return None, ""
+        ctx.memo["tpr"] = (None, "")
+        for signal in ("decode_sum_seq_lens", "used_tokens"):
+            p = pairs(ctx, signal, "running_reqs")
+            ok = (p.b > 0) & (p.a > 0)
+            if ok.any():
+                ctx.memo["tpr"] = (float(np.median(p.a[ok] / p.b[ok])), f"median of {signal} / running_reqs")
+                break
+    return ctx.memo["tpr"]  # type: ignore[no-any-return]
 
 
 def busy(values: list[float]) -> list[float]:

@@ -36,15 +36,17 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
 
 
-def hit_rate(ctx: RuleContext, points: list[tuple[float, float, float, str]] | None = None) -> tuple[float | None, str]:
-    pts = points if points is not None else joint(ctx, "prefill_cached_tokens", "prefill_new_tokens")
-    if pts:
-        cached = sum(p[1] for p in pts)
-        new = sum(p[2] for p in pts)
-        return (cached / (cached + new) if cached + new > 0 else None), pts[0][3]
+def hit_rate(ctx: RuleContext, lo: int = 0, hi: int | None = None) -> tuple[float | None, str]:
+    """cached / (cached + new) over the prefill readings [lo:hi], else the mean of the hit-rate gauge."""
+    p = pairs(ctx, "prefill_cached_tokens", "prefill_new_tokens")
+    if len(p):
+        hi = len(p) if hi is None else hi
+        cached = float(p.a[lo:hi].sum())
+        new = float(p.b[lo:hi].sum())
+        return (cached / (cached + new) if cached + new > 0 else None), p.src(lo)
     s = ctx.series("cache_hit_rate")
     if s is not None and len(s):
         return sum(s.values) / len(s), s.sources[0]
@@ -65,11 +67,11 @@ class LowCacheHit(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pts = joint(ctx, "prefill_cached_tokens", "prefill_new_tokens")
-        n = len(pts) if pts else len(ctx.series("cache_hit_rate") or [])
+        npts = len(pairs(ctx, "prefill_cached_tokens", "prefill_new_tokens"))
+        n = npts if npts else len(ctx.series("cache_hit_rate") or [])
         if n < t["min_points"]:
             return None
-        rate, src = hit_rate(ctx, pts or None)
+        rate, src = hit_rate(ctx)
         if rate is None:
             return None
         hicache = bool(ctx.cfg("enable_hierarchical_cache", ctx.cfg("arg.enable_hierarchical_cache"))) or ctx.cfg("hicache_host_gb") is not None
@@ -86,11 +88,11 @@ class LowCacheHit(Rule):
             return self.finding(ctx, summary, evs, sugg, confidence="medium")
         if hicache or (ctx.cfg("disable_radix_cache", ctx.cfg("arg.disable_radix_cache")) is True):
             return None
-        half = len(pts) // 2
-        if not pts or half < 2:
+        half = npts // 2
+        if half < 2:
             return None
-        r1, s1 = hit_rate(ctx, pts[:half])
-        r2, s2 = hit_rate(ctx, pts[half:])
+        r1, s1 = hit_rate(ctx, 0, half)
+        r2, s2 = hit_rate(ctx, half)
         usage = ctx.stats("token_usage")
         if r1 is None or r2 is None or usage["p95"] is None:
             return None

@@ -34,7 +34,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, next_pow2, slot_cap, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, pairs, slot_cap, suggest
 from diagnoser.timeline import quantile
 
 
@@ -53,7 +53,8 @@ class CudaGraphDisabledOrExceeded(Rule):
         t = ctx.thresholds
         if ctx.cfg("device") == "cpu" or str(ctx.cfg("arg.device", "")).lower() == "cpu":
             return None
-        pts = [p for p in joint(ctx, "cuda_graph", "running_reqs") if p[2] > 0]
+        pr = pairs(ctx, "cuda_graph", "running_reqs")
+        pts = [(float(pr.ts[i]), float(pr.a[i]), float(pr.b[i]), pr.src(i)) for i in (pr.b > 0).nonzero()[0]]
         disabled_cfg = ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) is True
         if len(pts) < t["min_points"]:
             if disabled_cfg:

@@ -48,11 +48,12 @@ from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
+    arrays,
     ev,
     evidence,
     fmt_int,
-    joint,
     next_pow2,
+    pairs,
     pool_tokens,
     slot_cap,
     suggest,
@@ -98,17 +99,18 @@ class KVSaturation(Rule):
         usage = ctx.series("token_usage")
         if usage is None or len(usage) < t["min_points"]:
             return None
-        vals = usage.finite()
-        if not vals:
+        vals = arrays(ctx, "token_usage")[1]  # type: ignore[index]
+        if not len(vals):
             return None
         high = t["usage_high"]
-        peak = max(vals)
-        pts = joint(ctx, "token_usage", "queue_reqs")
-        waiting = [p for p in pts if p[2] > 0]
-        full_waiting = [p for p in waiting if p[1] >= high]
-        wshare = len(full_waiting) / len(pts) if pts else 0.0
+        peak = float(vals.max())
+        pts = pairs(ctx, "token_usage", "queue_reqs")
+        waiting = pts.b > 0
+        full_waiting = (waiting & (pts.a >= high)).nonzero()[0]
+        wshare = len(full_waiting) / len(pts) if len(pts) else 0.0
+        waiting = bool(waiting.any())
         n_retract, retract_src = retraction_count(ctx)
-        path_wait = bool(pts) and wshare >= t["min_share"]
+        path_wait = len(pts) > 0 and wshare >= t["min_share"]
         path_retract = n_retract > 0 and peak >= high
         if not (path_wait or path_retract):
             return None
@@ -118,10 +120,10 @@ class KVSaturation(Rule):
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
         queue = ctx.stats("queue_reqs")
         pool, pool_src = pool_tokens(ctx)
-        fshare = sum(1 for v in vals if v >= high) / len(vals)
+        fshare = float((vals >= high).mean())
         evs = [ev(ctx, "token_usage", peak, high, at="max")]
         if path_wait:
-            src = full_waiting[0][3] if full_waiting else ""
+            src = pts.src(full_waiting[0]) if len(full_waiting) else ""
             evs.append(evidence("share of waiting points with token_usage >= threshold", round(wshare, 2), t["min_share"], ctx.window_text(), src))
         if waiting:
             evs.append(ev(ctx, "queue_reqs", queue["max"], "> 0", at="max"))

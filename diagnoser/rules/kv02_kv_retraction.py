@@ -36,7 +36,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
 from diagnoser.rules.kv01_kv_saturation import retraction_count
 
 
@@ -96,33 +96,34 @@ class KVRetraction(Rule):
 
     def _implied(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pts = joint(ctx, "token_usage", "running_reqs")
-        if len(pts) < 3:
+        p = pairs(ctx, "token_usage", "running_reqs")
+        if len(p) < 3:
             return None
-        for i in range(1, len(pts) - 1):
-            _, u0, r0, s0 = pts[i - 1]
-            _, u1, r1, s1 = pts[i]
-            _, u2, r2, s2 = pts[i + 1]
-            if u0 >= t["pinned_usage"] and u1 >= t["pinned_usage"] and u1 - u2 >= t["implied_drop"] and r2 >= r1:
-                evs = [
-                    Evidence("token_usage (pinned)", u1, t["pinned_usage"], "", s1),
-                    Evidence("token_usage (after)", u2, f"drop >= {t['implied_drop']}", "", s2),
-                    Evidence("running_reqs (before -> after)", f"{r1:.0f} -> {r2:.0f}", "not falling", "", s2),
-                ]
-                gen = joint(ctx, "gen_throughput_tps", "running_reqs")
-                before = [g for ts, g, _, _ in gen if ts <= pts[i][0]]
-                after = [g for ts, g, _, _ in gen if ts > pts[i][0]]
-                sev = Severity.INFO
-                extra = ""
-                if before and after and max(before) > 0:
-                    b, a = sum(before) / len(before), sum(after) / len(after)
-                    evs.append(Evidence("gen_throughput_tps (before -> after)", f"{b:.0f} -> {a:.0f}", None, "", s2))
-                    if a < 0.5 * b:
-                        sev = Severity.WARNING
-                        extra = f"; generation fell from about {b:.0f} to {a:.0f} tok/s afterwards"
-                summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
-                           f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
-                           f"a retraction is implied{extra}.")
-                return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev,
-                                    notes=["The 'KV cache pool is full. Retract requests.' line (WARNING from 0.5.7) would confirm it."])
-        return None
+        u, r = p.a, p.b
+        hit = ((u[:-2] >= t["pinned_usage"]) & (u[1:-1] >= t["pinned_usage"]) & (u[1:-1] - u[2:] >= t["implied_drop"]) & (r[2:] >= r[1:-1])).nonzero()[0]
+        if not len(hit):
+            return None
+        i = int(hit[0]) + 1
+        u1, r1, s1 = float(u[i]), float(r[i]), p.src(i)
+        u2, r2, s2 = float(u[i + 1]), float(r[i + 1]), p.src(i + 1)
+        evs = [
+            Evidence("token_usage (pinned)", u1, t["pinned_usage"], "", s1),
+            Evidence("token_usage (after)", u2, f"drop >= {t['implied_drop']}", "", s2),
+            Evidence("running_reqs (before -> after)", f"{r1:.0f} -> {r2:.0f}", "not falling", "", s2),
+        ]
+        gen = pairs(ctx, "gen_throughput_tps", "running_reqs")
+        before = gen.a[gen.ts <= p.ts[i]].tolist()
+        after = gen.a[gen.ts > p.ts[i]].tolist()
+        sev = Severity.INFO
+        extra = ""
+        if before and after and max(before) > 0:
+            b, a = sum(before) / len(before), sum(after) / len(after)
+            evs.append(Evidence("gen_throughput_tps (before -> after)", f"{b:.0f} -> {a:.0f}", None, "", s2))
+            if a < 0.5 * b:
+                sev = Severity.WARNING
+                extra = f"; generation fell from about {b:.0f} to {a:.0f} tok/s afterwards"
+        summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
+                   f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
+                   f"a retraction is implied{extra}.")
+        return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev,
+                            notes=["The 'KV cache pool is full. Retract requests.' line (WARNING from 0.5.7) would confirm it."])

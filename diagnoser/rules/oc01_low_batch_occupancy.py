@@ -37,15 +37,15 @@ from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
-    busy,
+    arrays,
     ev,
     evidence,
+    fast_summary,
     fmt_int,
     pool_tokens,
     slot_cap,
     tokens_per_request,
 )
-from diagnoser.timeline import summarize
 
 
 class LowBatchOccupancy(Rule):
@@ -65,10 +65,11 @@ class LowBatchOccupancy(Rule):
         s = ctx.series("running_reqs")
         if s is None:
             return None
-        b = busy(s.values)
+        _, vals = arrays(ctx, "running_reqs")  # type: ignore[misc]
+        b = vals[vals > 0].tolist()
         if len(b) < t["min_points"]:
             return None
-        st = summarize(b)
+        st = fast_summary(b)
         cap, cap_src = slot_cap(ctx)
         pool, _ = pool_tokens(ctx)
         tpr, tpr_how = tokens_per_request(ctx)

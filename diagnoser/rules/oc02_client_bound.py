@@ -35,15 +35,15 @@ from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
-    busy,
+    arrays,
     ev,
     evidence,
+    fast_summary,
     fmt_int,
     pool_tokens,
     slot_cap,
     tokens_per_request,
 )
-from diagnoser.timeline import summarize
 
 
 class ClientBound(Rule):
@@ -67,15 +67,16 @@ class ClientBound(Rule):
         u = ctx.series("token_usage")
         if s is None or q is None or u is None:
             return None
-        b = busy(s.values)
+        _, vals = arrays(ctx, "running_reqs")  # type: ignore[misc]
+        b = vals[vals > 0].tolist()
         if len(b) < t["min_points"]:
             return None
-        qv = q.finite()
-        qshare = sum(1 for v in qv if v > 0) / len(qv) if qv else 1.0
+        _, qv = arrays(ctx, "queue_reqs")  # type: ignore[misc]
+        qshare = float((qv > 0).mean()) if len(qv) else 1.0
         ust = ctx.stats("token_usage")
         if qshare > t["max_queue_share"] or (ust["p95"] or 0) >= t["max_usage"]:
             return None
-        run = summarize(b)
+        run = fast_summary(b)
         cap, cap_src = slot_cap(ctx)
         pool, pool_src = pool_tokens(ctx)
         tpr, tpr_how = tokens_per_request(ctx)

@@ -38,10 +38,9 @@ References:
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, slot_cap, suggest
+from diagnoser.rules.base import Rule, RuleContext, aligned, evidence, raw_arrays, slot_cap, suggest
 
 
 class PrefillStall(Rule):
@@ -70,7 +69,11 @@ class PrefillStall(Rule):
                 known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
         if known:
             return min(known)
-        value, count = Counter(int(v) for v in vals).most_common(1)[0]
+        import numpy as np
+
+        uniq, counts = np.unique(np.asarray(vals, dtype=float).astype(int), return_counts=True)
+        k = int(np.argmax(counts))
+        value, count = int(uniq[k]), int(counts[k])
         if count >= self_share(vals) and value >= 64 and value & (value - 1) == 0:
             return value, "inferred", "the most common prefill batch size"
         return None, "", ""
@@ -80,16 +83,22 @@ class PrefillStall(Rule):
         p = ctx.series("prefill_new_tokens")
         if p is None or len(p) < t["min_batches"]:
             return None
+        import numpy as np
+
         cap, cap_name, cap_src = self._cap(ctx, p.values)
         if not cap:
             return None
-        at_cap = [i for i, v in enumerate(p.values) if v >= 0.98 * cap]
+        _, pv = raw_arrays(ctx, "prefill_new_tokens")
+        at_mask = pv >= 0.98 * cap
+        at_cap = at_mask.nonzero()[0].tolist()
         cshare = len(at_cap) / len(p)
         if cshare < t["cap_share"]:
             return None
-        q = {ts: v for ts, _, v, _ in joint(ctx, "prefill_new_tokens", "queue_reqs")}
-        pend = {ts: v for ts, _, v, _ in joint(ctx, "prefill_new_tokens", "pending_tokens")}
-        backlog = [i for i in at_cap if q.get(p.ts[i], 0) > 0 or pend.get(p.ts[i], 0) > t["pending_factor"] * cap]
+        qa = aligned(ctx, "prefill_new_tokens", "queue_reqs")
+        pa = aligned(ctx, "prefill_new_tokens", "pending_tokens")
+        with np.errstate(invalid="ignore"):
+            back = at_mask & ((qa > 0) | (pa > t["pending_factor"] * cap))
+        backlog = back.nonzero()[0].tolist()
         if len(backlog) < 0.5 * len(at_cap):
             return None
         usage = ctx.stats("token_usage")
@@ -129,26 +138,34 @@ class PrefillStall(Rule):
         q = ctx.series("queue_reqs")
         if q is None:
             return None
-        pf = ctx.series("prefill_new_tokens")
-        admits = sorted(pf.ts) if pf is not None else []
-        usage = {ts: u for ts, _, u, _ in joint(ctx, "queue_reqs", "token_usage")}
-        run = {ts: r for ts, _, r, _ in joint(ctx, "queue_reqs", "running_reqs")}
+        import numpy as np
+
+        qts, qv = raw_arrays(ctx, "queue_reqs")
+        u = aligned(ctx, "queue_reqs", "token_usage")
+        r = aligned(ctx, "queue_reqs", "running_reqs")
         cap, _ = slot_cap(ctx)
-        retract = sorted(e.ts for e in ctx.timeline.events_of("retraction"))
+        with np.errstate(invalid="ignore"):
+            ok = (qv > 0) & ~(u >= t["kv_room"]) & (~(r >= cap) if cap else True)
+        if not ok.any():
+            return None
+        pts, _ = raw_arrays(ctx, "prefill_new_tokens")
+        rts = np.asarray(sorted(e.ts for e in ctx.timeline.events_of("retraction")), dtype=float)
+        adm = np.searchsorted(pts, qts, side="right")  # admissions up to each queue reading
+        ret = np.searchsorted(rts, qts, side="right")
+        # a stretch: consecutive ok readings with no admission or retraction after its first reading
+        brk = np.ones(len(qts), dtype=bool)
+        brk[1:] = ~ok[1:] | ~ok[:-1] | (adm[1:] != adm[:-1]) | (ret[1:] != ret[:-1])
+        group = np.cumsum(brk)
         best: tuple[float, str, str, float] | None = None
-        start: tuple[float, str] | None = None
-        for ts, v, src in zip(q.ts, q.values, q.sources, strict=True):
-            u = usage.get(ts)
-            ok = v > 0 and (u is None or u < t["kv_room"]) and (cap is None or run.get(ts, 0) < cap)
-            if not ok:
-                start = None
-                continue
-            if start is None or _between(admits, start[0], ts) or _between(retract, start[0], ts):
-                start = (ts, src)
-                continue
-            dur = ts - start[0]
-            if dur >= t["stall_seconds"] and (best is None or dur > best[0]):
-                best = (dur, start[1], src, v)
+        gids = np.unique(group[ok])
+        if len(gids):
+            first = np.searchsorted(group, gids, side="left")
+            last = np.searchsorted(group, gids, side="right") - 1
+            dur = qts[last] - qts[first]
+            k = int(np.argmax(dur))
+            if dur[k] >= t["stall_seconds"]:
+                q = ctx.series("queue_reqs")
+                best = (float(dur[k]), q.sources[first[k]], q.sources[last[k]], float(qv[last[k]]))  # type: ignore[union-attr]
         if best is None:
             return None
         dur, s0, s1, v = best

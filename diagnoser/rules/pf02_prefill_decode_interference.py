@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, joint, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -64,24 +64,31 @@ class PrefillDecodeInterference(Rule):
 
     def _from_log(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pre = joint(ctx, "prefill_new_tokens", "running_reqs")
-        pre = [p for p in pre if _line(p[3]) >= 0]
+        ps = ctx.series("prefill_new_tokens")
+        if ps is None:
+            return None
+        _, pv = raw_arrays(ctx, "prefill_new_tokens")
+        if not any(not ps.sources[i].startswith("scrape@") for i in (pv >= t["min_batch_tokens"]).nonzero()[0].tolist()):
+            return None  # no logged batch that large: no run can average min_batch_tokens
+        pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "running_reqs") if not p[3].startswith("scrape@")]
+        pre = [x for x in pre if x[0] >= 0]
         if len(pre) < t["min_run"]:
             return None
         dec_s = ctx.series("gen_throughput_tps")
-        dec_lines = sorted(_line(s) for s in (dec_s.sources if dec_s else []) if _line(s) >= 0)
+        dec_lines = sorted(n for n in (_line(s) for s in (dec_s.sources if dec_s else []) if not s.startswith("scrape@")) if n >= 0)
         import bisect
 
         best: list = []  # type: ignore[type-arg]
         cur: list = []  # type: ignore[type-arg]
-        for p in sorted(pre, key=lambda p: _line(p[3])):
+        last_line = -1
+        for line_no, p in sorted(pre, key=lambda x: x[0]):
             if cur:
-                a, b = _line(cur[-1][3]), _line(p[3])
-                i = bisect.bisect_right(dec_lines, a)
-                if i < len(dec_lines) and dec_lines[i] < b:
+                i = bisect.bisect_right(dec_lines, last_line)
+                if i < len(dec_lines) and dec_lines[i] < line_no:
                     cur = []
             if p[2] >= t["min_running"]:
                 cur.append(p)
+                last_line = line_no
             else:
                 cur = []
             if len(cur) > len(best):

@@ -32,7 +32,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, joint, pool_tokens
+from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pairs, pool_tokens
 
 
 class RunawayGeneration(Rule):
@@ -49,16 +49,18 @@ class RunawayGeneration(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pts = [p for p in joint(ctx, "used_tokens", "running_reqs") if p[2] > 0]
-        if len(pts) < t["min_points"]:
+        pr = pairs(ctx, "used_tokens", "running_reqs")
+        k = (pr.b > 0).nonzero()[0]
+        if len(k) < t["min_points"]:
             return None
-        runs = sorted(p[2] for p in pts)
+        runs = sorted(pr.b[k].tolist())
         med_run = runs[len(runs) // 2]
         if med_run > t["max_running"]:
             return None
         usage = ctx.stats("token_usage")
         if usage["p50"] is None or usage["p50"] < t["pool_share"]:
             return None
+        pts = [(float(pr.ts[i]), float(pr.a[i]), float(pr.b[i]), pr.src(i)) for i in k]
         growth = pts[-1][1] - pts[0][1]
         if growth <= 0:
             return None

@@ -43,7 +43,7 @@ from diagnoser.rules.base import (
     ev,
     evidence,
     fmt_int,
-    joint,
+    pairs,
     pool_tokens,
     slot_cap,
     suggest,
@@ -70,22 +70,24 @@ class MaxRunningRequestsCap(Rule):
         if not cap:
             return None
         red = [e for e in ctx.timeline.events_of("max_running_requests_reduced")]
-        pts = [p for p in joint(ctx, "running_reqs", "queue_reqs") if p[2] > 0]
-        at = [p for p in pts if p[1] >= cap]
+        p = pairs(ctx, "running_reqs", "queue_reqs")
+        waiting = p.b > 0
+        n_wait = int(waiting.sum())
+        at = (waiting & (p.a >= cap)).nonzero()[0]
         usage = ctx.stats("token_usage")
-        runtime = len(pts) >= t["min_points"] and len(at) / len(pts) >= t["at_cap_share"] and (usage["p95"] is None or usage["p95"] < t["kv_room"])
+        runtime = n_wait >= t["min_points"] and len(at) / n_wait >= t["at_cap_share"] and (usage["p95"] is None or usage["p95"] < t["kv_room"])
         if not runtime and not red:
             return None
         evs = [evidence("max_running_requests (effective)", cap, None, "", cap_src)]
         parts = []
         if runtime:
-            share = len(at) / len(pts)
+            share = len(at) / n_wait
             qs = ctx.stats("queue_reqs")
-            evs.append(evidence("running_reqs == cap while requests waited", round(share, 2), t["at_cap_share"], ctx.window_text(), at[0][3]))
+            evs.append(evidence("running_reqs == cap while requests waited", round(share, 2), t["at_cap_share"], ctx.window_text(), p.src(at[0])))
             evs.append(ev(ctx, "queue_reqs", qs["max"], "> 0", at="max"))
             if usage["n"]:
                 evs.append(ev(ctx, "token_usage", usage["p95"], f"< {t['kv_room']}", at="max"))
-            parts.append(f"{cap} requests ran (the cap) in {share:.0%} of {len(pts)} readings with a queue (up to {qs['max']:.0f} waiting)"
+            parts.append(f"{cap} requests ran (the cap) in {share:.0%} of {n_wait} readings with a queue (up to {qs['max']:.0f} waiting)"
                          + (f", while KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else ""))
         requested = None
         for e in red:

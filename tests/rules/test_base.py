@@ -1,0 +1,60 @@
+"""The rule helpers' fast (numpy) paths give the same answers as the plain-Python reference paths."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from diagnoser.rules.base import RuleContext, fast_summary, joint, pairs, tokens_per_request
+from diagnoser.timeline import Timeline, summarize
+from tests.rules.helpers import ADAPTER
+
+
+def _tl(n: int, seed: int = 1) -> Timeline:
+    rnd = random.Random(seed)
+    tl = Timeline(target="t")
+    for i in range(n):
+        ts = 1000.0 + i // 2  # two readings per second, as log lines sharing a stamp
+        if rnd.random() < 0.9:
+            tl.add("a", ts, rnd.random() if rnd.random() > 0.02 else math.nan, f"server.log:{i + 1}")
+        if rnd.random() < 0.8:
+            tl.add("b", ts, float(rnd.randint(0, 9)), f"server.log:{i + 1}")
+    return tl
+
+
+def _slow_joint(tl: Timeline) -> list[tuple[float, float, float, str]]:
+    sa, sb = tl.get("a"), tl.get("b")
+    assert sa is not None and sb is not None
+    bmap = {}
+    for t, v in zip(sb.ts, sb.values, strict=True):
+        bmap[t] = v
+    return [(t, v, bmap[t], s) for t, v, s in zip(sa.ts, sa.values, sa.sources, strict=True) if t in bmap and v == v and bmap[t] == bmap[t]]
+
+
+def test_numpy_join_matches_the_python_join() -> None:
+    for n in (10, 500, 5000):
+        tl = _tl(n, seed=n)
+        ctx = RuleContext(tl, {}, ADAPTER)
+        fast = joint(ctx, "a", "b")
+        assert fast == _slow_joint(tl)
+        p = pairs(RuleContext(tl, {}, ADAPTER), "a", "b")
+        assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == fast
+
+
+def test_fast_summary_matches_summarize() -> None:
+    rnd = random.Random(7)
+    for n in (0, 5, 63, 64, 1000):
+        vals = [rnd.random() * 100 if rnd.random() > 0.05 else math.nan for _ in range(n)]
+        a, b = fast_summary(vals), summarize(vals)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k] is None and b[k] is None) or math.isclose(a[k], b[k], rel_tol=1e-12), k
+
+
+def test_tokens_per_request_prefers_decode_seq_lens() -> None:
+    tl = Timeline(target="t")
+    for i in range(5):
+        tl.add("running_reqs", float(i), 4.0, "s")
+        tl.add("used_tokens", float(i), 4000.0, "s")  # includes prompts still in prefill
+        tl.add("decode_sum_seq_lens", float(i), 2000.0, "s")
+    assert tokens_per_request(RuleContext(tl, {}, ADAPTER)) == (500.0, "median of decode_sum_seq_lens / running_reqs")
