@@ -386,3 +386,16 @@ def test_real_lines_are_verbatim(data_dir: Path) -> None:
         assert line in text.splitlines(), f"{line[:60]}… is not verbatim in {src}"
         checked += 1
     assert checked >= 35
+
+
+def test_epoch_day_matches_calendar() -> None:
+    import calendar
+    import random
+
+    from diagnoser.engines.sglang.logs import epoch_day
+
+    rnd = random.Random(3)
+    for _ in range(20000):
+        y, m, d = rnd.randint(1970, 2100), rnd.randint(1, 12), rnd.randint(1, 28)
+        assert epoch_day(y, m, d) == calendar.timegm((y, m, d, 0, 0, 0, 0, 0, 0))
+    assert epoch_day(2024, 2, 29) == calendar.timegm((2024, 2, 29, 0, 0, 0, 0, 0, 0))

@@ -20,7 +20,6 @@ Exactness (tests compare both paths on every real log and on generated logs):
 
 from __future__ import annotations
 
-import calendar
 import operator
 import re
 from bisect import bisect_left
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from itertools import compress, islice, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logs import TRIGGER_BYTES_RE
+from diagnoser.engines.sglang.logs import TRIGGER_BYTES_RE, epoch_day
 
 if TYPE_CHECKING:
     from diagnoser.engines.sglang.logs import SGLangLogParser
@@ -136,7 +135,7 @@ class BulkReader:
 
     def _stamp(self, stamp: bytes) -> int:
         """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
-        day = calendar.timegm((int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]), 0, 0, 0, 0, 0, 0))
+        day = epoch_day(int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]))
         return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
 
     def feed_lines(self, lines: list[bytes], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:

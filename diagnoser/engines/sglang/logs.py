@@ -17,7 +17,6 @@ Lines that match nothing are counted by the caller, never fatal.
 
 from __future__ import annotations
 
-import calendar
 import re
 from collections import Counter
 from typing import Any
@@ -203,6 +202,17 @@ _PREFILL_UNTIL: dict[str, Version] = {
 }
 
 
+def epoch_day(y: int, m: int, d: int) -> int:
+    """Seconds from 1970-01-01 to the start of that UTC day (days_from_civil, H. Hinnant): the same as
+    ``calendar.timegm`` without importing calendar and locale at start-up."""
+    y -= m <= 2
+    era = (y if y >= 0 else y - 399) // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return (era * 146097 + doe - 719468) * 86400
+
+
 def _num(text: str) -> float | None:
     text = text.strip().rstrip(",.")
     if text in ("True", "False"):
@@ -288,7 +298,7 @@ class SGLangLogParser:
             day = self._day_cache.get(date)
             if day is None:
                 y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
-                day = self._day_cache[date] = calendar.timegm((y, mo, d, 0, 0, 0, 0, 0, 0))
+                day = self._day_cache[date] = epoch_day(y, mo, d)
         else:
             # time-only prefix (<= 0.3.3, or abbreviated when pasted): keep the day of the last stamp
             day = 0 if self.last_ts is None else int(self.last_ts // 86400) * 86400
