@@ -15,6 +15,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from diagnoser.collect import Collection, finalize
@@ -24,6 +25,8 @@ from diagnoser.fleet.promapi import PromAPI, PromError
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
+_first = itemgetter(0)
+_second = itemgetter(1)
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 WORKERS = 4
 
@@ -336,13 +339,14 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         lists = [v for vals in parts.values() for v in vals]
         if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
             pts = lists[0]
-            vals = [float(v) for _t, v in pts]
-            if any(x != x for x in vals):
+            vals = list(map(float, map(_second, pts)))
+            total = sum(vals)
+            if total != total:  # a NaN (or +Inf and -Inf) somewhere: drop the NaNs
                 keep = [i for i, x in enumerate(vals) if x == x]
                 vals = [vals[i] for i in keep]
                 ts = [float(pts[i][0]) for i in keep]
             else:
-                ts = [float(t) for t, _v in pts]
+                ts = list(map(float, map(_first, pts)))
         else:
             merged = _points(lists, q.how)
             ts = sorted(merged)
