@@ -138,3 +138,11 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path, file: str, old: str, new: 
     stem = Path(file).name.split("-")[0]  # the unit tests of the mutated file: sglang-* or diagnoser-*
     r = run([promtool, "test", "rules", *sorted(p.name for p in tests_dir.glob(f"{stem}-*.test.yml"))], cwd=tests_dir)
     assert r.returncode != 0, f"promtool passed after mutating {file}: {old!r} -> {new!r}"
+
+
+def test_unwritable_root_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert promgen.main(["--root", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("promgen: cannot write") and "Traceback" not in err and err.count("\n") == 1

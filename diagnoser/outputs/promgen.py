@@ -376,10 +376,14 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists() or path.read_text() != text:
                 stale.append(rel)
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            print(f"wrote {rel}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                print(f"wrote {rel}")
+        except OSError as e:
+            print(f"promgen: cannot write {path} ({e.strerror or e}); pass --root with a writable checkout.", file=sys.stderr)
+            return 2
     if stale:
         print("stale generated files (run `python -m diagnoser.outputs.promgen`): " + ", ".join(stale), file=sys.stderr)
         return 1
