@@ -35,19 +35,25 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
+from diagnoser.rules.base import Rule, RuleContext, arrays, ev, evidence, slot_cap
 
 
-def slope_per_min(ts: list[float], vals: list[float]) -> float:
-    n = len(ts)
-    if n < 3 or ts[-1] - ts[0] < 10:
+def slope_per_min(ts: Any, vals: Any) -> float:
+    """Least-squares slope of vals over ts, per minute (numpy arrays or lists)."""
+    import numpy as np
+
+    t = np.asarray(ts, dtype=float)
+    v = np.asarray(vals, dtype=float)
+    if t.size < 3 or t[-1] - t[0] < 10:
         return 0.0
-    mt, mv = sum(ts) / n, sum(vals) / n
-    den = sum((t - mt) ** 2 for t in ts)
+    tc = t - t.mean()
+    den = float((tc * tc).sum())
     if den == 0:
         return 0.0
-    return 60.0 * sum((t - mt) * (v - mv) for t, v in zip(ts, vals, strict=True)) / den
+    return 60.0 * float((tc * (v - v.mean())).sum()) / den
 
 
 class QueueBuildup(Rule):
@@ -69,14 +75,14 @@ class QueueBuildup(Rule):
         q = ctx.series("queue_reqs")
         if q is None:
             return self._implied(ctx)
-        vals = q.finite()
+        qts, vals = arrays(ctx, "queue_reqs")  # type: ignore[misc]
         if len(vals) < t["min_points"]:
             return None
-        busy_share = sum(1 for v in vals if v > 0) / len(vals)
+        busy_share = float((vals > 0).mean())
         if busy_share < t["persist_share"]:
             return None
         st = ctx.stats("queue_reqs")
-        slope = 0.0 if ctx.timeline.untimed else slope_per_min(q.ts, q.values)
+        slope = 0.0 if ctx.timeline.untimed else slope_per_min(qts, vals)
         qt = ctx.stats("queue_time_seconds_p95")
         running = ctx.stats("running_reqs")
         evs = [
