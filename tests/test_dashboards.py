@@ -133,3 +133,34 @@ def test_every_dashboard_expr_parses_under_promtool(dash: dict[str, Any], tmp_pa
 def test_promtool_check_rejects_a_broken_expr(tmp_path: Path) -> None:
     rc, out = _promtool_check([("broken", 'sum by (le (rate({__name__=~"sglang[:_]x"}[$__rate_interval]))')], tmp_path)
     assert rc != 0 and "parse error" in out.lower()
+
+
+@pytest.mark.prometheus
+def test_overview_falls_back_to_older_sglang_names(tmp_path: Path) -> None:
+    """Retractions and ITL panels still draw for servers older than the names the e2e data has (0.4.x),
+    evaluated by promtool on series named as those versions name them (reference §2.3, §2.11)."""
+    d = load("sglang-overview.json")
+    expr = {(p["title"], t["refId"]): substitute(t["expr"]) for p in d["panels"] for t in p["targets"]}
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'sglang:total_retracted_reqs{instance="a",model_name="m",tp_rank="0"}', "values": "0+3x10"},
+                {"series": 'sglang:time_per_output_token_seconds_bucket{instance="a",model_name="m",le="0.01"}', "values": "0+10x10"},
+                {"series": 'sglang:time_per_output_token_seconds_bucket{instance="a",model_name="m",le="0.02"}', "values": "0+20x10"},
+                {"series": 'sglang:time_per_output_token_seconds_bucket{instance="a",model_name="m",le="+Inf"}', "values": "0+20x10"},
+            ],
+            "promql_expr_test": [
+                {"expr": expr[("Retractions", "A")], "eval_time": "5m",
+                 "exp_samples": [{"labels": '{instance="a",model_name="m"}', "value": 3}]},
+                {"expr": expr[("Inter-token latency", "B")], "eval_time": "5m",  # p90 inside the 0.01-0.02 bucket
+                 "exp_samples": [{"labels": '{instance="a",model_name="m"}', "value": 0.018000000000000002}]},  # 0.01 + 0.01 * 8/10 in IEEE doubles
+            ],
+        }],
+    }
+    path = tmp_path / "fallback.test.yml"
+    path.write_text(json.dumps(test))
+    r = run([need_bin("promtool"), "test", "rules", path.name], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

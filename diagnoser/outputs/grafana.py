@@ -166,9 +166,10 @@ def sglang_overview() -> dict[str, Any]:
                target(rate("prompt_tokens_total"), "prompt {{instance}} {{model_name}}", "B")], (w, 8, w, 8)),
         panel(5, "Retractions",
               "Requests retracted because the KV pool ran out during decode, per rate interval "
-              "(num_retracted_requests_total, 0.5.7+), and the size of the last retraction event (num_retracted_reqs, "
-              "0.5.2+). Retracted requests are recomputed: every one costs throughput.",
-              [target(f"sum by ({BY}) (increase({sg('num_retracted_requests_total', SCHED)}[$__rate_interval]))", "retracted " + RANK_LEGEND, "A"),
+              "(num_retracted_requests_total, 0.5.7+; total_retracted_reqs on 0.4.10-0.5.2), and the size of the last "
+              "retraction event (num_retracted_reqs, 0.5.2+). Retracted requests are recomputed: every one costs throughput.",
+              [target(f"sum by ({BY}) (increase({sg('num_retracted_requests_total', SCHED)}[$__rate_interval]))\n"
+                      f"or sum by ({BY}) (delta({sg('total_retracted_reqs', SCHED)}[$__rate_interval]))", "retracted " + RANK_LEGEND, "A"),
                target(f"sum by ({BY}) ({sg('num_retracted_reqs', SCHED)})", "last event " + RANK_LEGEND, "B")], (0, 16, w, 8)),
         panel(6, "KV pool: used vs capacity",
               "KV slots held by live requests (num_used_tokens) against the pool size (max_total_num_tokens, 0.5.6+), in "
@@ -181,9 +182,10 @@ def sglang_overview() -> dict[str, Any]:
               [target(quantile(q, "time_to_first_token_seconds"), f"p{int(q * 100)} {{{{instance}}}} {{{{model_name}}}}", ref)
                for q, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))], (0, 24, w, 8), unit="s"),
         panel(8, "Inter-token latency",
-              "ITL quantiles (inter_token_latency_seconds, 0.4.4+) over the rate interval: the decode step time a streaming "
+              "ITL quantiles (inter_token_latency_seconds, 0.4.4+; the older time_per_output_token_seconds before) over the rate interval: the decode step time a streaming "
               "client sees. It grows with the running batch and with prefill chunks that interrupt decode.",
-              [target(quantile(q, "inter_token_latency_seconds"), f"p{int(q * 100)} {{{{instance}}}} {{{{model_name}}}}", ref)
+              [target(quantile(q, "inter_token_latency_seconds") + "\nor " + quantile(q, "time_per_output_token_seconds"),
+                      f"p{int(q * 100)} {{{{instance}}}} {{{{model_name}}}}", ref)
                for q, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))], (w, 24, w, 8), unit="s"),
         panel(9, "Prefix cache hit rate",
               "Share of prompt tokens served from the prefix cache: per prefill batch from the scheduler (cache_hit_rate), "
