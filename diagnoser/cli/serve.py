@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="RULE.KEY=VALUE", help="override a rule threshold")
     p.add_argument("--select", action="append", default=[], help="only run these rules (name or code)")
     p.add_argument("--ignore", action="append", default=[], help="skip these rules (name or code)")
+    p.add_argument("--prometheus", help="read the targets from a Prometheus server (fleet mode; page /fleet)")
+    p.add_argument("--selector", default="", help="PromQL label selector for --prometheus, e.g. '{job=\"sglang\"}'")
+    p.add_argument("--step", type=parse_duration, default=None, help="query resolution for --prometheus")
+    p.add_argument("--rate-window", type=parse_duration, default=None, help="rate()/quantile window for --prometheus")
+    p.add_argument("--bearer-token", default=None, help="bearer token for --prometheus, or @FILE holding it")
+    p.add_argument("--basic-auth", default=None, help="USER:PASSWORD for --prometheus, or @FILE holding it")
+    p.add_argument("--header", action="append", default=[], help="extra 'Name: value' header for --prometheus (repeatable)")
     p.add_argument("--replay", help="play a recorded bundle as the data source")
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1)")
     p.add_argument("--loop", action="store_true", help="restart the replay when it ends")
@@ -104,6 +111,13 @@ def main(cmd: str, argv: list[str]) -> int:
     adapter = get_adapter("sglang")
     if args.replay:
         monitor = replay_monitor(args, adapter)
+    elif args.prometheus:
+        from diagnoser.evaluate import select_rules
+        from diagnoser.web.fleet import fleet_monitor
+
+        monitor = fleet_monitor(args, adapter, interval=args.interval, timeout=args.timeout, window_s=args.window,
+                                history_s=args.history, for_seconds=args.for_s, thresholds=load_thresholds(args),
+                                rules=select_rules(args.select, args.ignore), extras=extras_from(args))
     else:
         if not args.url and not args.log:
             raise UsageError("nothing to watch: pass --url http://HOST:30000 (repeatable) and/or --log PATH")

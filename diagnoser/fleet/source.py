@@ -232,6 +232,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     failed = {s: e for s, e in failed.items() if s not in ok}
     _ingest_config(config, targets)
     targets.name_all()
+    for key, tl in targets.keys.items():
+        if key[2]:
+            tl.set_config("served_model_name", key[2], "prometheus label model_name", override=False)
     missing_core = _missing(targets, failed)
     for key, tl in targets.keys.items():
         names = targets.names.get(key, set())

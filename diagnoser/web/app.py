@@ -25,6 +25,7 @@ from fastapi.templating import Jinja2Templates
 
 from diagnoser import __version__
 from diagnoser.outputs.exporter import CONTENT_TYPE, make_registry, render
+from diagnoser.web import fleet as fleet_page
 from diagnoser.web import views
 
 HERE = Path(__file__).resolve().parent
@@ -177,4 +178,5 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
             return _json(doc)
         return page(request, "rule.html", {"doc": doc, "title": doc["name"]})
 
+    app.include_router(fleet_page.router(monitor, page, _json))  # /fleet: sort, filter, paginate (fleet.py)
     return app
