@@ -161,7 +161,8 @@ def sglang_alerts(for_override: str | None = None, runbook_base: str = RUNBOOK_B
     queue = f"avg_over_time((max by ({RAW_BY}) ({sg('num_queue_reqs')}))[{w}:])"
     retracted = (
         f"sum by ({RAW_BY}) (increase({sg('num_retracted_requests_total')}[{w}])) > 0\n"
-        f"or\nsum by ({RAW_BY}) (max_over_time({sg('num_retracted_reqs')}[{w}])) > 0"
+        f"or\nsum by ({RAW_BY}) (max_over_time({sg('num_retracted_reqs')}[{w}])) > 0\n"
+        f"or\nsum by ({RAW_BY}) (delta({sg('total_retracted_reqs')}[{w}])) > 0"
     )
     where = "{{ $labels.instance }} ({{ $labels.model_name }}{{ if $labels.dp_rank }}, DP rank {{ $labels.dp_rank }}{{ end }})"
     return [
