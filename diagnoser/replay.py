@@ -257,6 +257,9 @@ class ReplayIngest:
 
     ``apply(record)`` takes one record; ``collection()`` returns a finalised :class:`Collection` of
     copies (safe to call repeatedly while records keep arriving); ``finish()`` finalises in place.
+    ``targets[name]`` exposes ``.tl`` (the Timeline being filled), ``.version`` (VersionRange from
+    server info), ``.metrics`` (the MetricsTarget, or None for a log-only target) and ``.readers``
+    (LogReader per log source) — live.ReplayMonitor relies on these names.
     """
 
     def __init__(self, adapter: Any, source: ReplaySource) -> None:

@@ -173,7 +173,7 @@ class Recorder:
                 t._fail(f.error)
                 continue
             if f.truncated:
-                t.report.messages.append(f"The exposition from {display_url(t.metrics_url)} exceeded {self.max_bytes} bytes and was cut; raise --max-bytes if this is expected.")
+                t._note(f"The exposition from {display_url(t.metrics_url)} exceeded {self.max_bytes} bytes and was cut; the complete lines before the cut were used.")  # as MetricsTarget.scrape
             t.ingest_text(f.text, ts, self.tls[t.url], f)
 
     def _count(self, recs: list[dict[str, Any]]) -> None:
