@@ -185,3 +185,26 @@ def test_an_unreachable_server_records_the_failures_and_exits_2(tmp_path: Path, 
 def test_module_entry_point_exists() -> None:
     r = subprocess.run([*DIAGNOSE, "record", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0 and "--max-size" in r.stdout
+
+
+def test_two_servers_and_a_log_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "a.log"
+    fh = open(log, "ab")
+    a = ReplayServer(load_source(str(EXAMPLE)), port=0, speed=10.0, log_out=fh).start()
+    b = ReplayServer(load_source(str(ROOT / "examples" / "client-bound.dgb")), port=0, speed=10.0).start()
+    out = tmp_path / "two.dgb"
+    try:
+        code, live = _json_out(capsys, ["record", "--url", a.url, "--url", b.url, "--log", str(log), "--duration", "3s",
+                                        "--interval", "1", "-o", str(out), "--report", "json"])
+    finally:
+        a.stop()
+        b.stop()
+        fh.close()
+    assert code == 0
+    man = read_bundle(str(out)).manifest
+    assert man is not None and [t["name"] for t in man["targets"]] == [a.url, b.url]
+    assert man["logs"] == [{"source": str(log), "target": str(log)}]  # with two URLs a log is its own target
+    _, replayed = _json_out(capsys, ["--once", "--replay", str(out), "--format", "json"])
+    assert list(replayed["signals"]) == list(live["signals"]) == [a.url, b.url, str(log)]
+    assert replayed["findings"] == live["findings"] and replayed["signals"] == live["signals"]
+    assert {f["target"] for f in live["findings"]} >= {a.url, b.url}
