@@ -90,7 +90,8 @@ def fetch(client: httpx.Client, url: str, max_bytes: int = DEFAULT_MAX_BYTES, wh
     text = body.decode("utf-8", errors="replace")
     if status >= 400:
         if status == 404 and url.endswith("/metrics"):
-            msg = f"{shown} answered 404: the server has no /metrics. Start SGLang with --enable-metrics."
+            msg = (f"{shown} answered 404: the server has no /metrics. Start SGLang with --enable-metrics "
+                   "(in gRPC mode /metrics is on the HTTP sidecar, --port + 1).")
         elif status in (401, 403):
             msg = f"{shown} answered {status} (not authorised). Pass the right credentials, or scrape from an allowed host."
         else:
