@@ -5,7 +5,8 @@ What it detects:
     the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) while requests wait
     (``queue_reqs`` > 0 on the same line or scrape) in at least ``min_share`` (default 60 %) of the
     points where both were read; or the pool reaching ``usage_high`` while decode retracts requests
-    (retraction lines or counters). The running batch must sit below the effective
+    (retraction lines or counters) and either requests wait or the pool is full in ``min_share`` of
+    the window. The running batch must sit below the effective
     ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
 
 Why it matters:
@@ -111,7 +112,10 @@ class KVSaturation(Rule):
         waiting = bool(waiting.any())
         n_retract, retract_src = retraction_count(ctx)
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
-        path_retract = n_retract > 0 and peak >= high
+        fshare = float((vals >= high).mean())
+        # retraction counts when the pool was full most of the time or requests waited: one retraction
+        # at a brief peak with nobody waiting is left to kv_retraction (occasional, fine)
+        path_retract = n_retract > 0 and peak >= high and (waiting or fshare >= t["min_share"])
         if not (path_wait or path_retract):
             return None
         running = ctx.stats("running_reqs")
@@ -120,7 +124,6 @@ class KVSaturation(Rule):
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
         queue = ctx.stats("queue_reqs")
         pool, pool_src = pool_tokens(ctx)
-        fshare = float((vals >= high).mean())
         evs = [ev(ctx, "token_usage", peak, high, at="max")]
         if path_wait:
             src = pts.src(full_waiting[0]) if len(full_waiting) else ""

@@ -179,3 +179,11 @@ def test_runaway_generation_boundary() -> None:
     assert run(RunawayGeneration, tl(0.79)) is None
     still = window(running_reqs=[2] * 5, token_usage=[1.0] * 5, used_tokens=[300_000] * 5)
     assert run(RunawayGeneration, still) is None  # not growing: not generating
+
+
+def test_kv_saturation_one_retraction_at_a_brief_peak_is_not_saturation() -> None:
+    usage = [0.5, 0.6, 0.96, 0.7, 0.6, 0.5]
+    tl = window(token_usage=usage, queue_reqs=[0] * 6, running_reqs=[20] * 6, events=[("retraction", 2, {"retracted_reqs": 1})])
+    assert run(KVSaturation, tl) is None
+    tl = window(token_usage=usage, queue_reqs=[0, 0, 3, 0, 0, 0], running_reqs=[20] * 6, events=[("retraction", 2, {"retracted_reqs": 1})])
+    assert run(KVSaturation, tl) is not None  # someone waited while it retracted
