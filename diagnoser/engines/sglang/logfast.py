@@ -25,7 +25,8 @@ import re
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
-from itertools import compress, islice, repeat
+from functools import partial
+from itertools import chain, compress, islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.sglang.logs import TRIGGER_BYTES_RE, epoch_day
@@ -231,70 +232,93 @@ class BulkReader:
         return r
 
     def _emit(self, cols: list[tuple[Any, ...]], nb: int, ts: list[float], bulk_idx: list[int], first_line_no: int, rec: _Recorder) -> None:
+        """Turn the bulk rows' columns into points, per series in line order (C-level maps), merge in
+        the reference lines' points, and write them to the sink."""
         parser = self.parser
         sink = parser.sink
-        name = parser.source_name.replace("%", "%%")
-        fmt = (name + ":%d").__mod__
-        todo: dict[tuple[str, str], tuple[list[float], list[float], list[str], list[int]]] = {}
+        todo: dict[tuple[str, str], tuple[list[float], list[float], list[str], Callable[[], list[int]]]] = {}
         if nb:
-            srcs = list(map(fmt, (first_line_no + i for i in bulk_idx)))
+            name = parser.source_name.replace("%", "%%")
+            srcs = list(map((name + ":%d").__mod__, map(operator.add, bulk_idx, repeat(first_line_no))))
             tag_col = cols[_G["tags"]]
             utags = set(tag_col)
-            ranks_by_tag = {t: self._rank_of(t) for t in utags}
-            for kind, kcol, table in (("decode", "dec", DECODE_COLS), ("prefill", "pre", PREFILL_COLS)):
-                kpos = list(compress(range(nb), cols[_G[kcol]]))
-                if not kpos:
+            ranks: list[str] | None = None
+            if len(utags) > 1:
+                by_tag = {t: self._rank_of(t) for t in utags}
+                ranks = list(map(by_tag.__getitem__, tag_col))
+                if len(set(ranks)) == 1:
+                    ranks = None
+            only_rank = self._rank_of(next(iter(utags))) if ranks is None else ""
+            for kind, g in (("decode", "dec"), ("prefill", "pre")):
+                k = nb - cols[_G[g]].count(None)
+                if k:
+                    parser.kinds[kind] += k
+            for signal, (gnames, conv) in SIGNAL_GROUPS.items():
+                gcols = [cols[_G[g]] for g in gnames]
+                if len(gcols) == 1:
+                    present: Any = gcols[0]
+                    values: Any = filter(None, gcols[0])
+                else:  # decode and prefill rows both give it: one value per row, in row order
+                    present = list(map(operator.or_, *(map(operator.is_not, c, repeat(None)) for c in gcols)))
+                    values = filter(None, chain.from_iterable(zip(*gcols, strict=True)))
+                if not any(present):
                     continue
-                parser.kinds[kind] += len(kpos)
-                if len(utags) == 1:
-                    groups = {ranks_by_tag[next(iter(utags))]: kpos}
-                else:
-                    groups = {}
-                    for p in kpos:
-                        groups.setdefault(ranks_by_tag[tag_col[p]], []).append(p)
-                for rank, pos in groups.items():
-                    for gname, signal, conv in table:
-                        col = cols[_G[gname]]
-                        vals = list(map(col.__getitem__, pos))
-                        if None in vals:
-                            sel = [p for p, v in zip(pos, vals, strict=True) if v is not None]
-                            vals = [v for v in vals if v is not None]
-                        else:
-                            sel = pos
-                        if not sel:
-                            continue
-                        entry = todo.setdefault((signal, rank), ([], [], [], []))
-                        entry[0].extend(map(ts.__getitem__, sel))
-                        entry[1].extend(map(conv, vals))
-                        entry[2].extend(map(srcs.__getitem__, sel))
-                        entry[3].extend(map(bulk_idx.__getitem__, sel))
-            apos = list(compress(range(nb), cols[_G["status"]]))
-            if apos:
-                parser.kinds["access"] += len(apos)
-                st = cols[_G["status"]]
-                for code, c in Counter(map(st.__getitem__, apos)).items():
+                ts_p = list(compress(ts, present))
+                src_p = list(compress(srcs, present))
+                vals_p = list(map(conv, values))
+                if ranks is None:
+                    todo[(signal, only_rank)] = (ts_p, vals_p, src_p, partial(_positions, bulk_idx, present, None))
+                    continue
+                ranks_p = list(compress(ranks, present))
+                for r in set(ranks_p):
+                    sel = list(map(operator.eq, ranks_p, repeat(r)))
+                    todo[(signal, r)] = (
+                        list(compress(ts_p, sel)), list(compress(vals_p, sel)), list(compress(src_p, sel)),
+                        partial(_positions, bulk_idx, present, sel),
+                    )
+            st = cols[_G["status"]]
+            n_access = nb - st.count(None)
+            if n_access:
+                parser.kinds["access"] += n_access
+                for code, c in Counter(filter(None, st)).items():
                     parser.status_codes[code.decode()] += c
                 meth, path = cols[_G["method"]], cols[_G["path"]]
-                for (m, p), c in Counter(zip(map(meth.__getitem__, apos), map(path.__getitem__, apos), strict=True)).items():
+                for (m, p), c in Counter(zip(filter(None, meth), filter(None, path), strict=True)).items():
                     parser.access_paths[f"{m.decode()} {p.decode()}"] += c
-                last = apos[-1]
+                last = nb - 1
+                while st[last] is None:
+                    last -= 1
                 line_no = first_line_no + bulk_idx[last]
                 if parser.access_last is None or parser.access_last[1] < line_no:
                     parser.access_last = (ts[last], line_no)
-        # merge with the reference lines' points, per series, in line order
+        # merge the reference lines' points in, per series, by line
         for key in set(todo) | set(rec.points):
             signal, rank = key
             mine = todo.get(key)
             theirs = rec.points.get(key)
-            if theirs is None and mine is not None:
-                t_, v_, s_, order = mine
-                if not all(map(operator.lt, order, islice(order, 1, None))):  # decode and prefill rows interleave
-                    perm = sorted(range(len(order)), key=order.__getitem__)
-                    t_, v_, s_ = (list(map(x.__getitem__, perm)) for x in (t_, v_, s_))
-                _extend(sink, signal, rank, t_, v_, s_)
+            if mine is None:
+                assert theirs is not None
+                _extend(sink, signal, rank, [t[2] for t in theirs], [t[3] for t in theirs], [t[4] for t in theirs])
                 continue
-            merged = list(theirs or [])
-            if mine is not None:
-                merged.extend(zip(mine[3], repeat(0), mine[0], mine[1], mine[2], strict=False))
-            merged.sort(key=operator.itemgetter(0, 1))
-            _extend(sink, signal, rank, [m[2] for m in merged], [m[3] for m in merged], [m[4] for m in merged])
+            t_, v_, s_, positions = mine
+            if theirs:
+                # two runs sorted by line: a stable sort of the positions merges them in C
+                idx = positions() + [p[0] for p in theirs]
+                t_ += [p[2] for p in theirs]
+                v_ += [p[3] for p in theirs]
+                s_ += [p[4] for p in theirs]
+                perm = sorted(range(len(idx)), key=idx.__getitem__)
+                t_, v_, s_ = (list(map(x.__getitem__, perm)) for x in (t_, v_, s_))
+            _extend(sink, signal, rank, t_, v_, s_)
+
+
+def _positions(bulk_idx: list[int], present: Any, sel: list[bool] | None) -> list[int]:
+    idx = list(compress(bulk_idx, present))
+    return idx if sel is None else list(compress(idx, sel))
+
+
+# canonical signal → (bulk regex groups that give it, converter); one group per kind at most
+SIGNAL_GROUPS: dict[str, tuple[tuple[str, ...], Callable[[bytes], float]]] = {}
+for _g, _sig, _conv in DECODE_COLS + PREFILL_COLS:
+    _prev = SIGNAL_GROUPS.get(_sig)
+    SIGNAL_GROUPS[_sig] = ((*_prev[0], _g) if _prev else (_g,), _conv)
