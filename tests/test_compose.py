@@ -119,3 +119,23 @@ def test_promtool_check_config(tmp_path: Path) -> None:
     r = run([promtool, "check", "config", str(cfg)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 2 rule files found" in r.stdout and r.stdout.count("SUCCESS") >= 3, r.stdout
+
+
+def test_server_log_is_shared_with_diagnoser() -> None:
+    """The server log reaches diagnoser through the sglang-logs volume: SGLang (gpu) or the replay-server (demo)
+    writes /logs/sglang.log, diagnoser follows it."""
+    writers = {"gpu": "sglang", "demo": "replay"}
+    for profile, writer in writers.items():
+        svcs = config(profile)["services"]
+        w = svcs[writer]
+        assert any(v["type"] == "volume" and v["source"] == "sglang-logs" and v["target"] == "/logs" for v in w["volumes"])
+        cmd = " ".join(w["command"])
+        assert ("tee -a /logs/sglang.log" in cmd) if writer == "sglang" else ("--log-out /logs/sglang.log" in cmd)
+        d = svcs["diagnoser"]
+        assert any(v["source"] == "sglang-logs" and v["target"] == "/logs" and v.get("read_only") for v in d["volumes"])
+        i = d["command"].index("--log")
+        assert d["command"][i + 1] == "/logs/sglang.log"
+    sglang = config("gpu")["services"]["sglang"]
+    assert sglang["entrypoint"] == ["bash", "-c"] and "exec python3 -m sglang.launch_server" in sglang["command"][0]
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "mkdir /logs && chown diagnoser /logs" in dockerfile and "USER diagnoser" in dockerfile
