@@ -26,7 +26,9 @@ class Collection:
     raw_config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def usable(self) -> bool:
-        return any(tl.series or tl.events or tl.config for tl in self.timelines)
+        """Something a rule can judge: signals or log events, or config from a log. Config from server
+        info alone, with no /metrics scrape (e.g. SGLang without --enable-metrics), is not."""
+        return any(tl.series or tl.events or (tl.config and not tl.meta.get("unreachable")) for tl in self.timelines)
 
 
 def finalize(tl: Timeline, version: VersionRange) -> None:

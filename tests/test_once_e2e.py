@@ -163,6 +163,8 @@ def test_text_output_is_80_columns_with_headline_first() -> None:
 
 BAD: dict[str, tuple[dict[str, Route], str]] = {
     "404": ({}, "--enable-metrics"),
+    "404-server-info-only": ({"/get_server_info": static((RUN / "get_server_info.json").read_bytes(), "application/json")},
+                             "--enable-metrics"),
     "html": ({"/metrics": static(b"<!doctype html><html><body>Sign in</body></html>", "text/html")}, "HTML page"),
     "not-sglang": ({"/metrics": static(b"# TYPE up gauge\nup 1\nprocess_cpu_seconds_total 3.5\n")}, "none are SGLang's"),
     "binary-junk": ({"/metrics": static(bytes(range(256)) * 64, "application/octet-stream")}, "no parseable Prometheus metrics"),
