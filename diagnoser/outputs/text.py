@@ -32,6 +32,13 @@ def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=first if first is not None else indent, subsequent_indent=indent) or [indent.rstrip()]
 
 
+def _secs(stamp: str) -> str:
+    """``2026-11-29T10:29:56.005387Z`` → ``2026-11-29T10:29:56Z`` (the JSON keeps the full stamp)."""
+    if "." in stamp and stamp.endswith("Z"):
+        return stamp.split(".", 1)[0] + "Z"
+    return stamp
+
+
 def _per_rank(sigs: dict[str, Any]) -> list[str]:
     """``dp0 running 10 KV 0.50 · dp1 running 30 KV 0.90``: DP imbalance at a glance."""
     out = []
@@ -56,7 +63,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     out.append(title[:WIDTH])
     w = doc.get("window") or {}
     if w.get("start"):
-        out.append(f"window {w['start']} → {w['end']}")
+        out.append(f"window {_secs(w['start'])} → {_secs(w['end'])}")
     out.append("")
     for target, sigs in doc.get("signals", {}).items():
         out.append(f"▸ {target}"[:WIDTH])
