@@ -166,12 +166,15 @@ class FleetSpec:
     hot: frozenset[int] = frozenset({3, 11, 19, 27, 600, 601})
     old_version: frozenset[int] = frozenset({610, 611})  # 0.4.4-0.4.9 label generation in model qwen-7b
     odd_page: int = 5  # page_size 16 while every other llama replica runs 1
+    evil: str = ""  # when set, the last target's instance label carries this text (markup-escaping tests)
     targets: list[dict[str, object]] = field(default_factory=list)
 
     def model(self, i: int) -> str:
         return "llama-70b" if i < 600 else "qwen-7b"
 
     def instance(self, i: int) -> str:
+        if self.evil and i == self.n - 1:
+            return f"{self.evil}:30000"
         return f"10.0.{i // 250}.{i % 250}:30000"
 
     def spelling(self, i: int) -> str:
@@ -263,9 +266,9 @@ def backfill(om_path: Path, data_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-def fleet_prometheus(workdir: Path, n: int = 1000) -> tuple[Prom, FleetSpec]:
+def fleet_prometheus(workdir: Path, n: int = 1000, evil: str = "") -> tuple[Prom, FleetSpec]:
     """A real Prometheus serving a backfilled ``n``-target fleet (ends 60 s ago, 10 minutes long)."""
-    spec = FleetSpec(n=n, end=float(int(time.time()) - 60))
+    spec = FleetSpec(n=n, end=float(int(time.time()) - 60), evil=evil)
     om = workdir / "fleet.om"
     write_fleet_openmetrics(om, spec)
     t = backfill(om, workdir / "data")

@@ -113,7 +113,7 @@ def fleet_doc(snapshot: Any, p: dict[str, Any]) -> dict[str, Any]:
     fleet_findings = [{"rule": f.rule, "severity": f.severity.label, "state": f.state, "target": f.target, "summary": f.summary,
                        "notes": list(f.notes)} for f in snapshot.findings if f.target.startswith("fleet/")]
     fleet_findings.sort(key=lambda f: -SEV.get(f["severity"], 0))
-    totals = {k: sum(r[k] for r in rows if r.get(k) is not None) if any(r.get(k) is not None for r in rows) else None
+    totals = {k: fmt("{:,.0f}", sum(r[k] for r in rows if r.get(k) is not None)) if any(r.get(k) is not None for r in rows) else None
               for k in ("running", "queue", "gen")}
     return {
         "tick": snapshot.tick, "total": len(rows), "matched": len(matched), "page": page, "pages": pages, "per": p["per"],
