@@ -32,7 +32,7 @@ def test_stats_agree_with_pandas(run: str, data_dir: Path) -> None:
     df = tl.to_frame()
     assert len(df) == sum(len(s) for s in tl.series.values())
     checked = 0
-    for (signal, rank), s in tl.series.items():
+    for signal, rank in tl.series:
         ours = tl.stats(signal, rank)
         vals = df[(df["signal"] == signal) & (df["rank"] == rank)].sort_values("ts", kind="stable")["value"].dropna()
         assert ours["n"] == len(vals)
