@@ -130,6 +130,7 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
             start, end = tl.span()
             if end is not None and not tl.untimed:
                 col.timelines[i] = tl.window(end - args.last, end)
+                col.timelines[i].meta.pop("window_quantiles", None)  # they cover the whole sampling window
     extras = {
         "job_requests": args.job_requests,
         "client_concurrency": args.client_concurrency,
