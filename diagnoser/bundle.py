@@ -224,7 +224,7 @@ class ReadResult:
             return f"{self.path}: {what}, complete."
         good = self.size - self.bytes_bad
         pct = 100.0 * good / self.size if self.size else 0.0
-        return (f"{self.path} is damaged ({'; '.join(self.problems)}); {good} of {self.size} bytes ({pct:.0f}%) were "
+        return (f"{self.path} is damaged: {', '.join(self.problems)}; {good} of {self.size} bytes ({pct:.0f}%) were "
                 f"readable, giving {what}, which are replayed. Re-record if you need the missing part.")
 
 

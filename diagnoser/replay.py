@@ -415,8 +415,7 @@ class ReplayIngest:
         rep = InputReport(kind="replay", source=self.source.path, scrapes=self.source_count("scrape"),
                           lines_read=sum(len(r.get("lines") or []) for r in self.source.records if r.get("kind") == "log"))
         if self.source.problems:
-            rep.errors = len(self.source.problems)
-            rep.messages.append(self.source.summary)
+            rep.errors = len(self.source.problems)  # the sentence itself goes to Collection.errors
         col.inputs.append(rep)
         if self.source.problems:
             col.errors.append(self.source.summary)

@@ -249,3 +249,23 @@ def test_write_source_round_trip_equals_the_directory(tmp_path: Path, data_dir: 
     # thinning keeps the first and last scrape
     thin = write_source(src, str(tmp_path / "t.dgb"), every=3)
     assert thin["scrapes"] == 8 and thin["dropped_scrapes"] == 12
+
+
+def test_the_cli_replays_a_damaged_bundle_and_says_how_much_was_readable(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from diagnoser.cli import main as cli_main
+
+    data = EXAMPLE.read_bytes()
+    flipped = bytearray(data)
+    off, ln, _, _ = list(iter_members(data))[3]
+    flipped[off + ln // 2] ^= 0x10
+    for name, content in (("cut.dgb", data[: len(data) // 2]), ("flip.dgb", bytes(flipped))):
+        p = tmp_path / name
+        p.write_bytes(content)
+        code = cli_main(["--once", "--replay", str(p), "--format", "json"])
+        captured = capsys.readouterr()
+        doc = json.loads(captured.out)
+        assert code in (0, 1) and "Traceback" not in captured.err
+        errs = [e["error"] for e in doc["errors"]]
+        assert len(errs) == 1 and "is damaged" in errs[0] and "were readable" in errs[0] and "which are replayed" in errs[0]
+        assert any(i["kind"] == "metrics" and i["scrapes"] > 0 for i in doc["inputs"])
