@@ -258,6 +258,7 @@ class SGLangLogParser:
         self.access_paths: Counter[str] = Counter()
         self.access_last: tuple[float, int] | None = None  # (ts, line_no) of the last access line
         self._day_cache: dict[str, int] = {}
+        self._finished = False
         self._hints: set[str] = set()
         self._shapes_hinted: set[tuple[Any, ...]] = set()
         self._lows: list[Version] = []
@@ -389,8 +390,9 @@ class SGLangLogParser:
         }
 
     def finish(self) -> None:
-        """Emit what is only known at the end of the log (one access-log summary event)."""
-        if self.access_last is not None:
+        """Emit what is only known at the end of the log (one access-log summary event, once)."""
+        if self.access_last is not None and not self._finished:
+            self._finished = True
             ts, line_no = self.access_last
             self.sink.add_event(LogEvent("access_summary", ts, line_no, f"{self.source_name}:{line_no}", self.access_summary()))
 
