@@ -32,13 +32,16 @@ def _diagnose() -> list[str]:
 
 
 @contextmanager
-def serve(routes: dict[str, Route]) -> Iterator[str]:
+def serve(routes: dict[str, Any]) -> Iterator[str]:
     counts: dict[str, int] = {}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             path = self.path.split("?")[0]
             route = routes.get(path)
+            key = routes.get("__api_key__")
+            if key is not None and self.headers.get("Authorization") != f"Bearer {key}":
+                route = static(b'{"error":"Unauthorized"}', "application/json", 401)
             if route is None:
                 status, ctype, body = 404, "application/json", b'{"detail":"Not Found"}'
             else:
@@ -240,3 +243,19 @@ def test_url_and_log_together() -> None:
     assert log_in["lines_read"] > 100 and log_in["lines_recognized"] > 50
     assert doc["version"].endswith("0.5.23")  # no server info served: a range from names, labels, log lines
     assert doc["signals"][url]["running_reqs"]["n"] > 5  # scrapes and decode lines in one series
+
+
+def test_api_key_protected_server(tmp_path: Path) -> None:
+    key = "sk-e2e-0123456789"
+    routes = {"/metrics": static(COLLECTOR.read_bytes()), "__api_key__": key,
+              "/get_server_info": static((RUN / "get_server_info.json").read_bytes(), "application/json")}
+    with serve(routes) as url:
+        p = run("--url", url, "--duration", "0")
+        assert p.returncode == 2 and "401" in p.stderr and "--api-key" in p.stderr and "Traceback" not in p.stderr
+        keyfile = tmp_path / "key"
+        keyfile.write_text(key + "\n")
+        ok = run("--url", url, "--duration", "0", "--api-key", f"@{keyfile}", "--format", "json")
+    assert ok.returncode in (0, 1), ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["signals"][url]["running_reqs"]["last"] == 44 and doc["version"] == "0.5.23"
+    assert key not in ok.stdout + ok.stderr

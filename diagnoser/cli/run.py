@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=parse_duration, default=10.0, help="sampling window for --once with --url (default 10s)")
     p.add_argument("--interval", type=parse_duration, default=2.0, help="seconds between scrapes (default 2)")
     p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m")
+    p.add_argument("--api-key", default=None, help="the SGLang server's --api-key for --url targets, or @FILE holding it (default $SGLANG_API_KEY)")
     p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per request in seconds (default 5)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--fail-on", default="warning", choices=("info", "warning", "critical"), help="lowest severity that exits 1")
@@ -115,9 +116,21 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
 
 
 def _client(args: argparse.Namespace) -> Any:
+    """The one httpx pool for every --url target; ``--api-key`` (or $SGLANG_API_KEY) as a bearer token."""
+    import os
+
     from diagnoser.sources.http import make_client
 
-    return make_client(timeout=args.timeout)
+    key = getattr(args, "api_key", None) or os.environ.get("SGLANG_API_KEY") or None
+    headers = None
+    if key:
+        from diagnoser.fleet.promapi import auth_headers
+
+        try:
+            headers = auth_headers(bearer_token=key)
+        except ValueError as e:
+            raise UsageError(str(e).replace("--bearer-token", "--api-key")) from None
+    return make_client(timeout=args.timeout, headers=headers)
 
 
 def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict[str, Any]]:

@@ -93,7 +93,7 @@ def fetch(client: httpx.Client, url: str, max_bytes: int = DEFAULT_MAX_BYTES, wh
             msg = (f"{shown} answered 404: the server has no /metrics. Start SGLang with --enable-metrics "
                    "(in gRPC mode /metrics is on the HTTP sidecar, --port + 1).")
         elif status in (401, 403):
-            msg = f"{shown} answered {status} (not authorised). Pass the right credentials, or scrape from an allowed host."
+            msg = f"{shown} answered {status} (not authorised). Pass the server's key with --api-key KEY (or @FILE), or scrape from an allowed host."
         else:
             msg = f"{shown} answered HTTP {status}{(' for ' + what) if what else ''}. Check the URL and the server's state."
         return Fetched(url, False, status=status, text=text, content_type=ctype, error=msg, elapsed_s=elapsed)

@@ -36,6 +36,10 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
         elif f.status == 0:  # unreachable: the metrics source reports it; stop here
             report.errors += 1
             return report, raw
+        elif f.status in (401, 403):  # the other endpoints will say the same
+            report.errors += 1
+            report.messages.append(f.error)
+            return report, raw
     for path in adapter.model_info_paths:
         f = fetch(client, base + path, 1024 * 1024, "model info")
         if f.ok:
