@@ -257,3 +257,18 @@ def test_partial_answer_reports_missing_signals(big: tuple[Prom, FleetSpec], tmp
     assert tl.get("running_reqs") is not None and len(col.timelines) == 1000
     report = evaluate(col.timelines, get_adapter())
     assert any(f.rule == "replica_imbalance" for f in report.findings)
+
+
+def test_watch_mode_reads_the_fleet(replicas: tuple[Prom, dict[str, ReplayReplica]]) -> None:
+    import signal
+    import time
+
+    prom, reps = replicas
+    p = subprocess.Popen([*DIAGNOSE, "--prometheus", prom.url, "--range", "60s", "--step", "1s", "--rate-window", "5s", "--interval", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert reps["long-queue"].address in out and "replica_imbalance" in out, out[-3000:]
+    assert p.returncode == 1

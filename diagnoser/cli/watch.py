@@ -115,7 +115,7 @@ def _catch_signals() -> None:
 
 def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | None = None) -> int:
     out = out or sys.stdout
-    if not args.url and not args.log:
+    if not args.url and not args.log and not getattr(args, "prometheus", None):
         raise UsageError("nothing to watch: pass --url http://HOST:30000 and/or --log PATH (add --once for a single report)")
     if "-" in args.log:
         raise UsageError("watch mode follows log files; read stdin with --once --log -")
@@ -126,12 +126,19 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
     from diagnoser.live import LiveMonitor
 
     window = args.last or max(60.0, args.duration)
-    monitor = LiveMonitor(
-        get_adapter("sglang"), args.url, args.log, interval=args.interval, timeout=args.timeout, window_s=window,
+    kw: dict[str, Any] = dict(
+        interval=args.interval, timeout=args.timeout, window_s=window,
         for_seconds=getattr(args, "for_s", None), thresholds=load_thresholds(args), rules=select_rules(args.select, args.ignore),
         extras={"job_requests": args.job_requests, "client_concurrency": args.client_concurrency,
                 "model_config": args.model_config, "avg_tokens_per_request": args.avg_tokens_per_request},
     )
+    if getattr(args, "prometheus", None):  # fleet mode: targets from Prometheus (diagnoser/web/fleet.py)
+        from diagnoser.web.fleet import fleet_monitor
+
+        kw["window_s"] = args.last or getattr(args, "range", None) or 600.0
+        monitor: Any = fleet_monitor(args, get_adapter("sglang"), **kw)
+    else:
+        monitor = LiveMonitor(get_adapter("sglang"), args.url, args.log, **kw)
     _catch_signals()
     tty = out.isatty()
     plain = PlainPrinter(out)
