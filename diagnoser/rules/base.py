@@ -256,10 +256,17 @@ def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
         if not len(tb) or not len(ta):
             ctx.memo[key] = np.full(len(ta), np.nan)
         else:
-            uniq, first_rev = np.unique(tb[::-1], return_index=True)
-            last = len(tb) - 1 - first_rev  # the last occurrence of each time wins, as a dict would keep it
+            ukey = ("uniq", other, rank)
+            if ukey not in ctx.memo:
+                if len(tb) < 2 or bool((tb[1:] > tb[:-1]).all()):
+                    ctx.memo[ukey] = (tb, vb)  # strictly increasing times: already unique
+                else:
+                    uniq, first_rev = np.unique(tb[::-1], return_index=True)
+                    # the last reading at each time wins, as a dict would keep it
+                    ctx.memo[ukey] = (uniq, vb[len(tb) - 1 - first_rev])
+            uniq, uval = ctx.memo[ukey]
             pos = np.minimum(np.searchsorted(uniq, ta), len(uniq) - 1)
-            ctx.memo[key] = np.where(uniq[pos] == ta, vb[last[pos]], np.nan)
+            ctx.memo[key] = np.where(uniq[pos] == ta, uval[pos], np.nan)
     return ctx.memo[key]
 
 

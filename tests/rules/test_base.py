@@ -10,11 +10,11 @@ from diagnoser.timeline import Timeline, summarize
 from tests.rules.helpers import ADAPTER
 
 
-def _tl(n: int, seed: int = 1) -> Timeline:
+def _tl(n: int, seed: int = 1, per_second: int = 2) -> Timeline:
     rnd = random.Random(seed)
     tl = Timeline(target="t")
     for i in range(n):
-        ts = 1000.0 + i // 2  # two readings per second, as log lines sharing a stamp
+        ts = 1000.0 + i // per_second  # several readings per second, as log lines sharing a stamp
         if rnd.random() < 0.9:
             tl.add("a", ts, rnd.random() if rnd.random() > 0.02 else math.nan, f"server.log:{i + 1}")
         if rnd.random() < 0.8:
@@ -32,8 +32,8 @@ def _slow_joint(tl: Timeline) -> list[tuple[float, float, float, str]]:
 
 
 def test_numpy_join_matches_the_python_join() -> None:
-    for n in (10, 500, 5000):
-        tl = _tl(n, seed=n)
+    for n, per in ((10, 2), (500, 2), (5000, 2), (500, 1), (5000, 1)):
+        tl = _tl(n, seed=n, per_second=per)
         ctx = RuleContext(tl, {}, ADAPTER)
         fast = joint(ctx, "a", "b")
         assert fast == _slow_joint(tl)
