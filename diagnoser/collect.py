@@ -104,7 +104,7 @@ def collect_once(
             if rep.scrapes:
                 tls[t.url].inputs.append(rep)
                 col.inputs.append(rep)
-        n = max(1, int(round(duration / interval)) + 1) if duration > 0 else 1
+        n = max(1, int(round(duration / interval)) + 1) if duration > 0 and interval > 0 else 1
         for i in range(n):
             t0 = time.monotonic()
             for t in targets:

@@ -214,6 +214,10 @@ def test_usable_data_from_one_target_is_not_exit_2() -> None:
 def test_usage_error_exits_2() -> None:
     p = subprocess.run([*_diagnose(), "--once"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "nothing to read" in p.stderr and "Traceback" not in p.stderr
+    p = run("--url", "http://127.0.0.1:9", "--interval", "0")
+    assert p.returncode == 2 and "--interval" in p.stderr and "Traceback" not in p.stderr
+    p = run("--url", "http://127.0.0.1:9", "--duration", "ten")
+    assert p.returncode == 2 and "not a duration" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_timeout_exits_2_with_the_cause() -> None:

@@ -102,6 +102,8 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
         return collect_prometheus(args, adapter)
     if not args.url and not args.log:
         raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin)")
+    if args.interval <= 0 or args.duration < 0 or args.timeout <= 0:
+        raise UsageError("--interval and --timeout must be more than 0 seconds and --duration at least 0, e.g. --duration 10s --interval 2s")
     from diagnoser.collect import collect_once
 
     progress = None
