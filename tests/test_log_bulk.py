@@ -132,7 +132,7 @@ def test_small_inputs_take_the_line_path_large_ones_the_bulk_path(generated: byt
         rd = open_log_reader(ADAPTER, tl, "server.log")
         used: list[bool] = []
         real = rd.parser.bulk
-        rd.parser.bulk = lambda real=real: (used.append(True), real())[1]  # type: ignore[method-assign]
+        rd.parser.bulk = lambda real=real, used=used: (used.append(True), real())[1]  # type: ignore[method-assign]
         rd.feed_stream(io.BytesIO(data))
         assert bool(used) == bulk
         assert rd.report.lines_read == data.count(b"\n") + (0 if data.endswith(b"\n") else 1)

@@ -29,7 +29,7 @@ from functools import partial
 from itertools import chain, compress, islice, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logs import TRIGGER_BYTES_RE, epoch_day
+from diagnoser.engines.sglang.logformats import TRIGGER_BYTES_RE, epoch_day
 
 if TYPE_CHECKING:
     from diagnoser.engines.sglang.logs import SGLangLogParser

@@ -22,222 +22,53 @@ from collections import Counter
 from typing import Any
 
 from diagnoser.engines.sglang.config import facts_from_args
+from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoch_day … re-exported)
+    _ACCESS_RE,
+    _AUTO_MEM_RE,
+    _AVAIL_RE,
+    _BARE_PREFIX_RE,
+    _BATCH_RE,
+    _DECODE_FIELDS,
+    _DECODE_SINCE,
+    _DECODE_UNTIL,
+    _GRAPH_BS_RE,
+    _GRAPH_END_BS_RE,
+    _GRAPH_END_RE,
+    _GRAPH_MEM_RE,
+    _HICACHE_AUTO_RE,
+    _HICACHE_RE,
+    _HOST_MEM_ERR_RE,
+    _KV_RE,
+    _LAST_FIELDS,
+    _LOAD_BEGIN_RE,
+    _LOAD_END_RE,
+    _MAX_NUM_REQS_RE,
+    _MEMPOOL_END_RE,
+    _NO_HIGH,
+    _NO_KV_MEM_RE,
+    _NOT_ENOUGH_MEM,
+    _OOM_RE,
+    _PREFILL_FIELDS,
+    _PREFILL_SINCE,
+    _PREFILL_UNTIL,
+    _PREFIX_RE,
+    _PROFILED_RE,
+    _REDUCED_RE,
+    _RETRACT_RE,
+    _SPEC_RESET_RE,
+    _SUFFIX_PREFIXES,
+    _SUMMARY_RE,
+    _TAG_RE,
+    TRIGGER_BYTES_RE,
+    TRIGGER_RE,
+    TRIGGERS,
+    _num,
+    _split_fields,
+    epoch_day,
+)
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
 from diagnoser.model import LogEvent, SignalSink
-
-# ---------------------------------------------------------------------------------------------------
-# prefix
-
-_PREFIX_RE = re.compile(
-    r"^(?:[\w.-]+\s+\|\s)?"  # docker compose: "sglang-1  | "
-    r"(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+)?"  # container stamp
-    r"(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?"  # Ray
-    r"(?:\[|(?=(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}[^\]]{0,60}\]))?"  # "[" (or missing "[" before a stamp)
-    r"(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
-    r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\]\s?"
-)
-_BARE_PREFIX_RE = re.compile(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?")
-_TAG_RE = re.compile(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
-
-_BATCH_RE = re.compile(r"(Prefill|Decode) batch(?:\s*\(mixed #running-req: (\d+)\))?\s*(?:\[(\d+)\])?\s*[.,]?\s*")
-
-# field label in a batch line → canonical signal (None = recognised but not a timeline signal)
-_DECODE_FIELDS: dict[str, str | None] = {
-    "#running-req": "running_reqs",
-    "#token": "used_tokens",
-    "#full token": "used_tokens",
-    "token usage": "token_usage",
-    "full token usage": "full_token_usage",
-    "swa token usage": "swa_token_usage",
-    "mamba usage": "mamba_usage",
-    "gen throughput (token/s)": "gen_throughput_tps",
-    "#queue-req": "queue_reqs",
-    "accept len": "spec_accept_len",
-    "accept rate": "spec_accept_rate",
-    "cuda graph": "cuda_graph",
-    "cpu graph": "cuda_graph",
-    "npu graph": "cuda_graph",
-    "musa graph": "cuda_graph",
-    "#retracted-req": None,
-    "#swa token": None,
-    "mamba num": None,
-    "pre-allocated usage": None,
-    "#prealloc-req": None,
-    "#transfer-req": None,
-    "#host-receive-req": None,
-    "largest-len": None,
-    "waiting-image-req": None,
-    "cap len": None,
-    "block accept len": None,
-    "fwd occupancy": None,
-    "#gpu token": None,
-    "gpu token usage": None,
-    "#cpu token": None,
-    "cpu token usage": None,
-}
-_PREFILL_FIELDS: dict[str, str | None] = {
-    "#new-seq": "prefill_new_seqs",
-    "#new-token": "prefill_new_tokens",
-    "#cached-token": "prefill_cached_tokens",
-    "cache hit rate": "cache_hit_rate",
-    "token usage": "token_usage",
-    "full token usage": "full_token_usage",
-    "swa token usage": "swa_token_usage",
-    "mamba usage": "mamba_usage",
-    "#running-req": "running_reqs",
-    "#queue-req": "queue_reqs",
-    "#pending-token": "pending_tokens",
-    "input throughput (token/s)": "input_throughput_tps",
-    "cuda graph": None,
-    "cpu graph": None,
-    "npu graph": None,
-    "musa graph": None,
-    "#unbootstrapped-req": None,
-    "#transferring-req": None,
-    "#prealloc-req": None,
-    "#bootstrap-req": None,
-    "#inflight-req": None,
-    "#optimistic-req": None,
-    "#replay-token": None,
-    "time": None,
-    "waiting-image-req": None,
-    "fwd occupancy": None,
-}
-_SUFFIX_PREFIXES = ("est. ",)
-
-_RETRACT_RE = re.compile(
-    r"(?:KV cache pool is full\. Retract requests\.|Decode out of memory happened\.|Testing retraction\.)"
-    r"\s*#retracted_reqs: (\d+)(?:, #new_tokens_gained: (\d+))?(?:, #mamba_num_gained: (\d+))?"
-    r"(?:, #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
-)
-_OOM_RE = re.compile(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
-_SUMMARY_RE = re.compile(r"max_total_num_tokens=(\d+)(?:, .*)?$")
-_KV_RE = re.compile(
-    r"KV [Cc]ache (?:is )?allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
-)
-_LOAD_END_RE = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
-_LOAD_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
-_MEMPOOL_END_RE = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
-_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
-_GRAPH_END_RE = re.compile(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
-_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
-_GRAPH_MEM_RE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
-_AVAIL_RE = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
-_HICACHE_RE = re.compile(
-    r"Allocating (?:([\d.]+) GB host memory for hierarchical KV cache|(\w+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory)"
-)
-_REDUCED_RE = re.compile(r"max_running_requests was reduced from requested (\d+) to (\d+)")
-_MAX_NUM_REQS_RE = re.compile(r"max_num_reqs\s*=\s*(\d+)")
-_SPEC_RESET_RE = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
-_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
-_AUTO_MEM_RE = re.compile(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
-_NOT_ENOUGH_MEM = ("Not enough memory. Please try to increase --mem-fraction-static", "leave no GPU memory for the KV cache")
-_HOST_MEM_ERR_RE = re.compile(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
-_PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
-_HICACHE_AUTO_RE = re.compile(
-    r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank \(fraction ([\d.]+), (\d+) ranks? on this host\), host pools ([\d.]+) GiB"
-)
-_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
-
-_NO_HIGH: Version = (99, 0, 0)
-
-# Every line the parser can recognise contains one of these substrings (case-sensitive). A line with
-# none of them is counted as unrecognised without touching the parser's state, which is what lets
-# the bulk backfill (``logfast``) skip such lines in C and still produce exactly the same result.
-TRIGGERS: tuple[str, ...] = (
-    "batch",
-    "#running-req:",
-    "retracted_reqs",
-    "out of memory",
-    "max_total_num_tokens=",
-    "server_args=",
-    "KV Cache is allocated",
-    "KV cache allocated",
-    "Load weight",
-    "Memory pool end",
-    "Capture",
-    "Capturing batches",
-    "hierarchical",
-    "HiCache",
-    "max_running_requests was reduced",
-    "max_num_reqs",
-    "Max running requests is reset",
-    "HTTP/",
-    "fired up and ready to roll",
-    "mem-fraction-static",
-    "larger than the profiled value",
-    "Cuda graph is disabled",
-    "leak detected",
-    "Health check failed",
-    "Scheduler hit an exception",
-    "Traceback",
-)
-TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
-TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())
-
-# decode-line fields → the first version that prints them (reference §3.3); "=" marks one-release fields
-_DECODE_SINCE: dict[str, Version] = {
-    "accept len": (0, 4, 2), "accept rate": (0, 5, 4), "pre-allocated usage": (0, 4, 6), "#retracted-req": (0, 4, 8),
-    "#full token": (0, 4, 10), "full token usage": (0, 4, 10), "#swa token": (0, 4, 10), "swa token usage": (0, 4, 10),
-    "cpu graph": (0, 5, 2), "#prealloc-req": (0, 5, 3), "#transfer-req": (0, 5, 3), "mamba num": (0, 5, 4),
-    "mamba usage": (0, 5, 4), "npu graph": (0, 5, 9), "waiting-image-req": (0, 5, 9), "fwd occupancy": (0, 5, 11),
-    "cap len": (0, 5, 16), "block accept len": (0, 5, 16), "#host-receive-req": (0, 5, 21), "#gpu token": (0, 5, 21),
-    "gpu token usage": (0, 5, 21), "#cpu token": (0, 5, 21), "cpu token usage": (0, 5, 21), "cuda graph": (0, 4, 7),
-    "largest-len": (0, 4, 4),
-}
-_PREFILL_SINCE: dict[str, Version] = {
-    "#unbootstrapped-req": (0, 4, 6), "#transferring-req": (0, 4, 6), "input throughput (token/s)": (0, 4, 8),
-    "full token usage": (0, 4, 10), "swa token usage": (0, 4, 10), "#prealloc-req": (0, 5, 3), "#inflight-req": (0, 5, 3),
-    "mamba usage": (0, 5, 4), "cuda graph": (0, 5, 9), "cpu graph": (0, 5, 9), "npu graph": (0, 5, 9),
-    "waiting-image-req": (0, 5, 9), "#pending-token": (0, 5, 11), "fwd occupancy": (0, 5, 11), "#bootstrap-req": (0, 5, 12),
-    "#optimistic-req": (0, 5, 16), "#replay-token": (0, 5, 21), "time": (0, 4, 7),
-}
-# the field a complete 0.5.9+ batch line ends with (a ragged pasted line may stop anywhere)
-_LAST_FIELDS = ("#queue-req", "input throughput (token/s)", "cuda graph", "cpu graph", "npu graph", "musa graph", "fwd occupancy")
-_DECODE_UNTIL: dict[str, Version] = {"largest-len": (0, 4, 4)}
-_PREFILL_UNTIL: dict[str, Version] = {
-    "cache hit rate": (0, 4, 3), "#unbootstrapped-req": (0, 5, 2), "#transferring-req": (0, 5, 2),
-    "#prealloc-req": (0, 5, 11), "time": (0, 4, 7),
-}
-
-
-def epoch_day(y: int, m: int, d: int) -> int:
-    """Seconds from 1970-01-01 to the start of that UTC day (days_from_civil, H. Hinnant): the same as
-    ``calendar.timegm`` without importing calendar and locale at start-up."""
-    y -= m <= 2
-    era = (y if y >= 0 else y - 399) // 400
-    yoe = y - era * 400
-    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return (era * 146097 + doe - 719468) * 86400
-
-
-def _num(text: str) -> float | None:
-    text = text.strip().rstrip(",.")
-    if text in ("True", "False"):
-        return 1.0 if text == "True" else 0.0
-    pct = text.endswith("%")
-    if pct:
-        text = text[:-1]
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v / 100.0 if pct else v
-
-
-def _split_fields(body: str) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for part in body.split(", "):
-        part = part.strip().rstrip(",")
-        if not part:
-            continue
-        key, sep, val = part.partition(": ")
-        if not sep:
-            continue
-        out.append((key.strip(), val.strip()))
-    return out
 
 
 class SGLangLogParser:
