@@ -11,7 +11,7 @@ import pytest
 
 from diagnoser.collect import collect_once
 from diagnoser.engines.sglang import ADAPTER
-from diagnoser.sources.http import base_url, fetch, make_client
+from diagnoser.sources.http import base_url, fetch, make_client, url_problem
 from diagnoser.sources.metrics import MetricsTarget, parse_exposition
 from diagnoser.timeline import Timeline
 from tests.conftest import DATA
@@ -140,6 +140,14 @@ def test_library_salvage_counts_bad_lines(real_text: str) -> None:
 def test_base_url_and_credentials_never_shown() -> None:
     assert base_url("127.0.0.1:30000/metrics") == "http://127.0.0.1:30000"
     assert base_url("http://h:1/get_server_info") == "http://h:1"
+    assert base_url("localhost") == "http://localhost:30000"  # SGLang's default port
+    assert base_url("[::1]") == "http://[::1]:30000"
+    assert base_url("http://gateway.example/sglang/metrics") == "http://gateway.example/sglang"  # explicit: no port added
+    assert url_problem("http://127.0.0.1:30000") is None and url_problem("u:p@h:1") is None
+    for bad, needle in [("http://[::1", "not a valid URL"), ("", "not an http(s)"), ("ftp://x", "not an http(s)"),
+                        ("http://h:99999", "Port out of range"), ("http://exa mple.com", "not an http(s)")]:
+        assert needle in (url_problem(bad) or ""), bad
+    assert "pw" not in (url_problem("ftp://u:pw@h") or "")
 
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("[Errno 111] Connection refused", request=request)

@@ -102,6 +102,13 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
         return collect_prometheus(args, adapter)
     if not args.url and not args.log:
         raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin)")
+    if args.url:
+        from diagnoser.sources.http import url_problem
+
+        for u in args.url:
+            problem = url_problem(u)
+            if problem:
+                raise UsageError(problem)
     if args.interval <= 0 or args.duration < 0 or args.timeout <= 0:
         raise UsageError("--interval and --timeout must be more than 0 seconds and --duration at least 0, e.g. --duration 10s --interval 2s")
     from diagnoser.collect import collect_once

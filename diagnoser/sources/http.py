@@ -17,16 +17,35 @@ DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 
 
 def base_url(url: str) -> str:
-    """``http://h:30000/metrics`` → ``http://h:30000``; adds ``http://`` when the scheme is missing."""
+    """``http://h:30000/metrics`` → ``http://h:30000``; adds ``http://`` when the scheme is missing, and
+    SGLang's default port 30000 when neither scheme nor port is given (``localhost`` → ``http://localhost:30000``)."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
+        host = urlsplit(url).netloc.rsplit("@", 1)[-1]
+        if host and (host.endswith("]") or ":" not in host):
+            url = url.replace(host, host + ":30000", 1)
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     for suffix in ("/metrics", "/server_info", "/get_server_info"):
         if path.endswith(suffix):
             path = path[: -len(suffix)]
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def url_problem(url: str) -> str | None:
+    """One sentence when ``--url`` cannot be a server address (checked before any request)."""
+    shown = redact_text(url.strip()) or "''"
+    try:
+        b = base_url(url)
+        parts = urlsplit(b)
+        parts.port  # noqa: B018  (raises on a bad port)
+        httpx.URL(b)
+    except (ValueError, httpx.InvalidURL) as e:
+        return f"--url {shown} is not a valid URL ({e}); pass something like http://127.0.0.1:30000"
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in parts.netloc:
+        return f"--url {shown} is not an http(s) server address; pass something like http://127.0.0.1:30000"
+    return None
 
 
 def display_url(url: str) -> str:
