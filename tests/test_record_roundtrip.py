@@ -208,3 +208,15 @@ def test_two_servers_and_a_log_round_trip(tmp_path: Path, capsys: pytest.Capture
     assert list(replayed["signals"]) == list(live["signals"]) == [a.url, b.url, str(log)]
     assert replayed["findings"] == live["findings"] and replayed["signals"] == live["signals"]
     assert {f["target"] for f in live["findings"]} >= {a.url, b.url}
+
+
+def test_recording_a_log_alone_equals_once_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = ROOT / "examples" / "kv-full-retract" / "server.log"
+    out = tmp_path / "log.dgb"
+    code, live = _json_out(capsys, ["record", "--log", str(log), "--duration", "0", "-o", str(out), "--report", "json"])
+    assert code == 0
+    _, replayed = _json_out(capsys, ["--once", "--replay", str(out), "--format", "json"])
+    _, direct = _json_out(capsys, ["--once", "--log", str(log), "--format", "json"])
+    assert "kv_saturation" in {f["rule"] for f in direct["findings"]}
+    assert live["findings"] == replayed["findings"] == direct["findings"]
+    assert live["signals"] == replayed["signals"] == direct["signals"]
