@@ -304,3 +304,25 @@ def test_fast_and_reference_paths_give_identical_signals(run: str) -> None:
     assert pa == pb
     assert {k: v.value for k, v in a.config.items()} == {k: v.value for k, v in b.config.items()}
     assert a.version == b.version
+
+
+def test_fast_path_matches_library_on_label_escapes_and_spacing() -> None:
+    base = (METRICS_DIR / "sglang-0.5.23_collector_metrics.prom").read_text()
+    run_line = next(ln for ln in base.splitlines() if ln.startswith("sglang:num_running_reqs{"))
+    odd = [
+        run_line.replace('model_name="tiny-llama"', r'model_name="org/m \"q\" \\ x\ny"'),
+        run_line.replace("} ", "}   ").replace("44.0", "4.4e+01 1732000000000"),  # spacing, timestamp
+        'sglang_num_queue_reqs{engine_type="unified",model_name="m",cache_source="device",} 3',  # trailing comma
+        "sglang:gen_throughput 12.5",  # no labels
+        'sglang:token_usage{model_name="m"} NaN',
+        'sglang:num_used_tokens{model_name="m"} +Inf',
+    ]
+    text = "\n".join(odd) + "\n"
+    fast = m.fast_samples(text)
+    ref = m.samples_from_families(text_string_to_metric_families(text))
+
+    def norm(samples: list) -> list:
+        return sorted((n, sorted(lab.items()), "nan" if math.isnan(v) else v) for n, lab, v in samples)
+
+    assert norm(fast) == norm(ref) and len(fast) == 6
+    assert fast[0][1]["model_name"] == 'org/m "q" \\ x\ny'
