@@ -220,3 +220,40 @@ def test_recording_a_log_alone_equals_once_log(tmp_path: Path, capsys: pytest.Ca
     assert "kv_saturation" in {f["rule"] for f in direct["findings"]}
     assert live["findings"] == replayed["findings"] == direct["findings"]
     assert live["signals"] == replayed["signals"] == direct["signals"]
+
+
+class _DiskFillsUp:
+    """A real file that fails like a full disk once ``room`` bytes are on it (fault injection: a real
+    ENOSPC needs a small filesystem, which CI machines do not give us)."""
+
+    def __init__(self, path: str, room: int) -> None:
+        self.f = open(path, "wb", buffering=0)
+        self.room = room
+
+    def write(self, b: bytes) -> int:
+        left = self.room - self.f.tell()
+        if left <= 0:
+            raise OSError(28, "No space left on device")
+        return self.f.write(bytes(b[:left]))  # a short write, like the kernel's
+
+    def __getattr__(self, name: str):  # flush, truncate, seek, fileno, close
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_stops_cleanly_and_says_so(server: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import diagnoser.bundle as bundle
+
+    url, _ = server
+    out = tmp_path / "disk.dgb"
+    monkeypatch.setattr(bundle, "open", lambda p, *a, **k: _DiskFillsUp(p, 50_000), raising=False)
+    code = cli_main(["record", "--url", url, "--duration", "30s", "--interval", "0.2", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the disk is full" in err and "valid bundle" in err and "Traceback" not in err
+    res = read_bundle(str(out))
+    assert res.members_bad == 0 and not res.truncated and res.count("scrape") >= 2
+    # cutting the half-written block off freed enough room for the small end record
+    assert "the end record was written" in err and res.end is not None and res.end["reason"] == "write-error"
+    assert res.end["counts"]["scrapes"] == res.count("scrape")
+    assert out.stat().st_size <= 50_000
