@@ -5,8 +5,9 @@ HISTOGRAMS, CONFIG_GAUGES), so a Prometheus-fed timeline has the same signal nam
 Every selector takes both spellings (``sglang:x`` as served, ``sglang_x`` after Prometheus 3 escaping or
 the router's ``/engine_metrics``; reference §1.5) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
 histogram quantiles are computed by Prometheus (``rate()``, ``histogram_quantile()``); gauges are
-reduced per target and rank with the same rule as the direct path (``max``, or ``sum`` over ``pid``
-series for the PID_SUMMED gauges).
+read as they are stored (no server-side aggregation: measured 2-3x cheaper for Prometheus than ``max by``)
+and reduced per target and rank here with the same rule as the direct path (``max``, or ``sum`` over
+``pid``/``endpoint`` series for the PID_SUMMED gauges; counters summed over label splits).
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
         agg = "sum" if summed else "max"
         extra = 'endpoint!="/metrics"' if "http_requests_active" in names else ""  # not the scraper's own request
         # the retraction counter (0.5.7+) beats the per-report gauge, which a scrape can miss
-        out.append(SignalQuery(sig, "gauge", f"{agg} by ({GROUP}) ({name_selector(names, matchers, extra=extra)})",
-                               f"sglang:{names[0]}", "sum" if summed else "max", priority=2 if sig == "retracted_reqs" else 0))
+        out.append(SignalQuery(sig, "gauge", name_selector(names, matchers, extra=extra),
+                               f"sglang:{names[0]}", agg, priority=2 if sig == "retracted_reqs" else 0))
     w = _dur(rate_window)
     rates: dict[str, list[str]] = {}
     totals: dict[str, list[str]] = {}
@@ -103,22 +104,22 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
         if total_sig:
             totals.setdefault(total_sig, []).append(cname)
     for sig, names in rates.items():
-        out.append(SignalQuery(sig, "rate", f"sum by ({GROUP}) (rate({name_selector(names, matchers)}[{w}]))",
+        out.append(SignalQuery(sig, "rate", f"rate({name_selector(names, matchers)}[{w}])",
                                f"rate(sglang:{names[0]}[{w}])", "sum"))
     for sig, names in totals.items():
         if sig == "retractions_total":
             continue  # below, with the per-step counts
-        out.append(SignalQuery(sig, "total", f"sum by ({GROUP}) ({name_selector(names, matchers)})", f"sglang:{names[0]}", "sum"))
+        out.append(SignalQuery(sig, "total", name_selector(names, matchers), f"sglang:{names[0]}", "sum"))
     # Per-step counts come from the counter's value at each step, differenced here (a drop is a
     # restart: count from 0), as the direct path does between scrapes; increase() over one step would
     # need two scrapes inside every step. Retractions: the 0.5.7+ counter, else the 0.4.10-0.5.2
     # cumulative gauge (reference §2.4).
     for prio, name in enumerate(("num_retracted_requests_total", "total_retracted_reqs")):
-        out.append(SignalQuery("retracted_reqs", "delta", f"sum by ({GROUP}) ({name_selector([name], matchers)})",
+        out.append(SignalQuery("retracted_reqs", "delta", name_selector([name], matchers),
                                f"sglang:{name}", "sum", priority=prio, total="retractions_total"))
     # prefill tokens per step by mode: the 0.5.18+ family first (it excludes retraction re-counts)
     for prio, fam in enumerate(("prefill_effective_tokens_total", "realtime_tokens_total")):
-        out.append(SignalQuery(PREFILL, "prefill", f"sum by ({GROUP}, mode) ({name_selector([fam], matchers)})",
+        out.append(SignalQuery(PREFILL, "prefill", name_selector([fam], matchers),
                                f"sglang:{fam}", "sum", priority=prio))
     stems: dict[str, list[str]] = {}
     for base, stem in M.HISTOGRAMS.items():
