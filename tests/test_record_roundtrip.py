@@ -246,7 +246,12 @@ def test_a_full_disk_stops_cleanly_and_says_so(server: tuple[str, Path], tmp_pat
 
     url, _ = server
     out = tmp_path / "disk.dgb"
-    monkeypatch.setattr(bundle, "open", lambda p, *a, **k: _DiskFillsUp(p, 50_000), raising=False)
+    import builtins
+
+    def fake_open(p: str, mode: str = "r", *a: object, **k: object) -> object:
+        return _DiskFillsUp(p, 50_000) if "w" in mode else builtins.open(p, mode, *a, **k)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(bundle, "open", fake_open, raising=False)
     code = cli_main(["record", "--url", url, "--duration", "30s", "--interval", "0.2", "-o", str(out)])
     err = capsys.readouterr().err
     assert code == 1
