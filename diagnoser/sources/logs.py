@@ -125,24 +125,25 @@ class LogReader:
                     overlong, rest = True, b""
                 continue
             rest = data[cut + 1 :]
-            self._feed_block(bulk, data[:cut].split(b"\n"))
+            self._feed_block(bulk, data[:cut])
             if len(rest) > MAX_LINE:
                 overlong, rest = True, b""
         if overlong:
             self._count_junk_line()
         elif rest:
-            self._feed_block(bulk, [rest])
+            self._feed_block(bulk, rest)
 
     def _count_junk_line(self) -> None:
         self.line_no += 1
         self.report.lines_read += 1
         self.report.errors += 1
 
-    def _feed_block(self, bulk: Any, lines: list[bytes]) -> None:
+    def _feed_block(self, bulk: Any, block: bytes) -> None:
+        n = block.count(b"\n") + 1
         first = self.line_no + 1
-        self.line_no += len(lines)
-        self.report.lines_read += len(lines)
-        self.report.lines_recognized += bulk.feed_lines(lines, first, self.feed_raw)
+        self.line_no += n
+        self.report.lines_read += n
+        self.report.lines_recognized += bulk.feed_block(block, first, self.feed_raw)
 
 
 def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:

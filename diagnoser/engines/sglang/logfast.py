@@ -51,7 +51,9 @@ FAST_RE = re.compile(
     rb"|INFO: +[\w.:\[\]-]+:\d+ - \"(?P<method>[A-Z]+) (?P<path>[!-~]+) HTTP/[\d.]+\" (?P<status>\d{3})(?: [ -~]{0,400})?"
     rb")"
 )
-_G = {name: i - 1 for name, i in FAST_RE.groupindex.items()}
+# one match per line of a block: the bulk shapes in "whole" (with their fields), any other line in "other"
+BLOCK_RE = re.compile(rb"^(?:(?P<whole>" + FAST_RE.pattern + rb")|(?P<other>.*))$", re.MULTILINE)
+_G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
 
 # (group, canonical signal, converter) per kind — the same mapping as the reference field tables
 _FLOAT = float
@@ -78,7 +80,6 @@ PREFILL_COLS: tuple[tuple[str, str, Callable[[bytes], float]], ...] = (
     ("p_in", "input_throughput_tps", _FLOAT),
 )
 _DIGITS = b"0123456789"
-_groups = re.Match.groups
 
 
 class _Recorder:
@@ -140,61 +141,66 @@ class BulkReader:
         return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
 
     def feed_lines(self, lines: list[bytes], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
-        """Parse ``lines`` (no newlines; line ``i`` has number ``first_line_no + i``).
+        """:meth:`feed_block` for a list of lines (no newlines)."""
+        return self.feed_block(b"\n".join(lines), first_line_no, fallback) if lines else 0
+
+    def feed_block(self, block: bytes, first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
+        """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); line ``i`` has number
+        ``first_line_no + i``.
 
         ``fallback(raw, line_no)`` is the reader's exact per-line path (junk checks, decoding, the
         reference parser); it returns ``None`` when the line was skipped, else whether it was
         recognised. Returns the number of recognised lines.
         """
         parser = self.parser
-        n = len(lines)
-        matches = list(map(FAST_RE.fullmatch, lines))
-        rows = list(compress(range(n), matches))
-        mats = list(compress(matches, matches))
+        # one C call: a tuple of groups per line; the bulk shapes fill "whole", every other line "other"
+        tuples = BLOCK_RE.findall(block)
+        n = len(tuples)
+        cols = list(zip(*tuples, strict=True))
+        del tuples
+        whole, other = cols[_G["whole"]], cols[_G["other"]]
+        rows = list(compress(range(n), whole))
         # lines for the reference parser: unmatched lines that it could recognise (or must check)
         trig = TRIGGER_BYTES_RE
         refs: list[int] = []
         if len(rows) < n:
-            for i in compress(range(n), map(operator.not_, matches)):
-                raw = lines[i]
-                if raw and (trig.search(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535):
+            for i in compress(range(n), other):
+                raw = other[i]
+                if trig.search(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
                     refs.append(i)
-        del matches
-        # first line of each shape not seen before → reference parser
-        keys = list(map(bytes.translate, (lines[i] for i in rows), repeat(None), repeat(_DIGITS)))
+        # the first line of each shape not seen before: the reference parser applies its hints
+        keys = list(map(bytes.translate, compress(whole, whole), repeat(None), repeat(_DIGITS)))
         first: dict[bytes, int] = {}
         shapes = self.shapes
-        for k, pos in zip(reversed(keys), reversed(range(len(rows))), strict=True):
+        for k, pos in zip(reversed(keys), reversed(rows), strict=True):
             if k not in shapes:
                 first[k] = pos
         shapes.update(first)
-        first_pos = set(first.values())
-        refs.extend(rows[p] for p in first_pos)
+        hint_rows = set(first.values())
+        refs.extend(hint_rows)
         refs.sort()
-        bulk_pos = [p for p in range(len(rows)) if p not in first_pos] if first_pos else list(range(len(rows)))
-        groups = list(map(_groups, (mats[p] for p in bulk_pos)))
-        bulk_idx = [rows[p] for p in bulk_pos]
-        del mats, keys
-        nb = len(groups)
-        cols = list(zip(*groups, strict=True)) if nb else [()] * len(_G)
-        del groups
-        ts = self._times(cols, nb)
+        del keys
+        ts = self._times(cols, n)
 
         # reference lines, in order, with the clock set as if the bulk lines had been fed
-        recognized = nb
+        recognized = len(rows)
         sink = parser.sink
         rec = _Recorder(sink)
         parser.sink = rec
         last_state = -1
         try:
             for L in refs:
-                b = bisect_left(bulk_idx, L) - 1
+                b = bisect_left(rows, L) - 1
                 if b >= 0:
                     parser.saw_date = True
-                    if bulk_idx[b] > last_state:
-                        parser.last_ts = ts[b]
+                    if rows[b] > last_state:
+                        parser.last_ts = ts[rows[b]]
                 rec.cur = L
-                raw = lines[L]
+                if L in hint_rows:
+                    self._hints_only(whole[L], first_line_no + L)
+                    last_state = L
+                    continue
+                raw = other[L]
                 ok = fallback(raw, first_line_no + L)
                 if ok is not None and trig.search(raw):
                     last_state = L
@@ -202,21 +208,32 @@ class BulkReader:
                     recognized += 1
         finally:
             parser.sink = sink
-        if nb:
+        if rows:
             parser.saw_date = True
-            if bulk_idx[-1] > last_state:
-                parser.last_ts = ts[-1]
-        self._emit(cols, nb, ts, bulk_idx, first_line_no, rec)
-        self.bulk_lines += nb
+            if rows[-1] > last_state:
+                parser.last_ts = ts[rows[-1]]
+        self._emit(cols, n, ts, first_line_no, rec)
+        self.bulk_lines += len(rows)
         return recognized
 
-    def _times(self, cols: list[tuple[Any, ...]], nb: int) -> list[float]:
-        if not nb:
-            return []
+    def _hints_only(self, raw: bytes, line_no: int) -> None:
+        """Feed one bulk line to the reference parser for its version hints only: its points and
+        counts come from the bulk columns, so the parser's counters are restored afterwards."""
+        p = self.parser
+        saved = (Counter(p.kinds), Counter(p.status_codes), Counter(p.access_paths), p.access_last, p.untimed_lines)
+        sink = p.sink
+        p.sink = _NULL_SINK
+        try:
+            p.feed(raw.decode("ascii"), line_no)
+        finally:
+            p.sink = sink
+            p.kinds, p.status_codes, p.access_paths, p.access_last, p.untimed_lines = saved
+
+    def _times(self, cols: list[tuple[Any, ...]], n: int) -> list[float]:
         stamps = self._stamps
         col = cols[_G["stamp"]]
         for u in set(col).difference(stamps):
-            stamps[u] = self._stamp(u)
+            stamps[u] = self._stamp(u) if u else 0
         base = list(map(stamps.__getitem__, col))
         if len(stamps) > 100_000:
             stamps.clear()
@@ -231,26 +248,27 @@ class BulkReader:
             r = self._ranks[tags] = self.parser._rank(tags.decode())[0]
         return r
 
-    def _emit(self, cols: list[tuple[Any, ...]], nb: int, ts: list[float], bulk_idx: list[int], first_line_no: int, rec: _Recorder) -> None:
+    def _emit(self, cols: list[tuple[Any, ...]], n: int, ts: list[float], first_line_no: int, rec: _Recorder) -> None:
         """Turn the bulk rows' columns into points, per series in line order (C-level maps), merge in
         the reference lines' points, and write them to the sink."""
         parser = self.parser
         sink = parser.sink
         todo: dict[tuple[str, str], tuple[list[float], list[float], list[str], Callable[[], list[int]]]] = {}
-        if nb:
+        whole = cols[_G["whole"]]
+        if any(whole):
             name = parser.source_name.replace("%", "%%")
-            srcs = list(map((name + ":%d").__mod__, map(operator.add, bulk_idx, repeat(first_line_no))))
+            srcs = list(map((name + ":%d").__mod__, range(first_line_no, first_line_no + n)))
             tag_col = cols[_G["tags"]]
-            utags = set(tag_col)
+            utags = set(compress(tag_col, whole))
             ranks: list[str] | None = None
             if len(utags) > 1:
-                by_tag = {t: self._rank_of(t) for t in utags}
+                by_tag = {t: self._rank_of(t) for t in set(tag_col)}
                 ranks = list(map(by_tag.__getitem__, tag_col))
-                if len(set(ranks)) == 1:
+                if len({by_tag[t] for t in utags}) == 1:
                     ranks = None
             only_rank = self._rank_of(next(iter(utags))) if ranks is None else ""
             for kind, g in (("decode", "dec"), ("prefill", "pre")):
-                k = nb - cols[_G[g]].count(None)
+                k = n - cols[_G[g]].count(b"")
                 if k:
                     parser.kinds[kind] += k
             for signal, (gnames, conv) in SIGNAL_GROUPS.items():
@@ -259,7 +277,7 @@ class BulkReader:
                     present: Any = gcols[0]
                     values: Any = filter(None, gcols[0])
                 else:  # decode and prefill rows both give it: one value per row, in row order
-                    present = list(map(operator.or_, *(map(operator.is_not, c, repeat(None)) for c in gcols)))
+                    present = list(map(operator.or_, *(map(bool, c) for c in gcols)))
                     values = filter(None, chain.from_iterable(zip(*gcols, strict=True)))
                 if not any(present):
                     continue
@@ -267,17 +285,17 @@ class BulkReader:
                 src_p = list(compress(srcs, present))
                 vals_p = list(map(conv, values))
                 if ranks is None:
-                    todo[(signal, only_rank)] = (ts_p, vals_p, src_p, partial(_positions, bulk_idx, present, None))
+                    todo[(signal, only_rank)] = (ts_p, vals_p, src_p, partial(_positions, n, present, None))
                     continue
                 ranks_p = list(compress(ranks, present))
                 for r in set(ranks_p):
                     sel = list(map(operator.eq, ranks_p, repeat(r)))
                     todo[(signal, r)] = (
                         list(compress(ts_p, sel)), list(compress(vals_p, sel)), list(compress(src_p, sel)),
-                        partial(_positions, bulk_idx, present, sel),
+                        partial(_positions, n, present, sel),
                     )
             st = cols[_G["status"]]
-            n_access = nb - st.count(None)
+            n_access = n - st.count(b"")
             if n_access:
                 parser.kinds["access"] += n_access
                 for code, c in Counter(filter(None, st)).items():
@@ -285,10 +303,10 @@ class BulkReader:
                 meth, path = cols[_G["method"]], cols[_G["path"]]
                 for (m, p), c in Counter(zip(filter(None, meth), filter(None, path), strict=True)).items():
                     parser.access_paths[f"{m.decode()} {p.decode()}"] += c
-                last = nb - 1
-                while st[last] is None:
+                last = n - 1
+                while not st[last]:
                     last -= 1
-                line_no = first_line_no + bulk_idx[last]
+                line_no = first_line_no + last
                 if parser.access_last is None or parser.access_last[1] < line_no:
                     parser.access_last = (ts[last], line_no)
         # merge the reference lines' points in, per series, by line
@@ -312,10 +330,23 @@ class BulkReader:
             _extend(sink, signal, rank, t_, v_, s_)
 
 
-def _positions(bulk_idx: list[int], present: Any, sel: list[bool] | None) -> list[int]:
-    idx = list(compress(bulk_idx, present))
+def _positions(n: int, present: Any, sel: list[bool] | None) -> list[int]:
+    idx = list(compress(range(n), present))
     return idx if sel is None else list(compress(idx, sel))
 
+
+class _NullSink:
+    def add(self, signal: str, ts: float, value: float, source: str, rank: str = "") -> None:
+        pass
+
+    def add_event(self, event: Any) -> None:
+        pass
+
+    def set_config(self, name: str, value: Any, source: str, *, override: bool = True) -> None:
+        pass
+
+
+_NULL_SINK = _NullSink()
 
 # canonical signal → (bulk regex groups that give it, converter); one group per kind at most
 SIGNAL_GROUPS: dict[str, tuple[tuple[str, ...], Callable[[bytes], float]]] = {}
