@@ -323,7 +323,7 @@ class ReplayIngest:
         if t.config_report is not None:
             return  # config is read once per target, like a live run
         paths = set(t.raw_config)
-        if not any(p in paths for p in (*self.adapter.server_info_paths, *self.adapter.model_info_paths)):
+        if not any(p in paths for p in (*self.adapter.server_info_paths, *self.adapter.model_info_paths, self.adapter.loads_path)):
             return
         rep = InputReport(kind="server_info", source=t.tl.target)
         for p in self.adapter.server_info_paths:
