@@ -269,3 +269,16 @@ def test_the_cli_replays_a_damaged_bundle_and_says_how_much_was_readable(tmp_pat
         errs = [e["error"] for e in doc["errors"]]
         assert len(errs) == 1 and "is damaged" in errs[0] and "were readable" in errs[0] and "which are replayed" in errs[0]
         assert any(i["kind"] == "metrics" and i["scrapes"] > 0 for i in doc["inputs"])
+
+
+def test_record_from_a_damaged_bundle_writes_a_clean_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from diagnoser.cli import main as cli_main
+
+    cut = tmp_path / "cut.dgb"
+    cut.write_bytes(EXAMPLE.read_bytes()[:90_000])
+    fixed = tmp_path / "fixed.dgb"
+    assert cli_main(["record", "--from", str(cut), "-o", str(fixed)]) == 0
+    assert "is damaged" in capsys.readouterr().err
+    ok, msg = validate(str(fixed))
+    assert ok, msg
+    assert read_bundle(str(fixed)).count("scrape") == read_bundle(str(cut)).count("scrape") > 0
