@@ -44,6 +44,12 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
     tl.version = version.text()
     tl.meta["version_best"] = list(version.best()) if version.known else None
     tl.meta["version_reasons"] = list(version.reasons or [])
+    if version.known:  # the detected version or range, with the evidence as its source
+        why = version.reasons or []
+        exact = [r for r in why if r.startswith("= ")]
+        tl.set_config("version_detected", version.text(), exact[-1] if version.exact and exact else "; ".join(why[-3:]))
+    if version.conflicts:
+        tl.set_config("version_conflicts", list(version.conflicts), "hints that contradicted stronger evidence (ignored)")
     # a pool size read from a series also counts as a config fact
     if "max_total_tokens" not in tl.config:
         s = tl.get("max_total_tokens")

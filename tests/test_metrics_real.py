@@ -103,6 +103,8 @@ def test_docs_2026_sample_old_label_set() -> None:
     assert tl.version == ">=0.3.5,<=0.4.1"
     assert any("TTFT histogram buckets of 0.3.5–0.4.1" in r for r in t.state.version.reasons or [])
     assert any("spec_num_steps" in c for c in t.state.version.conflicts or [])
+    assert tl.cfg("version_detected") == ">=0.3.5,<=0.4.1" and "TTFT histogram buckets" in tl.cfg_source("version_detected")
+    assert any("spec_num_steps" in c for c in tl.cfg("version_conflicts"))
     assert t.state.model_names == {"meta-llama/Llama-3.1-8B-Instruct"}  # not func_latency's name="generate_request"
 
 
