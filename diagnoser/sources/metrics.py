@@ -1,7 +1,10 @@
 """Metrics source: scrape an engine's ``/metrics`` and turn the exposition into signals.
 
-Parsing uses prometheus_client's ``text_string_to_metric_families``. A truncated exposition keeps its
-complete lines; lines the parser rejects are skipped and counted.
+Clean text goes through the adapter's fast path (one regex over the mapped families); text with junk
+bytes, or in which the fast path finds nothing, goes through prometheus_client's
+``text_string_to_metric_families`` (the reference), which also tells "not Prometheus" from "not SGLang"
+and counts the lines it had to skip. A partial last line (an exposition cut off mid-line, or at the size
+cap) is dropped and the complete lines before it are used.
 """
 
 from __future__ import annotations
