@@ -80,13 +80,15 @@ def test_keep_log_times_writes_the_recorded_lines_verbatim(tmp_path: Path) -> No
     src = load_source(str(EXAMPLE))
     out = tmp_path / "v.log"
     fh = open(out, "ab")
+    recorded = [x for r in src.records if r["kind"] == "log" for x in r["lines"]]
     srv = ReplayServer(src, port=0, speed=500.0, log_out=fh, keep_log_times=True).start()
     try:
-        time.sleep(1.0)
+        deadline = time.time() + 10
+        while time.time() < deadline and out.read_bytes().count(b"\n") < len(recorded):
+            time.sleep(0.05)
     finally:
         srv.stop()
         fh.close()
-    recorded = [x for r in src.records if r["kind"] == "log" for x in r["lines"]]
     assert out.read_bytes().decode().split("\n")[:-1] == recorded
 
 
