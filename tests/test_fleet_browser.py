@@ -67,6 +67,8 @@ def test_fleet_page_sort_filter_paginate(served: tuple[Serve, FleetSpec], artifa
             # fleet findings on top, naming the busy replicas
             fleet_text = page.text_content("ul.fleet-findings")
             assert "replica_imbalance" in fleet_text and spec.instance(3) in fleet_text and "config_drift" in fleet_text
+            cap = page.text_content("#fleet-capacity")
+            assert cap.startswith(f"KV pool {600 * 200_000 + 48 * 80_000:,} tokens") and "headroom ≈" in cap
             # sort by queue, descending
             page.click("th.col-queue a")
             page.wait_for_url("**sort=queue**")

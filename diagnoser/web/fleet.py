@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from diagnoser.fleet import collect_prometheus
+from diagnoser.fleet.capacity import loads, summarize
 from diagnoser.live import LiveMonitor, LiveTarget
 from diagnoser.web.views import fmt, health
 
@@ -89,7 +90,7 @@ def _sort_key(key: str) -> Any:
     return k
 
 
-def fleet_doc(snapshot: Any, p: dict[str, Any]) -> dict[str, Any]:
+def fleet_doc(snapshot: Any, p: dict[str, Any], capacity: dict[str, Any] | None = None, messages: list[str] | None = None) -> dict[str, Any]:
     rows = [_row(t, snapshot.for_target(t.name)) for t in snapshot.targets]
     counts = {h: sum(1 for r in rows if r["health"] == h) for h in HEALTH}
     needle = p["q"].casefold()
@@ -122,8 +123,21 @@ def fleet_doc(snapshot: Any, p: dict[str, Any]) -> dict[str, Any]:
         "health_options": list(HEALTH),
         "prev": link(page=page - 1) if page > 1 else None, "next": link(page=page + 1) if page < pages else None,
         "first": link(page=1) if page > 1 else None, "last": link(page=pages) if page < pages else None,
+        "capacity": _capacity(capacity), "messages": list(messages or [])[:10],
         "fragment": "/_/fleet?" + urlencode({k: v for k, v in {**p, "page": page}.items() if v not in ("", None)}),
     }
+
+
+def _capacity(c: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not c:
+        return None
+    return {"pool": fmt("{:,.0f}", c.get("pool_tokens")), "usage": fmt("{:.0%}", c.get("token_usage")),
+            "headroom": fmt("{:,.0f}", c.get("headroom_requests")), "known": c.get("headroom_known_targets"),
+            "targets": c.get("targets"), "raw": c}
+
+
+def _doc(monitor: Any, request: Request) -> dict[str, Any]:
+    return fleet_doc(monitor.snapshot, _params(request), getattr(monitor, "capacity", None), getattr(monitor, "fleet_messages", None))
 
 
 def router(monitor: Any, page: Any, as_json: Any) -> APIRouter:
@@ -133,7 +147,7 @@ def router(monitor: Any, page: Any, as_json: Any) -> APIRouter:
     @r.get("/fleet", response_class=HTMLResponse)
     @r.get("/fleet.json")
     def fleet(request: Request) -> Any:
-        doc = fleet_doc(monitor.snapshot, _params(request))
+        doc = _doc(monitor, request)
         accept = request.headers.get("accept", "")
         if request.url.path.endswith(".json") or ("application/json" in accept and "text/html" not in accept):
             return as_json(doc)
@@ -141,7 +155,7 @@ def router(monitor: Any, page: Any, as_json: Any) -> APIRouter:
 
     @r.get("/_/fleet", response_class=HTMLResponse)
     def fragment(request: Request) -> Any:
-        return page(request, "_fleet.html", {"doc": fleet_doc(monitor.snapshot, _params(request))})
+        return page(request, "_fleet.html", {"doc": _doc(monitor, request)})
 
     return r
 
@@ -157,6 +171,7 @@ class FleetMonitor(LiveMonitor):
         self.prom_args = prom_args
         self.by_name: dict[str, LiveTarget] = {}
         self.fleet_messages: list[str] = []
+        self.capacity: dict[str, Any] | None = None
 
     def poll(self) -> None:
         args = copy.copy(self.prom_args)
@@ -165,6 +180,7 @@ class FleetMonitor(LiveMonitor):
         args.timeout = self.timeout
         col = collect_prometheus(args, self.adapter)
         self.fleet_messages = [m for i in col.inputs for m in i.messages]
+        self.capacity = summarize(loads(col.timelines)) if col.timelines else None
         seen = set()
         now = time.time()
         for tl in col.timelines:
