@@ -328,3 +328,19 @@ def test_fast_path_matches_library_on_label_escapes_and_spacing() -> None:
 
     assert norm(fast) == norm(ref) and len(fast) == 6
     assert fast[0][1]["model_name"] == 'org/m "q" \\ x\ny'
+
+
+@pytest.mark.parametrize(("drop_from", "extra", "expected"), [
+    # names of 0.5.17+ removed, and a name that 0.5.17 removed added: a 0.5.16 server
+    ((0, 5, 17), 'sglang:engine_startup_time{model_name="tiny-llama"} 12.0', "0.5.16"),
+    ((0, 5, 12), 'sglang:num_prefill_prealloc_queue_reqs{model_name="tiny-llama"} 0.0', "0.5.11"),
+])
+def test_version_from_added_and_removed_names(drop_from: tuple[int, int, int], extra: str, expected: str) -> None:
+    """The 0.5.23 exposition with the names of newer releases taken out reads as the older release."""
+    from diagnoser.engines.sglang.metric_names import VERSION_HINTS
+
+    newer = {n.removesuffix("_count") for n, low, _ in VERSION_HINTS if low and low >= drop_from}
+    keep = [ln for ln in (METRICS_DIR / "sglang-0.5.23_collector_metrics.prom").read_text().splitlines()
+            if not any(ln.startswith((f"sglang:{n}{{", f"sglang:{n}_", f"sglang:{n} ")) for n in newer)]
+    tl, t = ingest([(1.0, "\n".join(keep + [extra]) + "\n")])
+    assert tl.version == expected, t.state.version.reasons
