@@ -63,21 +63,37 @@ from diagnoser.rules.base import (
 
 
 def retraction_count(ctx: RuleContext) -> tuple[int, str]:
-    """Retraction moments (one per timestamp, whatever the number of ranks that logged it) and a source."""
+    """Retraction events and a source: the parser's retraction events (it already drops the copies that
+    several TP ranks of one DP group print for one retraction), else the counter's increase, else the
+    points of the retracted-requests gauge. Two retractions logged in the same second are two events."""
+    n, _reqs, src = retractions(ctx)
+    return n, src
+
+
+def retractions(ctx: RuleContext) -> tuple[int, int, str]:
+    """(retraction events, retracted requests, source of the first event); memoised for the pass."""
+    hit = ctx.memo.get("retractions")
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
     evs = ctx.timeline.events_of("retraction")
-    moments = len({e.ts for e in evs})
+    if evs and any("pp" not in e.rank for e in evs):
+        evs = [e for e in evs if "pp" not in e.rank]  # later pipeline stages repeat stage 0's requests
+    reqs = sum(int(e.fields.get("retracted_reqs", 1) or 1) for e in evs)
     tot = ctx.series("retractions_total")
     counted = int(tot.values[-1] - tot.values[0]) if tot is not None and len(tot) >= 2 and tot.values[-1] > tot.values[0] else 0
-    if evs and moments >= counted:
-        return moments, evs[0].source
-    if counted:
-        return counted, tot.sources[-1]  # type: ignore[union-attr]
-    rr = ctx.series("retracted_reqs")
-    if rr is not None:
-        n = sum(1 for v in rr.values if v > 0)
-        if n:
-            return n, rr.sources[rr.argmax()]
-    return 0, ""
+    out: tuple[int, int, str] = (0, 0, "")
+    if evs and reqs >= counted:
+        out = (len(evs), reqs, evs[0].source)
+    elif counted:
+        out = (counted, counted, tot.sources[-1])  # type: ignore[union-attr]  # the counter counts requests
+    else:
+        rr = ctx.series("retracted_reqs")
+        if rr is not None:
+            pos = [v for v in rr.values if v > 0]
+            if pos:
+                out = (len(pos), int(sum(pos)), rr.sources[rr.argmax()])
+    ctx.memo["retractions"] = out
+    return out
 
 
 class KVSaturation(Rule):

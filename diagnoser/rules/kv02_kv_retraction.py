@@ -2,9 +2,10 @@
 
 What it detects:
     Retraction events: ``KV cache pool is full. Retract requests.`` / ``Decode out of memory happened.``
-    lines (one moment per timestamp, however many TP ranks logged it), the
+    lines (each line the parser keeps is one event: the copies that the TP ranks of one DP group print
+    for the same retraction are dropped, two retractions in the same second are two), the
     ``sglang:num_retracted_requests_total`` counter or the ``num_retracted_reqs`` gauge. At least
-    ``frequent_count`` (default 3) moments at ``frequent_per_min`` (default 1) or more per minute is
+    ``frequent_count`` (default 3) events at ``frequent_per_min`` (default 1) or more per minute is
     frequent (warning); fewer is occasional (info). When no retraction line was captured, a pool pinned
     at ``pinned_usage`` (default 0.99) whose used tokens then drop by ``implied_drop`` (default 5 % of
     the pool) while the running count does not fall (so no request finished to free them) implies a
@@ -15,7 +16,7 @@ Why it matters:
     computed again later. Frequent retraction wastes compute and stalls the affected requests.
 
 Evidence:
-    Number of retraction moments, the rate per minute, the new_token_ratio jump, the line or scrape of
+    Number of retraction events (and retracted requests when more), the rate per minute, the new_token_ratio jump, the line or scrape of
     the first event; for the implied case, the pinned usage and the drop with line numbers.
 
 Fix:
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
-from diagnoser.rules.kv01_kv_saturation import retraction_count
+from diagnoser.rules.kv01_kv_saturation import retractions
 
 
 class KVRetraction(Rule):
@@ -48,7 +49,7 @@ class KVRetraction(Rule):
     defaults = {"frequent_per_min": 1.0, "frequent_count": 3, "pinned_usage": 0.99, "implied_drop": 0.05, "proposed_conservativeness": 1.3}
     threshold_help = {
         "frequent_per_min": "retractions per minute at or above this are frequent (the guide: about once a minute is fine)",
-        "frequent_count": "fewest retraction moments that can be frequent",
+        "frequent_count": "fewest retraction events that can be frequent",
         "pinned_usage": "usage at or above this counts as a pinned pool (implied retraction)",
         "implied_drop": "drop in usage (0-1 of the pool) after a pinned pool that implies a retraction",
         "proposed_conservativeness": "--schedule-conservativeness proposed when retraction is frequent",
@@ -56,7 +57,7 @@ class KVRetraction(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        n, src = retraction_count(ctx)
+        n, reqs, src = retractions(ctx)
         if n == 0:
             return self._implied(ctx)
         start, end = ctx.timeline.span()
@@ -76,6 +77,8 @@ class KVRetraction(Rule):
         when = f" over {minutes:.1f} min ({rate:.1f}/min)" if minutes else ""
         ranks = {e.rank for e in first}
         rank_txt = f", logged by {len(ranks)} ranks" if len(ranks) > 1 else ""
+        if reqs > n:
+            rank_txt += f", {reqs} requests in all"
         if frequent:
             summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
             return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING)

@@ -187,3 +187,33 @@ def test_kv_saturation_one_retraction_at_a_brief_peak_is_not_saturation() -> Non
     assert run(KVSaturation, tl) is None
     tl = window(token_usage=usage, queue_reqs=[0, 0, 3, 0, 0, 0], running_reqs=[20] * 6, events=[("retraction", 2, {"retracted_reqs": 1})])
     assert run(KVSaturation, tl) is not None  # someone waited while it retracted
+
+
+# -- retraction count: parser events, not distinct timestamps ---------------------------------------
+def test_kv_retraction_counts_every_logged_retraction_on_the_real_log() -> None:
+    """examples/kv-full-retract/server.log (a real cpu-real run) has 9 retraction lines; two share the
+    second 09:32:16 (lines 227 and 229) and are two retractions, not one."""
+    from pathlib import Path
+
+    from diagnoser.collect import collect_logs
+    from diagnoser.engines import get_adapter
+    from diagnoser.rules.base import RuleContext
+    from diagnoser.rules.kv01_kv_saturation import retraction_count
+
+    log = Path(__file__).resolve().parents[2] / "examples" / "kv-full-retract" / "server.log"
+    lines = [i for i, line in enumerate(log.read_bytes().split(b"\n"), 1) if b"KV cache pool is full. Retract requests." in line]
+    assert lines == [160, 163, 227, 229, 282, 338, 400, 452, 537]
+    tl = collect_logs(get_adapter("sglang"), [str(log)]).timelines[0]
+    f = run(KVRetraction, tl)
+    assert f is not None and "9 times" in f.summary
+    assert next(e.observed for e in f.evidence if e.signal == "retraction events") == 9
+    ctx = RuleContext(tl, dict(KVSaturation.defaults), get_adapter("sglang"))
+    assert retraction_count(ctx) == (9, "server.log:160")
+    sat = run(KVSaturation, tl)
+    assert sat is not None and "9 retraction event(s)" in sat.summary
+
+
+def test_kv_retraction_same_second_events_count_apart_and_requests_add_up() -> None:
+    ev = [("retraction", 1, {"retracted_reqs": 2}), ("retraction", 1, {"retracted_reqs": 1}), ("retraction", 2, {"retracted_reqs": 1})]
+    f = run(KVRetraction, window(step=10.0, token_usage=[0.9] * 4, events=ev))
+    assert f is not None and "3 times" in f.summary and "4 requests in all" in f.summary
