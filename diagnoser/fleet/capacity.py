@@ -48,10 +48,14 @@ class TargetLoad:
             ("headroom_basis", self.headroom_basis))}
 
 
+UNKNOWN_MODEL = "(unknown model)"
+
+
 def group_of(tl: Timeline) -> str:
-    """Replicas of one model compare with each other: the model name, else the job."""
+    """Replicas of one model compare with each other: the model name, else the job. Targets with
+    neither (e.g. two unrelated logs) are never compared (the fleet rules skip UNKNOWN_MODEL)."""
     labels = tl.meta.get("labels", {})
-    return str(labels.get("model_name") or tl.cfg("served_model_name") or labels.get("job") or "(unknown model)")
+    return str(labels.get("model_name") or tl.cfg("served_model_name") or labels.get("job") or UNKNOWN_MODEL)
 
 
 def _mean(tl: Timeline, signal: str) -> float | None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnoser.fleet.capacity import SATURATED_QUEUE, TargetLoad, loads
+from diagnoser.fleet.capacity import SATURATED_QUEUE, UNKNOWN_MODEL, TargetLoad, loads
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule
 from diagnoser.timeline import Timeline
@@ -98,7 +98,7 @@ class ReplicaImbalance(Rule):
             groups.setdefault(r.model, []).append(r)
         out = []
         for model, rs in sorted(groups.items()):
-            if len(rs) < cfg["min_replicas"]:
+            if len(rs) < cfg["min_replicas"] or model == UNKNOWN_MODEL:
                 continue
             hot = sorted((r for r in rs if self._hot(r, by_target[r.target], cfg)), key=lambda r: (-(r.queue or 0), -(r.usage or 0)))
             cold = sorted((r for r in rs if self._cold(r, cfg)), key=lambda r: ((r.usage or 0), (r.running or 0)))

@@ -45,7 +45,7 @@ from statistics import median
 from typing import Any
 
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN
-from diagnoser.fleet.capacity import group_of
+from diagnoser.fleet.capacity import UNKNOWN_MODEL, group_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule
 from diagnoser.timeline import Timeline
@@ -113,7 +113,7 @@ class ConfigDrift(Rule):
             groups.setdefault(group_of(tl), []).append(tl)
         out: list[Finding] = []
         for model, tls in sorted(groups.items()):
-            if len(tls) < cfg["min_replicas"]:
+            if len(tls) < cfg["min_replicas"] or model == UNKNOWN_MODEL:
                 continue
             v = self._versions(model, tls)
             if v:
