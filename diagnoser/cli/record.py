@@ -144,7 +144,8 @@ class Recorder:
             logs=[{"source": redact_text(p), "target": target} for p, target, *_ in self.logs],
             start=self.started, interval=self.interval, planned_duration=self.duration, sglang_version=version,
         )
-        self.writer.write_member([man, *recs])
+        self.writer.write_member([man])  # alone: whatever happens next, the bundle has its manifest
+        self.writer.write_member(recs)
 
     def tick(self) -> None:
         recs: list[dict[str, Any]] = []
