@@ -122,6 +122,13 @@ def _kv_saturation(f: Finding, planner: Planner, now: Scenario, notes: list[str]
 
 def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | None = None) -> None:
     extras = dict(extras or {})
+    try:
+        _enrich(report, timelines, extras)
+    finally:  # every suggestion that reaches the report, those added here too, goes through the checks
+        check_suggestions(report, timelines)
+
+
+def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -> None:
     by_target = {tl.target: tl for tl in timelines}
     planners: dict[str, tuple[Planner, list[str]]] = {}
     for f in report.findings:
@@ -138,7 +145,6 @@ def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | N
             _enrich_finding(f, *planners[f.target])
         except Exception as e:  # isolation: the findings stand without numbers; the error is listed
             report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))
-    check_suggestions(report, timelines)
 
 
 def _enrich_finding(f: Finding, planner: Planner, notes: list[str]) -> None:

@@ -128,17 +128,42 @@ def _direction(s: Suggestion) -> int:
     return (new > cur) - (new < cur)
 
 
+def _current_in(tl: Timeline | None, flag: str) -> Any:
+    """The flag's current value as the inputs show it (config fact or server arg), None when absent."""
+    if tl is None:
+        return None
+    name = flag.lstrip("-").replace("-", "_")
+    v = tl.cfg(name)
+    return tl.cfg(f"arg.{name}") if v is None else v
+
+
+def _extra_flags(s: Suggestion) -> list[tuple[str, str]]:
+    """The other changes a suggestion needs ("Needs also: --mem-fraction-static 0.9"), as (flag, value)."""
+    out = []
+    for item in (s.projection or {}).get("extra_flags") or []:
+        flag, _, value = str(item).partition(" ")
+        if flag.startswith("--"):
+            out.append((flag, value.strip()))
+    return out
+
+
 def check_suggestions(report: Report, timelines: list[Timeline]) -> None:
-    """Refuse suggestions that propose the current value, a never-propose flag, or contradict."""
+    """Refuse suggestions that propose the current value, a never-propose flag, or contradict.
+
+    Run after every step that adds or changes suggestions (the rules, then ``advice.enrich``). The
+    current value is the suggestion's own, else the one in the inputs; the other changes a suggestion
+    needs (its projection's ``extra_flags``) are checked against the suggestions kept."""
+    by_target = {tl.target: tl for tl in timelines}
     chosen: dict[tuple[str, str], tuple[Finding, Suggestion]] = {}
     order = sorted(report.findings, key=lambda f: (-int(f.severity), -{"high": 3, "medium": 2, "low": 1}.get(f.confidence, 0)))
     for f in order:
         kept: list[Suggestion] = []
         for s in f.suggestions:
             reason = ""
+            current = s.current if s.current is not None else _current_in(by_target.get(f.target), s.flag)
             if s.flag in NEVER_PROPOSE:
                 reason = f"{s.flag} is never proposed: it frees GPU memory but slows every decode step"
-            elif s.current is not None and _norm(s.current) == _norm(s.proposed):
+            elif current is not None and _norm(current) == _norm(s.proposed):
                 reason = "proposes the current value"
             else:
                 key = (f.target, s.flag)
@@ -155,13 +180,38 @@ def check_suggestions(report: Report, timelines: list[Timeline]) -> None:
                 else:
                     chosen[key] = (f, s)
             if reason:
-                report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
-                if reason.startswith("same change") or "already suggests" in reason:
-                    f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
+                _drop(report, f, s, reason)
             else:
                 kept.append(s)
         kept.sort(key=lambda s: -(s.gain or 0.0))
         f.suggestions = kept
+    for f in order:  # the changes a kept suggestion needs as well must not break the checks either
+        kept = []
+        for s in f.suggestions:
+            reason = ""
+            for flag, value in _extra_flags(s):
+                prev = chosen.get((f.target, flag))
+                if flag in NEVER_PROPOSE:
+                    reason = f"needs {flag}, which is never proposed"
+                elif prev is not None and prev[1] is not s and _norm(prev[1].proposed) != _norm(value):
+                    pf, ps = prev
+                    up = _direction(Suggestion(flag, ps.current, value, ""))
+                    if up == 0 or up != _direction(ps):
+                        reason = f"needs {flag} {value}, which contradicts {pf.rule}, which suggests {flag} {ps.proposed}"
+                if reason:
+                    break
+            if reason:
+                chosen.pop((f.target, s.flag), None)
+                _drop(report, f, s, reason)
+            else:
+                kept.append(s)
+        f.suggestions = kept
+
+
+def _drop(report: Report, f: Finding, s: Suggestion, reason: str) -> None:
+    report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
+    if reason.startswith("same change") or "already suggests" in reason:
+        f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
 
 
 @dataclass(slots=True)

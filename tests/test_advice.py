@@ -179,3 +179,57 @@ def test_a_bad_model_config_is_reported_once_and_the_rest_still_works(tmp_path: 
     assert len(errs) == 1 and "not readable JSON" in errs[0]["error"]
     s = next(s for s in kv_finding(doc)["suggestions"] if s["flag"] == "--mem-fraction-static")
     assert s["projection"]["pool_tokens"] > 116171  # the engine's own numbers still size it
+
+
+def test_what_advice_adds_goes_through_the_checks_too() -> None:
+    """advice adds DP attention needing --mem-fraction-static 0.9 as well; an OOM finding lowering the
+    fraction outranks it, so that suggestion is refused like the plain fraction raise."""
+    tl = log_timeline(SEED / "server.log")
+    kv = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full")
+    oom = Finding("oom", Severity.CRITICAL, "high", tl.target, "oom",
+                  suggestions=[Suggestion("--mem-fraction-static", 0.85, 0.82, "OOM under load")])
+    rep = _report([oom, kv])
+    enrich(rep, [tl], {"model_config": str(SEED / "config.json"), "client_concurrency": 150})
+    for f in rep.findings:
+        for s in f.suggestions:
+            for extra in (s.projection or {}).get("extra_flags", []):
+                assert not extra.startswith("--mem-fraction-static"), (f.rule, s.flag, extra)
+    dp = [d for d in rep.dropped if d["flag"] in DP_FLAGS]
+    assert dp and "contradicts oom" in dp[0]["reason"] and "--mem-fraction-static 0.9" in dp[0]["reason"]
+
+
+def test_advice_suggestion_proposing_the_inputs_current_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suggestion whose own current is unknown but whose value the inputs show as current is a no-op."""
+    import diagnoser.advice as advice
+
+    tl = log_timeline(SEED / "server.log")
+    assert tl.cfg("schedule_conservativeness") == 1.0  # from the server args line
+    real = advice._kv_saturation
+
+    def adds_noop(f: Finding, *a: Any) -> None:
+        real(f, *a)
+        f.suggestions.append(Suggestion("--schedule-conservativeness", None, 1.0, "added late"))
+
+    monkeypatch.setattr(advice, "_kv_saturation", adds_noop)
+    f = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full")
+    rep = _report([f])
+    enrich(rep, [tl], {})
+    assert [s.flag for s in f.suggestions] and all(s.flag != "--schedule-conservativeness" for s in f.suggestions)
+    assert any(d["flag"] == "--schedule-conservativeness" and d["reason"] == "proposes the current value" for d in rep.dropped)
+
+
+def test_checks_run_even_when_advice_fails_outside_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    import diagnoser.advice as advice
+
+    tl = log_timeline(SEED / "server.log")
+    f = Finding("kv_saturation", Severity.WARNING, "high", tl.target, "full",
+                suggestions=[Suggestion("--cpu-offload-gb", 0, 40, "free GPU memory")])
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(advice, "_enrich", boom)
+    rep = _report([f])
+    with pytest.raises(RuntimeError):
+        enrich(rep, [tl], {})
+    assert f.suggestions == [] and rep.dropped[0]["flag"] == "--cpu-offload-gb"
