@@ -48,11 +48,12 @@ def fetch(routes: dict[str, bytes]) -> tuple[Timeline, VersionRange, object, dic
 def test_real_server_info_facts(run: str, data_dir: Path) -> None:
     info = (CPU_REAL / run / "get_server_info.json").read_bytes()
     model = (CPU_REAL / run / "get_model_info.json").read_bytes()
-    tl, vr, rep, raw, asked = fetch({"/get_server_info": info, "/get_model_info": model})
+    models = (CPU_REAL / run / "v1_models.json").read_bytes()
+    tl, vr, rep, raw, asked = fetch({"/get_server_info": info, "/get_model_info": model, "/v1/models": models})
     mrr, pool, chunk = EXPECTED[run]
     # the fallback order of reference §4: /server_info first, then /get_server_info
     assert asked[:2] == ["/server_info", "/get_server_info"] and "/get_server_args" not in asked
-    assert asked[2:4] == ["/model_info", "/get_model_info"] and "/v1/loads" in asked
+    assert asked[2:5] == ["/model_info", "/get_model_info", "/v1/models"] and "/v1/loads" in asked
     assert tl.cfg("max_running_requests") == mrr
     assert tl.cfg_source("max_running_requests") == "get_server_info internal_states[0].effective_max_running_requests_per_dp"
     assert tl.cfg("max_total_tokens") == pool
@@ -70,10 +71,11 @@ def test_real_server_info_facts(run: str, data_dir: Path) -> None:
     assert tl.cfg("speculative") is False
     assert tl.cfg("schedule_conservativeness") == 1.0
     assert tl.cfg("version") == "0.5.23" and vr.text() == "0.5.23"
-    assert "context_len" not in tl.config  # null in server info: the metrics gauge supplies it
+    # context_length is null in server info (the model's own length): /v1/models gives it
+    assert tl.cfg("context_len") == 2048 and tl.cfg_source("context_len") == "v1/models data[0].max_model_len"
     assert tl.cfg("model.served_model_name") == "tiny-llama" and tl.cfg("model.architectures") == ["LlamaForCausalLM"]
-    assert rep.scrapes == 2 and rep.errors == 0
-    assert set(raw) == {"/get_server_info", "/get_model_info"}
+    assert rep.scrapes == 3 and rep.errors == 0
+    assert set(raw) == {"/get_server_info", "/get_model_info", "/v1/models"}
 
 
 def test_server_info_preferred_and_old_get_server_args(data_dir: Path) -> None:

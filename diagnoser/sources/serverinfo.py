@@ -50,6 +50,14 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
                 adapter.ingest_model_info(data, sink, path.lstrip("/"))
                 report.scrapes += 1
                 break
+    models_path = getattr(adapter, "models_path", None)
+    if models_path:
+        f = fetch(client, base + models_path, 1024 * 1024, "models")
+        data = _json(f.text) if f.ok else None
+        if isinstance(data, dict):
+            raw[models_path] = redact(data)
+            adapter.ingest_models(raw[models_path], sink, models_path.lstrip("/"))
+            report.scrapes += 1
     f = fetch(client, base + adapter.loads_path, 4 * 1024 * 1024, "loads")
     if f.ok:
         data = _json(f.text)

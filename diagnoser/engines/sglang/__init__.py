@@ -16,6 +16,7 @@ NAME = "sglang"
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info", "/get_server_args")
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
 LOADS_PATH = "/v1/loads"
+MODELS_PATH = "/v1/models"
 METRICS_PATH = "/metrics"
 
 # formats a log is expected to contain, for the "no recognised line" message
@@ -31,6 +32,7 @@ class SGLangAdapter:
     server_info_paths = SERVER_INFO_PATHS
     model_info_paths = MODEL_INFO_PATHS
     loads_path = LOADS_PATH
+    models_path = MODELS_PATH
     metrics_path = METRICS_PATH
     expected_log_formats = EXPECTED_LOG_FORMATS
 
@@ -69,6 +71,9 @@ class SGLangAdapter:
 
     def ingest_loads(self, data: dict[str, Any], sink: SignalSink, source: str) -> None:
         config.facts_from_loads(data, sink, source)
+
+    def ingest_models(self, data: dict[str, Any], sink: SignalSink, source: str) -> None:
+        config.facts_from_models(data, sink, source)
 
     def flag(self, concept: str, version: tuple[int, int, int] | None = None) -> str:
         return flags.spelling(concept, version)

@@ -165,3 +165,12 @@ def facts_from_loads(data: dict[str, Any], sink: SignalSink, source: str) -> Non
         sink.set_config("max_total_tokens", cap, f"{source} loads[0].max_total_num_tokens", override=False)
     if data.get("version"):
         sink.set_config("version", data["version"], f"{source} version", override=False)
+
+
+def facts_from_models(data: dict[str, Any], sink: SignalSink, source: str) -> None:
+    """``/v1/models`` (OpenAI list; ``max_model_len`` in recent versions): the context length when server
+    info leaves ``context_length`` null (it does when the model's own length is used)."""
+    models = [m for m in data.get("data") or [] if isinstance(m, dict)]
+    if models and isinstance(models[0].get("max_model_len"), int):
+        sink.set_config("context_len", models[0]["max_model_len"], f"{source} data[0].max_model_len", override=False)
+
