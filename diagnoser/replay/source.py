@@ -1,0 +1,279 @@
+"""Recordings as time-ordered records: a bundle file, or a run directory / case folder read as one
+(``server.log``, ``metrics/*_<epoch>.prom``, server/model info JSON); and writing any of them back
+out as a clean bundle (``diagnose record --from``)."""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.bundle import BundleError, encode_line, read_bundle, redact_fast
+from diagnoser.redact import redact
+
+# file name in a run directory → the endpoint it was fetched from
+CONFIG_FILES = {
+    "server_info.json": "/server_info",
+    "get_server_info.json": "/get_server_info",
+    "get_server_args.json": "/get_server_args",
+    "model_info.json": "/model_info",
+    "get_model_info.json": "/get_model_info",
+    "v1_loads.json": "/v1/loads",
+}
+LOG_FILES = ("server.log",)
+_EPOCH_RE = re.compile(r"(\d{9,11}(?:\.\d+)?)\.prom$")
+_STAMP_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
+
+
+@dataclass(slots=True)
+class ReplaySource:
+    """A recording normalised to records (the bundle's record dicts) in time order."""
+
+    path: str
+    kind: str  # "bundle" | "directory"
+    manifest: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    summary: str = ""
+
+    @property
+    def targets(self) -> list[str]:
+        return [t["name"] for t in self.manifest.get("targets", [])]
+
+    def span(self) -> tuple[float, float]:
+        ts = [float(r["t"]) for r in self.records if isinstance(r.get("t"), int | float)]
+        return (min(ts), max(ts)) if ts else (0.0, 0.0)
+
+    def interval(self) -> float:
+        iv = self.manifest.get("interval_s")
+        if isinstance(iv, int | float) and iv > 0:
+            return float(iv)
+        ts = sorted(float(r["t"]) for r in self.records if r.get("kind") == "scrape")
+        gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+        return gaps[len(gaps) // 2] if gaps else 2.0
+
+    def scrape_times(self) -> list[float]:
+        return [float(r["t"]) for r in self.records if r.get("kind") == "scrape"]
+
+
+def line_time(line: str) -> float | None:
+    """The first ``YYYY-MM-DD HH:MM:SS`` stamp near the start of a log line, as UTC epoch seconds."""
+    m = _STAMP_RE.search(line, 0, 120)
+    if not m:
+        return None
+    y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
+    try:
+        ts = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    frac = m.group(7)
+    return ts + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _load_directory(path: str) -> ReplaySource:
+    root = path.rstrip("/") or "/"
+    problems: list[str] = []
+    scrapes: list[tuple[float, str]] = []
+    mdir = os.path.join(root, "metrics")
+    if os.path.isdir(mdir):
+        skipped = 0
+        for name in sorted(os.listdir(mdir)):
+            if not name.endswith(".prom"):
+                continue
+            m = _EPOCH_RE.search(name)
+            if not m:
+                skipped += 1
+                continue
+            scrapes.append((float(m.group(1)), os.path.join(mdir, name)))
+        if skipped:
+            problems.append(f"{skipped} .prom file(s) in {mdir} have no epoch in their name and were skipped")
+    scrapes.sort(key=lambda p: p[0])
+    logs = [os.path.join(root, n) for n in LOG_FILES if os.path.isfile(os.path.join(root, n))]
+    if not scrapes and not logs:
+        raise BundleError(
+            f"{root} has neither server.log nor metrics/*_<epoch>.prom; pass a run directory, a case folder or a bundle file."
+        )
+    target = root if scrapes else logs[0]
+    t_first = scrapes[0][0] if scrapes else None
+    log_records: list[dict[str, Any]] = []
+    for lp in logs:
+        log_records.extend(_log_records(lp, target))
+    if log_records:
+        t_log = min(float(r["t"]) for r in log_records)
+        t_first = t_log if t_first is None else min(t_first, t_log)
+    t_first = t_first or 0.0
+    records: list[dict[str, Any]] = []
+    for fname, ep in CONFIG_FILES.items():
+        fp = os.path.join(root, fname)
+        if os.path.isfile(fp):
+            data = _read_json(fp)
+            if isinstance(data, dict):
+                records.append({"kind": "config", "t": t_first, "target": target, "path": ep, "data": redact(data)})
+            else:
+                problems.append(f"{fp} is not a JSON object and was skipped")
+    for ts, fp in scrapes:
+        try:
+            with open(fp, "rb") as fh:
+                text = fh.read().decode("utf-8", errors="replace")
+        except OSError as e:
+            problems.append(f"{fp} could not be read ({e.strerror})")
+            continue
+        records.append({"kind": "scrape", "t": ts, "target": target, "text": redact_fast(text), "status": 200,
+                        "content_type": "text/plain; version=0.0.4; charset=utf-8", "file": os.path.basename(fp)})
+    records.extend(log_records)
+    version = None
+    for r in records:
+        if r["kind"] == "config" and isinstance(r["data"].get("version"), str):
+            version = r["data"]["version"]
+    man = {
+        "kind": "manifest", "format": "directory", "format_version": 1,
+        "targets": [{"name": target, "url": ""}] if scrapes else [],
+        "logs": [{"source": lp, "target": target} for lp in logs],
+        "sglang_version": version, "interval_s": None, "window": {"start": t_first},
+    }
+    src = ReplaySource(path=root, kind="directory", manifest=man, records=_time_sorted(records), problems=problems)
+    src.summary = f"{root}: {len(scrapes)} scrape(s), {sum(len(r['lines']) for r in log_records)} log line(s)."
+    return src
+
+
+def _log_records(path: str, target: str) -> list[dict[str, Any]]:
+    """A log file as log records, each line timed by its own stamp (untimed lines take the last one)."""
+    out: list[dict[str, Any]] = []
+    with open(path, "rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    last: float | None = None
+    pending: list[Any] = []
+    first_line = 1
+    cur_t: float | None = None
+    for i, raw in enumerate(lines, start=1):
+        t = line_time(raw[:160].decode("utf-8", errors="replace"))
+        if t is not None:
+            last = t
+        t_line = last
+        if pending and t_line != cur_t:
+            out.append({"kind": "log", "t": cur_t, "target": target, "source": path, "first_line": first_line, "lines": pending})
+            pending, first_line = [], i
+        cur_t = t_line
+        pending.append(encode_line(_redact_raw(raw)))
+    if pending:
+        out.append({"kind": "log", "t": cur_t, "target": target, "source": path, "first_line": first_line, "lines": pending})
+    # lines before the first stamp: give them the first stamp seen
+    first_t = next((r["t"] for r in out if r["t"] is not None), 0.0)
+    for r in out:
+        if r["t"] is None:
+            r["t"] = first_t
+    return out
+
+
+def _redact_raw(raw: bytes) -> bytes:
+    try:
+        return redact_fast(raw.decode("utf-8")).encode("utf-8")
+    except UnicodeDecodeError:
+        return redact_fast(raw.decode("latin-1")).encode("latin-1")
+
+
+def _time_sorted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    order = {"config": 0, "scrape": 1, "log": 2}
+    return sorted(records, key=lambda r: (float(r.get("t") or 0.0), order.get(r.get("kind", ""), 3)))
+
+
+def load_source(path: str) -> ReplaySource:
+    """Load a bundle file or a run directory. Raises :class:`BundleError` (one sentence) when nothing
+    can be read; damage that still leaves something readable is listed in ``problems``."""
+    if os.path.isdir(path):
+        return _load_directory(path)
+    res = read_bundle(path)
+    man = res.manifest or {"kind": "manifest", "targets": [], "logs": []}
+    if not res.manifest:
+        names = {r.get("target") for r in res.records if r.get("kind") == "scrape" and r.get("target")}
+        man["targets"] = [{"name": n, "url": n} for n in sorted(names)]
+        man["logs"] = sorted({(r.get("source"), r.get("target")) for r in res.records if r.get("kind") == "log"})
+        man["logs"] = [{"source": s, "target": t} for s, t in man["logs"]]
+    src = ReplaySource(path=path, kind="bundle", manifest=man, records=res.records, problems=list(res.problems))
+    src.summary = res.summary()
+    return src
+
+
+def write_source(src: ReplaySource, out: str, every: int = 1, name: str | None = None, note: str | None = None,
+                 max_bytes: int | None = None) -> dict[str, Any]:
+    """Write ``src`` as a bundle: one block per scrape (with the log lines up to the next scrape).
+
+    ``every=N`` keeps every Nth scrape (the first and last always); ``name`` renames the target (and
+    log sources keep only their file name), so a bundle does not carry local paths. Returns counts.
+    """
+    from diagnoser.bundle import BundleWriter, manifest
+
+    rename: dict[str, str] = {}
+    for t in src.targets:
+        rename[t] = name or t
+    for lg in src.manifest.get("logs", []):
+        tgt = lg.get("target")
+        if tgt and tgt not in rename:
+            rename[tgt] = name or tgt
+    scr = [r for r in src.records if r.get("kind") == "scrape"]
+    keep = {id(r) for i, r in enumerate(scr) if i % max(1, every) == 0 or i == len(scr) - 1}
+    t0, t1 = src.span()
+
+    def src_name(s: Any) -> str:
+        return os.path.basename(str(s)) if name else str(s)
+
+    iv = src.interval() * max(1, every) if scr else None
+    man = manifest(
+        targets=[{"name": rename[t], "url": rename[t]} for t in src.targets],
+        logs=[{"source": src_name(lg.get("source")), "target": rename.get(lg.get("target"), lg.get("target"))}
+              for lg in src.manifest.get("logs", [])],
+        start=t0, interval=iv or 0.0, planned_duration=t1 - t0, sglang_version=src.manifest.get("sglang_version"),
+        converted_from=os.path.basename(src.path.rstrip("/")), thinned_every=max(1, every),
+        **({"note": note} if note else {}),
+    )
+    man["created"] = src.manifest.get("created") or man["created"]
+    w = BundleWriter(out, max_bytes=max_bytes, fsync=False)
+    counts = {"scrapes": 0, "log_lines": 0, "dropped_scrapes": 0}
+    try:
+        head: list[dict[str, Any]] = [man]
+        block: list[dict[str, Any]] = head
+        for orig in src.records:
+            kind = orig.get("kind")
+            if kind == "scrape" and id(orig) not in keep:
+                counts["dropped_scrapes"] += 1
+                continue
+            r = dict(orig)
+            if "target" in r:
+                r["target"] = rename.get(r["target"], r["target"])
+            r.pop("file", None)
+            if kind == "scrape":
+                w.write_member(block)
+                block = [r]
+                counts["scrapes"] += 1
+            elif kind == "log":
+                r["source"] = src_name(r.get("source"))
+                counts["log_lines"] += len(r.get("lines") or [])
+                block.append(r)
+                if sum(len(x.get("lines") or []) for x in block if x.get("kind") == "log") >= 400:
+                    w.write_member(block)  # keep blocks small: damage then costs little
+                    block = []
+            elif kind in ("config", "note"):
+                block.append(r)
+        block.append({"kind": "end", "t": t1, "reason": "converted", "window": {"start": t0, "end": t1},
+                      "counts": {"scrapes": counts["scrapes"], "log_lines": counts["log_lines"]},
+                      "sglang_version": src.manifest.get("sglang_version")})
+        w.write_member(block, final=True)
+    finally:
+        w.close()
+    counts["bytes"] = w.size
+    return counts
+
