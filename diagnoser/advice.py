@@ -73,7 +73,11 @@ def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
         s = replace(s, proposed=sc.proposed, current=s.current if s.current is not None else sc.current)
     effect = sc.effect_text(now)
     if s.effect and s.effect not in effect and "capacity model" not in s.effect:
-        effect = f"{effect} — {s.effect}"
+        if sc.fits and sc.stays(now) and not sc.limit.startswith("no limit"):
+            # the rule's own effect is what the change allows; the projection says what binds first
+            effect = f"{effect} Once {sc.limit.split(' (')[0]} no longer binds: {s.effect}"
+        else:
+            effect = f"{effect} — {s.effect}"
     gain = sc.gain if sc.gain is not None else s.gain
     if not sc.fits:
         gain = -1.0

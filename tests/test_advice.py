@@ -233,3 +233,39 @@ def test_checks_run_even_when_advice_fails_outside_a_finding(monkeypatch: pytest
     with pytest.raises(RuntimeError):
         enrich(rep, [tl], {})
     assert f.suggestions == [] and rep.dropped[0]["flag"] == "--cpu-offload-gb"
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+METRICS_OFF = Path(__file__).parent / "cases" / "204-metrics-disabled"
+
+
+@pytest.mark.parametrize("argv", [["--log", str(EXAMPLES / "kv-full-retract" / "server.log")],
+                                  ["--replay", "{shared}/data/sglang-cpu-real/kv-full-retract"],
+                                  ["--replay", "{shared}/data/sglang-cpu-real/medium-engine-bound-kv-full"]])
+def test_no_fp8_kv_proposed_on_a_cpu_engine(argv: list[str]) -> None:
+    from tests.conftest import SHARED, need_shared
+
+    if "{shared}" in argv[1]:
+        need_shared()
+        argv = [argv[0], argv[1].replace("{shared}", str(SHARED))]
+    _, doc = analyse(["--once", *argv])
+    kv = kv_finding(doc)
+    assert kv["suggestions"], kv  # the pool cap is still the lever
+    flags = [s["flag"] for f in doc["findings"] for s in f["suggestions"]]
+    assert "--kv-cache-dtype" not in flags
+    assert "fp8" not in json.dumps([f["suggestions"] for f in doc["findings"]])
+
+
+def test_no_gain_effect_says_what_binds_instead_of_contradicting_itself() -> None:
+    """Case 204: --max-running-requests 4 → 312 while the client sends only 4 at a time."""
+    _, doc = analyse(["--once", "--log", str(METRICS_OFF / "server.log"), "--client-concurrency", "4"])
+    s = next(s for f in doc["findings"] for s in f["suggestions"] if s["flag"] == "--max-running-requests")
+    assert s["current"] == 4 and s["proposed"] == 312
+    assert s["projection"]["projected_running"] == 4 and s["projection"]["limit"] == "the client's concurrency (4)"
+    assert s["effect"].startswith("running stays at 4: the client's concurrency (4) binds first, so no throughput gain is projected")
+    assert "running 4 → 4" not in s["effect"] and "no change to the pool or the running batch" not in s["effect"]
+    assert "Once the client's concurrency no longer binds: up to" in s["effect"]
+    # without the client's number the demand seen binds, and the effect moves with the change
+    _, doc = analyse(["--once", "--log", str(METRICS_OFF / "server.log")])
+    s = next(s for f in doc["findings"] for s in f["suggestions"] if s["flag"] == "--max-running-requests")
+    assert s["effect"].startswith("running 4 → 40;") and s["projection"]["projected_running"] == 40

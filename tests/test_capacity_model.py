@@ -261,6 +261,8 @@ def test_lifting_max_total_tokens_on_the_real_kv_full_run(data_dir: Path) -> Non
     assert sc.pool_tokens == 16384
     # 40 clients in flight bound the batch long before 16K tokens do
     assert sc.projected_running <= 41
+    assert planner.pool.device == "cpu" and planner.kv_fp8() is None  # FP8 KV is a GPU feature: not proposed on CPU
+    planner.pool.device = "gpu"  # the same numbers on a GPU engine
     fp8 = planner.kv_fp8()
     assert fp8.pool_tokens == 4096 and fp8.projected_running == pytest.approx(2 * planner.work.running, rel=0.01)
 

@@ -48,6 +48,8 @@ class Scenario:
     risky: bool = False  # fits, but leaves too little headroom to recommend
     gain: float | None = None  # relative gen-throughput gain vs now
     extra_flags: list[str] = field(default_factory=list)  # other changes this one needs
+    limit: str = ""  # what bounds the projected running batch ("the client's concurrency (4)")
+    lever: bool = False  # the change moves the pool or the slot cap (so the running batch could move)
 
     def to_dict(self) -> dict[str, Any]:
         r = (lambda v, d=0: None if v is None else round(v, d) if d else round(v))  # noqa: E731
@@ -59,7 +61,7 @@ class Scenario:
             "projected_running": r(self.projected_running, 1), "projected_gen_throughput_tps": r(self.projected_gen_throughput_tps),
             "job_eta_hours": r(self.job_eta_hours, 1), "gain": r(self.gain, 3), "confidence": self.confidence,
             "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "risky": self.risky, "extra_flags": list(self.extra_flags),
-            "assumptions": list(self.assumptions), "risks": list(self.risks),
+            "assumptions": list(self.assumptions), "risks": list(self.risks), "limit": self.limit,
         }
 
     def effect_text(self, now: Scenario | None = None) -> str:
@@ -71,21 +73,26 @@ class Scenario:
             d = self.pool_tokens - now.pool_tokens
             if d:
                 parts.append(f"pool {now.pool_tokens:,} → {self.pool_tokens:,} tokens ({d:+,}, {d / now.pool_tokens:+.0%})")
-        moved = (self.projected_running is not None and now is not None and now.projected_running is not None
-                 and abs(self.projected_running - now.projected_running) >= 0.5)
+        moved = self.moved(now)
         if moved:
             parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")  # type: ignore[union-attr]
             if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
                 parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
             if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
                 parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
-        elif self.pool_tokens is not None and now is not None and self.pool_tokens != now.pool_tokens:
-            parts.append("the running batch stays (the pool is not what limits it)")
+        elif self.stays(now):
+            n = f"{self.projected_running:.0f}"
+            if self.limit.startswith("no limit"):
+                parts.append(f"running stays at {n}: {self.limit[len('no limit: '):]}; no throughput gain is projected")
+            elif self.limit:
+                parts.append(f"running stays at {n}: {self.limit} binds first, so no throughput gain is projected")
+            else:
+                parts.append(f"running stays at {n}: the pool is not what limits it")
         if self.headroom_gib is not None:
             parts.append(f"{self.headroom_gib:.1f} GiB left for activations and graphs")
         if self.projected_running is None and (now is None or now.projected_running is None):
             parts.append("no running batch was observed, so running and throughput are not projected")
-        text = "; ".join(parts) if parts else "no change to the pool or the running batch expected"
+        text = "; ".join(parts) if parts else "pool and slot cap unchanged: the capacity model projects no change to the running batch"
         text += f" ({self.confidence} confidence)."
         if self.extra_flags:
             text += " Needs also: " + ", ".join(self.extra_flags) + "."
@@ -96,6 +103,18 @@ class Scenario:
             bound = [a for a in self.assumptions if a not in own]
             text += " Assumes: " + "; ".join(a.rstrip(".") for a in (own + bound)[:4]) + "."
         return text
+
+
+    def moved(self, now: Scenario | None) -> bool:
+        """The projected running batch differs from today's as printed (whole requests)."""
+        return (self.projected_running is not None and now is not None and now.projected_running is not None
+                and round(self.projected_running) != round(now.projected_running))
+
+    def stays(self, now: Scenario | None) -> bool:
+        """A change to the pool or the slot cap that does not move the running batch."""
+        if self.projected_running is None or now is None or self.moved(now):
+            return False
+        return self.lever or (self.pool_tokens is not None and self.pool_tokens != now.pool_tokens)
 
 
 def _eta(h: float) -> str:

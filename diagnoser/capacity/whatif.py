@@ -50,7 +50,7 @@ class Planner:
         pools = pools or p.pools
         total = None if per_rank is None else per_rank * pools
         sc = Scenario(change=change or f"{flag} {show_value(current)} → {show_value(proposed)}", flag=flag, current=current,
-                      proposed=proposed, pool_tokens=total, pool_tokens_per_rank=per_rank)
+                      proposed=proposed, pool_tokens=total, pool_tokens_per_rank=per_rank, lever=running_cap is not None)
         if total is not None and w.tokens_per_request:
             sc.max_concurrent_requests = int(total // w.tokens_per_request)
             if w.tokens_per_request_p95:
@@ -113,6 +113,7 @@ class Planner:
         if l_now == inf or l_new == inf:
             return run0
         binding = min(limits_new, key=lambda k: limits_new[k])
+        sc.limit = binding if "(" in binding else f"{binding} ({limits_new[binding]:,.0f})"
         if run0 >= 0.9 * l_now:
             run = run0 * l_new / l_now
             if abs(run - run0) > 0.5:
@@ -121,6 +122,7 @@ class Planner:
         if l_new < run0:
             sc.assumptions.append(f"running capped by {binding}")
             return l_new
+        sc.limit = f"no limit: {run0:.0f} running is below what the pool, the slots and the client allow (the arrivals set it)"
         return run0
 
     def now(self) -> Scenario:
@@ -182,6 +184,8 @@ class Planner:
         s_now = kv_dtype_bytes(p.kv_cache_dtype, p.shape.model_dtype_bytes if p.shape else 2.0)
         if s_now <= 1 or not p.pool_tokens:
             return None
+        if p.device == "cpu":
+            return None  # FP8 KV is a GPU feature (reference §5.1); a CPU engine keeps its dtype
         per_rank = int(p.pool_tokens * s_now // 1) // p.page_size * p.page_size
         sc = self._scenario(flag, p.kv_cache_dtype, "fp8_e4m3", per_rank)
         sc.assumptions.append(f"same KV budget at 1 byte per element instead of {s_now:g} (reference §5.1): {s_now:g}× tokens")
