@@ -116,7 +116,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
                     src = f" ← {e['source']}" if e.get("source") else ""
                     out.extend(_wrap(f"{e['signal']} = {e['observed']}{thr}{src}", "      ", "    · "))
             for i, s in enumerate(f.get("suggestions", [])):
-                cur = "unset" if s["current"] is None else s["current"]
+                cur = current_text(s)
                 out.extend(_wrap(f"{s['flag']} {cur} → {s['proposed']}: {s['why']}", "      ", f"    {i + 1}. "))
                 if s.get("effect"):
                     out.extend(_wrap(f"effect: {s['effect']}", "       "))
@@ -136,3 +136,14 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     for e in doc.get("errors", []):
         out.extend(_wrap(f"{e.get('rule', e.get('source'))}: {e['error']}", "    ", "  ! "))
     return "\n".join(out).rstrip() + "\n"
+
+
+def current_text(s: dict[str, Any]) -> Any:
+    """The current value as printed. ``None`` in the JSON means the inputs do not show the flag, not that
+    it is unset; only a suggestion that says the flag is at its default prints as such."""
+    if s.get("current") is not None:
+        return s["current"]
+    said = " ".join([str(s.get("why") or ""), *[str(a) for a in s.get("assumptions") or []]]).lower()
+    if "at its default" in said or "at the default" in said:
+        return "unset (default)"
+    return "unknown (not in the inputs)"
