@@ -165,6 +165,13 @@ def test_newer_format_version_is_one_clear_line(tmp_path: Path) -> None:
         read_bundle(str(p))
     msg = str(ei.value)
     assert "\n" not in msg and f"v{FORMAT_VERSION + 1}" in msg and "9.0.0" in msg and "upgrade" in msg
+    # through the CLI: exit 2 and that one line, for --once --replay and for replay-server
+    import subprocess
+    import sys
+
+    for argv in (["--once", "--replay", str(p)], ["replay-server", str(p), "--port", "0"]):
+        r = subprocess.run([sys.executable, "-m", "diagnoser", *argv], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr == f"diagnose: {msg}\n" and r.stdout == ""
 
 
 @pytest.mark.parametrize(
