@@ -269,13 +269,14 @@ def main(cmd: str, argv: list[str]) -> int:
     srv.start()
     n = len(srv.state.scrapes)
     t0, t1 = source.span()
-    if source.problems:
-        print(f"replay-server: {source.summary}", file=sys.stderr)
-    if len(source.targets) > 1:
-        print(f"replay-server: the recording has {len(source.targets)} servers; serving {srv.state.target} "
-              f"(pick another with --target: {', '.join(source.targets)})", file=sys.stderr)
+    # the first line always ends with the URL (scripts and tests read it)
     print(f"replay-server: serving {source.path} ({n} scrape(s) over {t1 - t0:.0f} s of recording, speed {args.speed:g}"
           f"{', looping' if args.loop else ''}) at {srv.url}", file=sys.stderr, flush=True)
+    if source.problems:
+        print(f"replay-server: {source.summary}", file=sys.stderr, flush=True)
+    if len(source.targets) > 1:
+        print(f"replay-server: the recording has {len(source.targets)} servers; serving {srv.state.target} "
+              f"(pick another with --target: {', '.join(source.targets)})", file=sys.stderr, flush=True)
     try:
         while not stop.wait(0.2):
             pass
