@@ -109,7 +109,8 @@ def test_plan_is_one_query_per_signal_for_the_whole_fleet() -> None:
 
 
 def test_targets_ranks_spellings_and_values() -> None:
-    series = [{"__name__": "sglang:num_running_reqs", **A, "tp_rank": "0", "engine_type": "unified", "moe_ep_rank": "0"},
+    series = [{"__name__": "sglang:evicted_tokens_total", "job": "sglang", "instance": "a:30000", "cache_type": "RadixCache"},
+              {"__name__": "sglang:num_running_reqs", **A, "tp_rank": "0", "engine_type": "unified", "moe_ep_rank": "0"},
               {"__name__": "sglang_num_running_reqs", **B, "dp_rank": "0", "tp_rank": "0"},
               {"__name__": "sglang_num_running_reqs", **B, "dp_rank": "1", "tp_rank": "1"},
               {"__name__": "sglang:prealloc_full_token_usage", **A}]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -184,8 +184,16 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         rep.errors += 1
         rep.messages.append(str(e))
         return
+    # series with a model label first: a model-less one (radix-cache, HTTP collectors) then joins its
+    # instance's only model instead of making a target of its own
+    found.sort(key=lambda m: not (m.get("model_name") or m.get("name")))
     for metric in found:
         key = targets.key_of(metric)
+        if not key[2]:
+            same = targets.by_instance.get(key[:2], [])
+            if len(same) > 1:
+                continue  # ambiguous: several models behind one instance
+            key = same[0] if same else key
         targets.add(key)
         targets.labels.setdefault(key, set()).update(metric)
         name = metric.get("__name__", "")
@@ -211,24 +219,40 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         except PromError as e:
             return q, None, str(e)
 
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        results = list(pool.map(run, plan))
-        try:
-            config = api.query(Q.config_query(matchers), win.end)
-        except PromError as e:
-            config = []
-            rep.errors += 1
-            rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {e}")
+    def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
+        return "cache_hit_rate" if q.signal in ("cache_hit_rate", Q.PREFILL) else q.signal
+
+    size: dict[str, int] = {}
+    for q in plan:
+        size[group(q)] = size.get(group(q), 0) + 1
     used = 0
     have: dict[str, set[int]] = {}  # signal → ids of timelines that got it from a higher-priority query
     ok: set[str] = set()
-    for q, res, err in sorted(results, key=lambda r: r[0].priority):
-        if res is None:
-            failed.setdefault(q.signal, err)
+    waiting: dict[str, list[tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]]] = {}
+    config: list[dict[str, Any]] = []
+    # the slow bucket queries go first; each signal is ingested as soon as its queries are in, while
+    # Prometheus still works on the others
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futures = [pool.submit(run, q) for q in sorted(plan, key=lambda q: q.kind != "quantile")]
+        cfg_future = pool.submit(api.query, Q.config_query(matchers), win.end)
+        for fut in as_completed(futures):
+            q, res, err = fut.result()
+            g = group(q)
+            waiting.setdefault(g, []).append((q, res, err))
+            if len(waiting[g]) < size[g]:
+                continue
+            for q, res, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
+                if res is None:
+                    failed.setdefault(q.signal, err)
+                    rep.errors += 1
+                    continue
+                ok.add(q.signal)
+                used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+        try:
+            config = cfg_future.result()
+        except PromError as e:
             rep.errors += 1
-            continue
-        ok.add(q.signal)
-        used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+            rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {e}")
     failed = {s: e for s, e in failed.items() if s not in ok}
     _ingest_config(config, targets)
     targets.name_all()
