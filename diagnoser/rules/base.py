@@ -45,18 +45,43 @@ class RuleContext:
 
     def stats(self, signal: str, rank: str = "") -> dict[str, Any]:
         key = ("stats", signal, rank)
-        if key not in self.memo:
+        hit = self.memo.get(key)
+        if hit is None:
             s = self.timeline.get(signal, rank)
-            self.memo[key] = fast_summary(s.values if s is not None else [])
-        return self.memo[key]  # type: ignore[no-any-return]
+            if s is None:
+                hit = fast_summary([])
+            elif len(s) < 64:
+                hit = summarize(s.values)
+            else:  # the pass's numpy view of the series (converted once, shared with the joins)
+                hit = _np_summary(raw_arrays(self, signal, rank)[1])
+            self.memo[key] = hit
+        return hit  # type: ignore[no-any-return]
 
     def cfg(self, name: str, default: Any = None) -> Any:
         return self.timeline.cfg(name, default)
 
-    def window_text(self) -> str:
+    def span(self) -> tuple[float | None, float | None]:
+        """:meth:`Timeline.span`, computed once for the pass."""
         if "span" not in self.memo:
             self.memo["span"] = self.timeline.span()
-        start, end = self.memo["span"]
+        return self.memo["span"]  # type: ignore[no-any-return]
+
+    def events_of(self, *kinds: str) -> list[Any]:
+        """:meth:`Timeline.events_of`, memoised for the pass (callers must not mutate the list)."""
+        by_kind = self.memo.get("events_by_kind")
+        if by_kind is None:
+            by_kind = self.memo["events_by_kind"] = {}
+            for e in self.timeline.events:  # one walk over the events for every rule of the pass
+                by_kind.setdefault(e.kind, []).append(e)
+        if len(kinds) == 1:
+            return by_kind.get(kinds[0], [])  # type: ignore[no-any-return]
+        present = [k for k in kinds if k in by_kind]
+        if len(present) <= 1:
+            return by_kind.get(present[0], []) if present else []  # type: ignore[no-any-return]
+        return [e for e in self.timeline.events if e.kind in kinds]  # several kinds: keep their order
+
+    def window_text(self) -> str:
+        start, end = self.span()
         if start is None or end is None:
             return ""
         if self.timeline.untimed:
@@ -70,7 +95,12 @@ def fast_summary(values: list[float]) -> dict[str, Any]:
         return summarize(values)
     import numpy as np
 
-    arr = np.asarray(values, dtype=float)
+    return _np_summary(np.asarray(values, dtype=float))
+
+
+def _np_summary(arr: Any) -> dict[str, Any]:
+    import numpy as np
+
     arr = arr[~np.isnan(arr)]
     if not arr.size:
         return summarize([])
@@ -206,7 +236,7 @@ def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float,
     sa, sb = ctx.series(a, rank), ctx.series(b, rank)
     out: list[tuple[float, float, float, str]] = []
     if sa is not None and sb is not None:
-        if len(sa) < 64 or len(sb) < 64:
+        if len(sa) < 64 and len(sb) < 64:
             bmap = dict(zip(sb.ts, sb.values, strict=True))
             get = bmap.get
             out = [(t, v, w, src) for t, v, src in zip(sa.ts, sa.values, sa.sources, strict=True)
@@ -221,17 +251,29 @@ def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | N
     """(ts, values) of a series as numpy arrays, NaNs dropped; memoised for the pass."""
     key = ("arrays", signal, rank)
     if key not in ctx.memo:
-        s = ctx.series(signal, rank)
-        if s is None:
+        if ctx.series(signal, rank) is None:
             ctx.memo[key] = None
         else:
             import numpy as np
 
-            ts = np.asarray(s.ts, dtype=float)
-            vs = np.asarray(s.values, dtype=float)
+            ts, vs = raw_arrays(ctx, signal, rank)
             ok = ~np.isnan(vs)
-            ctx.memo[key] = (ts[ok], vs[ok])
+            ctx.memo[key] = (ts, vs) if ok.all() else (ts[ok], vs[ok])
     return ctx.memo[key]  # type: ignore[no-any-return]
+
+
+def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max") -> str:
+    """The source of the series' largest (``at="min"``: smallest) value, the first such point; the
+    vectorised :meth:`Series.argmax`/``argmin`` (NaNs skipped; the last point when all are NaN)."""
+    s = ctx.series(signal, rank)
+    if s is None:
+        return ""
+    import numpy as np
+
+    _, vals = raw_arrays(ctx, signal, rank)
+    if np.isnan(vals).all():
+        return s.sources[-1]
+    return s.sources[int(np.nanargmax(vals) if at == "max" else np.nanargmin(vals))]
 
 
 def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]:

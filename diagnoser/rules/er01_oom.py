@@ -44,7 +44,7 @@ class OOM(Rule):
     threshold_help = {"decode_cut": "proposed max_running_requests as a share of the current (decode OOM)"}
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
-        evs_in = ctx.timeline.events_of("oom", "startup_oom", "hicache_host_oom")
+        evs_in = ctx.events_of("oom", "startup_oom", "hicache_host_oom")
         if not evs_in:
             return None
         phases: dict[str, int] = {}

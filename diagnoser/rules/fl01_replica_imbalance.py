@@ -91,6 +91,8 @@ class ReplicaImbalance(Rule):
         return None
 
     def evaluate_fleet(self, timelines: list[Timeline], cfg: dict[str, Any], adapter: Any) -> list[Finding]:
+        if len(timelines) < cfg["min_replicas"]:
+            return []  # one engine's window: nothing to compare (and no per-target load to compute)
         by_target = {tl.target: tl for tl in timelines}
         rows = [r for r in loads(timelines) if self._judged(by_target[r.target], cfg)]
         groups: dict[str, list[TargetLoad]] = {}

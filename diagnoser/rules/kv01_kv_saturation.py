@@ -49,6 +49,7 @@ from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
+    argmax_source,
     arrays,
     ev,
     evidence,
@@ -75,7 +76,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     hit = ctx.memo.get("retractions")
     if hit is not None:
         return hit  # type: ignore[no-any-return]
-    evs = ctx.timeline.events_of("retraction")
+    evs = ctx.events_of("retraction")
     if evs and any("pp" not in e.rank for e in evs):
         evs = [e for e in evs if "pp" not in e.rank]  # later pipeline stages repeat stage 0's requests
     reqs = sum(int(e.fields.get("retracted_reqs", 1) or 1) for e in evs)
@@ -91,7 +92,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
         if rr is not None:
             pos = [v for v in rr.values if v > 0]
             if pos:
-                out = (len(pos), int(sum(pos)), rr.sources[rr.argmax()])
+                out = (len(pos), int(sum(pos)), argmax_source(ctx, "retracted_reqs"))
     ctx.memo["retractions"] = out
     return out
 

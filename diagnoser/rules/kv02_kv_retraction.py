@@ -37,7 +37,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
+from diagnoser.rules.base import Rule, RuleContext, argmax_source, evidence, pairs, suggest
 from diagnoser.rules.kv01_kv_saturation import retractions
 
 
@@ -60,7 +60,7 @@ class KVRetraction(Rule):
         n, reqs, src = retractions(ctx)
         if n == 0:
             return self._implied(ctx)
-        start, end = ctx.timeline.span()
+        start, end = ctx.span()
         minutes = (end - start) / 60 if start is not None and end is not None and end > start and not ctx.timeline.untimed else None
         rate = n / max(minutes, 1.0) if minutes else None
         frequent = n >= t["frequent_count"] and (rate is None or rate >= t["frequent_per_min"])
@@ -68,12 +68,12 @@ class KVRetraction(Rule):
         if rate is not None:
             evs.append(evidence("retractions per minute", round(rate, 2), t["frequent_per_min"], ctx.window_text(), src))
         ratio = ctx.series("new_token_ratio")
-        first = ctx.timeline.events_of("retraction")
+        first = ctx.events_of("retraction")
         if first and "new_token_ratio_after" in first[0].fields:
             f = first[0].fields
             evs.append(evidence("new_token_ratio", f"{f['new_token_ratio_before']} -> {f['new_token_ratio_after']}", None, "", first[0].source))
         elif ratio is not None:
-            evs.append(evidence("new_token_ratio", round(max(ratio.values), 3), None, ctx.window_text(), ratio.sources[ratio.argmax()]))
+            evs.append(evidence("new_token_ratio", round(max(ratio.values), 3), None, ctx.window_text(), argmax_source(ctx, "new_token_ratio")))
         when = f" over {minutes:.1f} min ({rate:.1f}/min)" if minutes else ""
         ranks = {e.rank for e in first}
         rank_txt = f", logged by {len(ranks)} ranks" if len(ranks) > 1 else ""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import bisect
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, aligned, evidence, raw_arrays, slot_cap, suggest
+from diagnoser.rules.base import Rule, RuleContext, aligned, argmax_source, evidence, raw_arrays, slot_cap, suggest
 
 
 class PrefillStall(Rule):
@@ -110,7 +110,7 @@ class PrefillStall(Rule):
                evidence("share of prefill batches at the cap", round(cshare, 2), t["cap_share"], ctx.window_text(), p.sources[at_cap[0]]),
                Evidence("capped batches with a backlog", len(backlog), f">= half of {len(at_cap)}", ctx.window_text(), p.sources[backlog[0]])]
         if ps["n"]:
-            evs.append(evidence("pending_tokens", ps["max"], f"> {t['pending_factor']:.0f} x cap", ctx.window_text(), ctx.series("pending_tokens").sources[ctx.series("pending_tokens").argmax()]))  # type: ignore[union-attr]
+            evs.append(evidence("pending_tokens", ps["max"], f"> {t['pending_factor']:.0f} x cap", ctx.window_text(), argmax_source(ctx, "pending_tokens")))
         if usage["n"]:
             evs.append(evidence("token_usage p95", round(usage["p95"], 3), f"< {t['kv_room']}", ctx.window_text(), ""))
         summary = (f"{cshare:.0%} of {len(p)} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
@@ -149,7 +149,7 @@ class PrefillStall(Rule):
         if not ok.any():
             return None
         pts, _ = raw_arrays(ctx, "prefill_new_tokens")
-        rts = np.asarray(sorted(e.ts for e in ctx.timeline.events_of("retraction")), dtype=float)
+        rts = np.asarray(sorted(e.ts for e in ctx.events_of("retraction")), dtype=float)
         adm = np.searchsorted(pts, qts, side="right")  # admissions up to each queue reading
         ret = np.searchsorted(rts, qts, side="right")
         # a stretch: consecutive ok readings with no admission or retraction after its first reading

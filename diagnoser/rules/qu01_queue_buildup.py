@@ -116,7 +116,7 @@ class QueueBuildup(Rule):
         cap, cap_src = slot_cap(ctx)
         if not cap:
             return None
-        red = ctx.timeline.events_of("max_running_requests_reduced")
+        red = ctx.events_of("max_running_requests_reduced")
         requested = next((e.fields.get("requested") for e in red if e.fields.get("requested")), None)
         cc = ctx.extras.get("client_concurrency")
         offered, why = (cc, "--client-concurrency") if cc else (requested, "the requested --max-running-requests")

@@ -69,7 +69,7 @@ class MaxRunningRequestsCap(Rule):
         cap, cap_src = slot_cap(ctx)
         if not cap:
             return None
-        red = [e for e in ctx.timeline.events_of("max_running_requests_reduced")]
+        red = [e for e in ctx.events_of("max_running_requests_reduced")]
         p = pairs(ctx, "running_reqs", "queue_reqs")
         waiting = p.b > 0
         n_wait = int(waiting.sum())
