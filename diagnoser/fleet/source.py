@@ -27,6 +27,7 @@ from diagnoser.timeline import Series, Timeline
 
 _first = itemgetter(0)
 _second = itemgetter(1)
+QUERY_TIMEOUT_MIN = 30.0
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 WORKERS = 4
 
@@ -146,7 +147,10 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
         rep.messages.append(str(e))
         return col
     own = api is None
-    api = api or PromAPI(args.prometheus, timeout=float(getattr(args, "timeout", 10.0) or 10.0), headers=headers)
+    # a fleet-wide query does more work than one scrape: never less than QUERY_TIMEOUT_MIN (Prometheus'
+    # own default is 2 min); the value is also sent as the query's `timeout`
+    timeout = max(float(getattr(args, "timeout", 0.0) or 0.0), QUERY_TIMEOUT_MIN)
+    api = api or PromAPI(args.prometheus, timeout=timeout, headers=headers)
     rep.source = api.shown
     try:
         end = parse_end(getattr(args, "end", None))
