@@ -131,8 +131,9 @@ class BulkReader:
     def __init__(self, parser: SGLangLogParser) -> None:
         self.parser = parser
         self.shapes: set[bytes] = set()
-        self._stamps: dict[bytes, int] = {}
+        self._stamps: dict[bytes, float] = {}
         self._ranks: dict[bytes, str] = {}
+        self._floats: dict[bytes, float] = {}
         self.bulk_lines = 0
 
     def _stamp(self, stamp: bytes) -> int:
@@ -233,14 +234,14 @@ class BulkReader:
         stamps = self._stamps
         col = cols[_G["stamp"]]
         for u in set(col).difference(stamps):
-            stamps[u] = self._stamp(u) if u else 0
+            stamps[u] = float(self._stamp(u)) if u else 0.0  # int + 0.0, as the reference parser has it
         base = list(map(stamps.__getitem__, col))
         if len(stamps) > 100_000:
             stamps.clear()
         fr = cols[_G["frac"]]
         if any(fr):
             return [b + (float("0." + f.decode()) if f else 0.0) for b, f in zip(base, fr, strict=True)]
-        return list(map(float, base))
+        return base
 
     def _rank_of(self, tags: bytes) -> str:
         r = self._ranks.get(tags)
@@ -283,7 +284,20 @@ class BulkReader:
                     continue
                 ts_p = list(compress(ts, present))
                 src_p = list(compress(srcs, present))
-                vals_p = list(map(conv, values))
+                if conv is _FLOAT:  # few distinct values (counts, 2-decimal ratios): convert each once
+                    raw_p = list(values)
+                    fc = self._floats
+                    new_vals = set(raw_p).difference(fc)
+                    if len(new_vals) < len(raw_p) // 2:
+                        for u in new_vals:
+                            fc[u] = float(u)
+                        vals_p = list(map(fc.__getitem__, raw_p))
+                        if len(fc) > 500_000:
+                            fc.clear()
+                    else:
+                        vals_p = list(map(float, raw_p))
+                else:
+                    vals_p = list(map(conv, values))
                 if ranks is None:
                     todo[(signal, only_rank)] = (ts_p, vals_p, src_p, partial(_positions, n, present, None))
                     continue
