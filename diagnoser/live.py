@@ -8,8 +8,10 @@ Used by ``diagnose`` watch mode and ``diagnose serve``. One :class:`LiveMonitor`
 * history is trimmed by age (``history_s``) and size (``max_points`` per series, ``max_events``); history
   older than an hour is thinned to one point per 30 s, and per-point source text is kept only for the
   window the rules judge (evidence cites it), so 24 h of 8 targets stays small;
-* each tick evaluates the rules over the last ``window_s`` seconds of every target, runs
-  ``advice.enrich`` when it exists, and passes the findings through :class:`Hysteresis`;
+* the rules judge the last ``window_s`` seconds of each target every ``eval_interval`` (default 3 polls,
+  at most 15 s; targets are staggered across ticks, and a target is judged at once when it goes down
+  or comes back), ``advice.enrich`` runs when it exists, and every tick passes the current findings
+  through :class:`Hysteresis`;
 * the result is published as an immutable :class:`Snapshot` that readers (web, exporter, terminal) take
   without locking.
 """
@@ -198,6 +200,7 @@ class LiveMonitor:
         full_res_s: float = FULL_RES_S,
         coarse_s: float = COARSE_S,
         for_seconds: float | None = None,
+        eval_interval: float | None = None,
         thresholds: dict[str, dict[str, Any]] | None = None,
         rules: list[type[Rule]] | None = None,
         extras: dict[str, Any] | None = None,
@@ -233,6 +236,14 @@ class LiveMonitor:
         self._thread: threading.Thread | None = None
         self.snapshot = Snapshot(time.time(), 0, [], [], [], [], 0.0)
         self.listeners: list[Any] = []  # callables(snapshot) run after each tick
+        self.eval_interval = float(eval_interval) if eval_interval is not None else max(self.interval, min(15.0, 3 * self.interval))
+        self._eval_every = max(1, round(self.eval_interval / self.interval))
+        self._findings: dict[int, list[Finding]] = {}
+        self._last_state: dict[int, tuple[bool | None, bool]] = {}
+        self._windows: dict[str, Timeline] = {}
+        self._fleet_findings: list[Finding] = []
+        self._fleet_done = False
+        self._rule_pass_s = 0.0
         urls = list(urls or [])
         logs = list(logs or [])
         for u in urls:
@@ -317,16 +328,28 @@ class LiveMonitor:
         end = t.timeline.span()[1]
         return now if end is None else end
 
+    def _due(self, i: int, up: bool | None, err: str) -> bool:
+        """Rules judge each target every ``eval_interval`` (targets staggered across ticks), and at once
+        when it is new or its health changed."""
+        state = (up, bool(err))
+        if self._last_state.get(i) != state or i not in self._findings:
+            self._last_state[i] = state
+            return True
+        return (self.tick_no + i) % self._eval_every == 0
+
     def tick(self, now: float | None = None, scrape: bool = True) -> Snapshot:
-        """One pass: poll (optionally), trim, evaluate the window, hysteresis, publish a snapshot."""
+        """One pass: poll (optionally), trim, evaluate the due windows, hysteresis, publish a snapshot."""
         if scrape:
             self.poll()
         now = time.time() if now is None else now
         windows: list[Timeline] = []
+        due_names: set[str] = set()
         unreachable: dict[str, str] = {}
         views: list[TargetView] = []
         for i, t in enumerate(self.targets):
             ref = self._ref_now(t, now)
+            up, err = t.up, t.last_error  # read once: a scrape thread may finish mid-tick
+            due = self._due(i, up, err)
             with t.lock:
                 trim(t.timeline, ref - self.history_s, self.max_points, self.max_events)
                 coarse_end = ref - self.full_res_s
@@ -343,42 +366,62 @@ class LiveMonitor:
                 for fol in t.followers:
                     rng.merge(fol.reader.parser.version)
                 finalize(t.timeline, rng)
-                win = t.timeline.window(ref - self.window_s, ref)
+                win = t.timeline.window(ref - self.window_s, ref) if due else None
                 latest = {name: s.values[-1] for (name, rank), s in t.timeline.series.items() if not rank and s.values}
                 cfg = dict(t.timeline.config)
-            if t.is_url and t.up is False:
-                unreachable[t.name] = t.last_error
-                win.meta["unreachable"] = t.last_error
-            windows.append(win)
+                span = (ref - self.window_s, ref) if win is None else win.span()
+            if t.is_url and up is False:
+                unreachable[t.name] = err
+                if win is not None:
+                    win.meta["unreachable"] = err
+            if win is not None:
+                windows.append(win)
+                due_names.add(t.name)
+                self._windows[t.name] = win
             views.append(TargetView(
-                index=i, name=t.name, is_url=t.is_url, up=t.up, last_error=t.last_error, scrapes=t.scrapes,
+                index=i, name=t.name, is_url=t.is_url, up=up, last_error=err, scrapes=t.scrapes,
                 scrape_errors=t.scrape_errors, last_scrape_ts=t.last_scrape_ts, last_duration_s=t.last_duration_s,
                 version=t.timeline.version, latest=latest, config=cfg, model_name=self._model_name(t, cfg),
-                window=win.span(),
+                window=span,
             ))
         extras = dict(self.extras)
         extras["unreachable"] = unreachable
-        report = evaluate(windows, self.adapter, self.thresholds, self.rules, extras) if windows else Report()
+        target_rules = [r for r in self.rules if r.scope != "fleet"]
+        fleet_rules = [r for r in self.rules if r.scope == "fleet"]
+        report = evaluate(windows, self.adapter, self.thresholds, target_rules, extras) if windows else Report()
+        if fleet_rules and (windows and self.tick_no % self._eval_every == 0 or not self._fleet_done):
+            self._fleet_done = True
+            fleet = evaluate(list(self._windows.values()), self.adapter, self.thresholds, fleet_rules, extras)
+            self._fleet_findings = fleet.findings
+            report.errors.extend(fleet.errors)
+            report.duration_s += fleet.duration_s
         try:
             from diagnoser.advice import enrich  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             enrich = None
-        if enrich is not None:
+        if enrich is not None and windows:
             try:
                 enrich(report, windows, extras)
             except Exception as e:  # advice is optional: a failure is shown, not fatal
                 report.errors.append(_rule_error("advice", f"{type(e).__name__}: {e}"))
         have = {(f.target, f.rule) for f in report.findings}
         for name, err in unreachable.items():
-            if (name, "source_unreachable") not in have:
+            if name in due_names and (name, "source_unreachable") not in have:
                 report.findings.insert(0, unreachable_finding(name, err))
-        findings = self.hysteresis.update(report.findings, now)
+        for i, t in enumerate(self.targets):
+            if t.name in due_names:
+                self._findings[i] = [f for f in report.findings if f.target == t.name]
+        current = [f for i in sorted(self._findings) for f in self._findings[i]] + list(self._fleet_findings)
+        current.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
+        findings = self.hysteresis.update(current, now)
         for f in self.hysteresis.resolved:
             self.resolved.append((now, f))
         self.tick_no += 1
+        if report.duration_s:
+            self._rule_pass_s = report.duration_s
         snap = Snapshot(
             ts=now, tick=self.tick_no, targets=views, findings=findings, resolved=list(self.resolved),
-            errors=[e.to_dict() for e in report.errors], rule_pass_s=report.duration_s, dropped=list(report.dropped),
+            errors=[e.to_dict() for e in report.errors], rule_pass_s=self._rule_pass_s, dropped=list(report.dropped),
         )
         self.snapshot = snap
         for cb in list(self.listeners):

@@ -31,6 +31,8 @@ class SampleServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like SGLang's uvicorn
+
             def log_message(self, *a: Any) -> None:
                 pass
 
