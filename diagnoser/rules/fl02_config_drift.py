@@ -108,6 +108,8 @@ class ConfigDrift(Rule):
         return None
 
     def evaluate_fleet(self, timelines: list[Timeline], cfg: dict[str, Any], adapter: Any) -> list[Finding]:
+        if len(timelines) < cfg["min_replicas"]:
+            return []  # one engine's window: nothing to compare
         groups: dict[str, list[Timeline]] = {}
         for tl in timelines:
             groups.setdefault(group_of(tl), []).append(tl)

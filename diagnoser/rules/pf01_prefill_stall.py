@@ -40,7 +40,16 @@ from __future__ import annotations
 import bisect
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, aligned, argmax_source, evidence, raw_arrays, slot_cap, suggest
+from diagnoser.rules.base import (
+    Rule,
+    RuleContext,
+    aligned,
+    argmax_source,
+    evidence,
+    raw_arrays,
+    slot_cap,
+    suggest,
+)
 
 
 class PrefillStall(Rule):
@@ -71,7 +80,7 @@ class PrefillStall(Rule):
             return min(known)
         import numpy as np
 
-        uniq, counts = np.unique(np.asarray(vals, dtype=float).astype(int), return_counts=True)
+        uniq, counts = np.unique(raw_arrays(ctx, "prefill_new_tokens")[1].astype(int), return_counts=True)
         k = int(np.argmax(counts))
         value, count = int(uniq[k]), int(counts[k])
         if count >= self_share(vals) and value >= 64 and value & (value - 1) == 0:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, joint, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -110,8 +110,15 @@ class PrefillDecodeInterference(Rule):
     def _from_metrics(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
-        run = {ts: r for ts, r, _, _ in joint(ctx, "running_reqs", "gen_throughput_tps")}
-        pts = [p for p in pts if run.get(p[0], 0) >= t["min_running"]]
+        if len(pts) < t["min_scrapes"]:
+            return None
+        import numpy as np
+
+        run = pairs(ctx, "running_reqs", "gen_throughput_tps")
+        # the running count read with each point (the last one at that time, as a dict of the join kept it)
+        at = np.searchsorted(run.ts, np.fromiter((p[0] for p in pts), dtype=float, count=len(pts)), side="right") - 1
+        ok = [(float(run.a[k]) if k >= 0 and run.ts[k] == p[0] else 0) >= t["min_running"] for k, p in zip(at.tolist(), pts, strict=True)]
+        pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
         if len(pts) < t["min_scrapes"]:
             return None
         gens = sorted(p[2] for p in pts)
