@@ -58,3 +58,45 @@ def test_tokens_per_request_prefers_decode_seq_lens() -> None:
         tl.add("used_tokens", float(i), 4000.0, "s")  # includes prompts still in prefill
         tl.add("decode_sum_seq_lens", float(i), 2000.0, "s")
     assert tokens_per_request(RuleContext(tl, {}, ADAPTER)) == (500.0, "median of decode_sum_seq_lens / running_reqs")
+
+
+def test_np_quantile_is_numpy_percentile_to_the_last_bit() -> None:
+    """The pass's quantile skips numpy's call overhead; numpy stays the reference."""
+    import numpy as np
+
+    from diagnoser.rules.base import np_quantile
+
+    rnd = random.Random(3)
+    for n in (1, 2, 3, 64, 65, 999, 2381):
+        for _ in range(10):
+            arr = np.array([rnd.choice((rnd.random() * 1e4, float(rnd.randint(0, 40)), 0.1)) for _ in range(n)])
+            srt = np.sort(arr)
+            for q in (0.5, 0.95, 0.9, 0.25, 0.99):
+                assert np_quantile(srt, q) == float(np.percentile(arr, 100 * q)), (n, q)
+
+
+def test_stats_argmax_sources_and_events_match_the_timeline() -> None:
+    from diagnoser.model import LogEvent
+    from diagnoser.rules.base import argmax_source
+
+    for n in (10, 3000):
+        tl = _tl(n, seed=n)
+        for i in range(0, n, 7):
+            tl.add_event(LogEvent("retraction" if i % 2 else "oom", 1000.0 + i, i, f"server.log:{i}", {}))
+        ctx = RuleContext(tl, {}, ADAPTER)
+        for sig in ("a", "b"):
+            s = tl.get(sig)
+            assert s is not None
+            ref = summarize(s.values)
+            got = ctx.stats(sig)
+            assert got.keys() == ref.keys() and all(math.isclose(got[k], ref[k], rel_tol=1e-12) for k in got)
+            assert argmax_source(ctx, sig) == s.sources[s.argmax()]
+            assert argmax_source(ctx, sig, at="min") == s.sources[s.argmin()]
+        assert ctx.span() == tl.span()
+        assert ctx.events_of("retraction") == tl.events_of("retraction")
+        assert ctx.events_of("oom", "retraction") == tl.events_of("oom", "retraction")
+        assert ctx.events_of("nothing") == [] and ctx.events_of("nothing", "oom") == tl.events_of("oom")
+    nan = Timeline(target="t")
+    for i in range(3):
+        nan.add("a", float(i), math.nan, f"s{i}")
+    assert argmax_source(RuleContext(nan, {}, ADAPTER), "a") == nan.get("a").sources[nan.get("a").argmax()]  # type: ignore[union-attr]
