@@ -249,6 +249,36 @@ class BulkReader:
             r = self._ranks[tags] = self.parser._rank(tags.decode())[0]
         return r
 
+    def _signals(
+        self, todo: dict[tuple[str, str], Any], col: Callable[[int], tuple[Any, ...]], ts: list[float], srcs: list[str], pos: Any, rank: str
+    ) -> None:
+        """Each canonical signal's points over some rows (one rank), in row order."""
+        for signal, (gnames, conv) in SIGNAL_GROUPS.items():
+            gcols = [col(_G[g]) for g in gnames]
+            if len(gcols) == 1:
+                present: Any = gcols[0]
+                values: Any = filter(None, gcols[0])
+            else:  # decode and prefill rows both give it: one value per row, in row order
+                present = list(map(operator.or_, *(map(bool, c) for c in gcols)))
+                values = filter(None, chain.from_iterable(zip(*gcols, strict=True)))
+            if not any(present):
+                continue
+            if conv is _FLOAT:  # few distinct values (counts, 2-decimal ratios): convert each once
+                raw_p = list(values)
+                fc = self._floats
+                new_vals = set(raw_p).difference(fc)
+                if len(new_vals) < len(raw_p) // 2:
+                    for u in new_vals:
+                        fc[u] = float(u)
+                    vals_p = list(map(fc.__getitem__, raw_p))
+                    if len(fc) > 500_000:
+                        fc.clear()
+                else:
+                    vals_p = list(map(float, raw_p))
+            else:
+                vals_p = list(map(conv, values))
+            todo[(signal, rank)] = (list(compress(ts, present)), vals_p, list(compress(srcs, present)), partial(_positions, pos, present))
+
     def _emit(self, cols: list[tuple[Any, ...]], n: int, ts: list[float], first_line_no: int, rec: _Recorder) -> None:
         """Turn the bulk rows' columns into points, per series in line order (C-level maps), merge in
         the reference lines' points, and write them to the sink."""
@@ -267,47 +297,18 @@ class BulkReader:
                 ranks = list(map(by_tag.__getitem__, tag_col))
                 if len({by_tag[t] for t in utags}) == 1:
                     ranks = None
-            only_rank = self._rank_of(next(iter(utags))) if ranks is None else ""
             for kind, g in (("decode", "dec"), ("prefill", "pre")):
                 k = n - cols[_G[g]].count(b"")
                 if k:
                     parser.kinds[kind] += k
-            for signal, (gnames, conv) in SIGNAL_GROUPS.items():
-                gcols = [cols[_G[g]] for g in gnames]
-                if len(gcols) == 1:
-                    present: Any = gcols[0]
-                    values: Any = filter(None, gcols[0])
-                else:  # decode and prefill rows both give it: one value per row, in row order
-                    present = list(map(operator.or_, *(map(bool, c) for c in gcols)))
-                    values = filter(None, chain.from_iterable(zip(*gcols, strict=True)))
-                if not any(present):
-                    continue
-                ts_p = list(compress(ts, present))
-                src_p = list(compress(srcs, present))
-                if conv is _FLOAT:  # few distinct values (counts, 2-decimal ratios): convert each once
-                    raw_p = list(values)
-                    fc = self._floats
-                    new_vals = set(raw_p).difference(fc)
-                    if len(new_vals) < len(raw_p) // 2:
-                        for u in new_vals:
-                            fc[u] = float(u)
-                        vals_p = list(map(fc.__getitem__, raw_p))
-                        if len(fc) > 500_000:
-                            fc.clear()
-                    else:
-                        vals_p = list(map(float, raw_p))
-                else:
-                    vals_p = list(map(conv, values))
-                if ranks is None:
-                    todo[(signal, only_rank)] = (ts_p, vals_p, src_p, partial(_positions, n, present, None))
-                    continue
-                ranks_p = list(compress(ranks, present))
-                for r in set(ranks_p):
-                    sel = list(map(operator.eq, ranks_p, repeat(r)))
-                    todo[(signal, r)] = (
-                        list(compress(ts_p, sel)), list(compress(vals_p, sel)), list(compress(src_p, sel)),
-                        partial(_positions, n, present, sel),
-                    )
+            if ranks is None:
+                self._signals(todo, cols.__getitem__, ts, srcs, range(n), self._rank_of(next(iter(utags))))
+            else:  # several DP/PP ranks: cut the columns by rank once, then read each rank's series
+                needed = {_G[g] for gnames, _ in SIGNAL_GROUPS.values() for g in gnames}
+                for r in set(compress(ranks, whole)):
+                    mask = list(map(operator.and_, map(operator.eq, ranks, repeat(r)), map(bool, whole)))
+                    sub = {gi: tuple(compress(cols[gi], mask)) for gi in needed}
+                    self._signals(todo, sub.__getitem__, list(compress(ts, mask)), list(compress(srcs, mask)), list(compress(range(n), mask)), r)
             st = cols[_G["status"]]
             n_access = n - st.count(b"")
             if n_access:
@@ -344,9 +345,8 @@ class BulkReader:
             _extend(sink, signal, rank, t_, v_, s_)
 
 
-def _positions(n: int, present: Any, sel: list[bool] | None) -> list[int]:
-    idx = list(compress(range(n), present))
-    return idx if sel is None else list(compress(idx, sel))
+def _positions(pos: Any, present: Any) -> list[int]:
+    return list(compress(pos, present))
 
 
 class _NullSink:
