@@ -53,6 +53,11 @@ FAST_RE = re.compile(
 )
 # one match per line of a block: the bulk shapes in "whole" (with their fields), any other line in "other"
 BLOCK_RE = re.compile(rb"^(?:(?P<whole>" + FAST_RE.pattern + rb")|(?P<other>.*))$", re.MULTILINE)
+# the same without DP/PP rank tags: when only a few lines carry them, those few go to the line parser
+# and the bulk columns need no cutting by rank
+_NO_RANK_TAGS = rb"(?P<tags>(?: (?:TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)"
+BLOCK_RE_ONE_RANK = re.compile(BLOCK_RE.pattern.replace(rb"(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)", _NO_RANK_TAGS), re.MULTILINE)
+assert BLOCK_RE_ONE_RANK.pattern != BLOCK_RE.pattern and BLOCK_RE_ONE_RANK.groupindex == BLOCK_RE.groupindex
 _G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
 
 # (group, canonical signal, converter) per kind — the same mapping as the reference field tables
@@ -155,7 +160,9 @@ class BulkReader:
         """
         parser = self.parser
         # one C call: a tuple of groups per line; the bulk shapes fill "whole", every other line "other"
-        tuples = BLOCK_RE.findall(block)
+        tagged = block.count(b" DP") + block.count(b" PP")
+        regex = BLOCK_RE_ONE_RANK if tagged * 20 < block.count(b"\n") + 1 else BLOCK_RE
+        tuples = regex.findall(block)
         n = len(tuples)
         cols = list(zip(*tuples, strict=True))
         del tuples
