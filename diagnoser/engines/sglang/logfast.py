@@ -178,11 +178,9 @@ class BulkReader:
                     refs.append(i)
         # the first line of each shape not seen before: the reference parser applies its hints
         keys = list(map(bytes.translate, compress(whole, whole), repeat(None), repeat(_DIGITS)))
-        first: dict[bytes, int] = {}
         shapes = self.shapes
-        for k, pos in zip(reversed(keys), reversed(rows), strict=True):
-            if k not in shapes:
-                first[k] = pos
+        firsts = dict(zip(reversed(keys), reversed(rows), strict=True))  # last write wins: the first line
+        first = {k: pos for k, pos in firsts.items() if k not in shapes}
         shapes.update(first)
         hint_rows = set(first.values())
         refs.extend(hint_rows)
