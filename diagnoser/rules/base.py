@@ -54,7 +54,7 @@ class RuleContext:
             elif len(s) < 64:
                 hit = summarize(s.values)
             else:  # the pass's numpy view of the series (converted once, shared with the joins)
-                hit = _np_summary(raw_arrays(self, signal, rank)[1])
+                hit = _np_summary(_column(self, signal, rank, "values"))
             self.memo[key] = hit
         return hit  # type: ignore[no-any-return]
 
@@ -214,7 +214,7 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
         idx = len(s) - 1
         if at in ("max", "min"):
 
-            _, vals = raw_arrays(ctx, signal, rank)
+            vals = _column(ctx, signal, rank, "values")
             k = _arg_extreme(vals, at)
             if k is not None:
                 idx = k
@@ -286,7 +286,7 @@ def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max"
     if s is None:
         return ""
 
-    _, vals = raw_arrays(ctx, signal, rank)
+    vals = _column(ctx, signal, rank, "values")
     k = _arg_extreme(vals, at)
     return s.sources[-1] if k is None else s.sources[k]
 
@@ -307,16 +307,23 @@ def _arg_extreme(vals: Any, at: str) -> int | None:
 def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]:
     """(ts, values) of a series as numpy arrays aligned with its sources (NaNs kept); memoised."""
     key = ("raw", signal, rank)
-    if key not in ctx.memo:
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = (_column(ctx, signal, rank, "ts"), _column(ctx, signal, rank, "values"))
+    return hit  # type: ignore[no-any-return]
+
+
+def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
+    """One column of a series as a numpy array, converted once per pass (values alone serve the stats)."""
+    key = (name, signal, rank)
+    hit = ctx.memo.get(key)
+    if hit is None:
         import numpy as np
 
         s = ctx.series(signal, rank)
-        if s is None:
-            ctx.memo[key] = (np.zeros(0), np.zeros(0))
-        else:  # fromiter with a count: the list's floats as they are, faster than asarray on a list
-            n = len(s)
-            ctx.memo[key] = (np.fromiter(s.ts, dtype=float, count=n), np.fromiter(s.values, dtype=float, count=n))
-    return ctx.memo[key]  # type: ignore[no-any-return]
+        # fromiter with a count: the list's floats as they are, faster than asarray on a list
+        hit = ctx.memo[key] = np.zeros(0) if s is None else np.fromiter(getattr(s, name), dtype=float, count=len(s))
+    return hit
 
 
 def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:

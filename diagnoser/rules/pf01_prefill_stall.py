@@ -99,7 +99,7 @@ class PrefillStall(Rule):
             return None
         _, pv = raw_arrays(ctx, "prefill_new_tokens")
         at_mask = pv >= 0.98 * cap
-        at_cap = at_mask.nonzero()[0].tolist()
+        at_cap = at_mask.nonzero()[0]
         cshare = len(at_cap) / len(p)
         if cshare < t["cap_share"]:
             return None
@@ -107,7 +107,7 @@ class PrefillStall(Rule):
         pa = aligned(ctx, "prefill_new_tokens", "pending_tokens")
         with np.errstate(invalid="ignore"):
             back = at_mask & ((qa > 0) | (pa > t["pending_factor"] * cap))
-        backlog = back.nonzero()[0].tolist()
+        backlog = back.nonzero()[0]
         if len(backlog) < 0.5 * len(at_cap):
             return None
         usage = ctx.stats("token_usage")
@@ -115,9 +115,9 @@ class PrefillStall(Rule):
             return None
         ps = ctx.stats("pending_tokens")
         qs = ctx.stats("queue_reqs")
-        evs = [evidence("prefill_new_tokens at the cap", cap, f"{cap_name}", "", cap_src or p.sources[at_cap[0]]),
-               evidence("share of prefill batches at the cap", round(cshare, 2), t["cap_share"], ctx.window_text(), p.sources[at_cap[0]]),
-               Evidence("capped batches with a backlog", len(backlog), f">= half of {len(at_cap)}", ctx.window_text(), p.sources[backlog[0]])]
+        evs = [evidence("prefill_new_tokens at the cap", cap, f"{cap_name}", "", cap_src or p.sources[int(at_cap[0])]),
+               evidence("share of prefill batches at the cap", round(cshare, 2), t["cap_share"], ctx.window_text(), p.sources[int(at_cap[0])]),
+               Evidence("capped batches with a backlog", len(backlog), f">= half of {len(at_cap)}", ctx.window_text(), p.sources[int(backlog[0])])]
         if ps["n"]:
             evs.append(evidence("pending_tokens", ps["max"], f"> {t['pending_factor']:.0f} x cap", ctx.window_text(), argmax_source(ctx, "pending_tokens")))
         if usage["n"]:
