@@ -31,7 +31,7 @@ from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, evaluate
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
-from diagnoser.sources.http import make_client
+from diagnoser.sources.http import DEFAULT_MAX_BYTES, fetch, make_client
 from diagnoser.sources.logs import LogFollower, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.sources.serverinfo import fetch_config
@@ -277,8 +277,18 @@ class LiveMonitor:
                         t.raw_config = raw
                         t.timeline.config.update(scratch.config)
                         t.version.merge(rng)
+            # fetch outside the lock (readers never wait on the network), ingest under it
+            t0 = time.perf_counter()
+            ts = time.time()
+            f = fetch(self.client, t.metrics.metrics_url, DEFAULT_MAX_BYTES, "metrics")
+            t.metrics.last_duration_s = time.perf_counter() - t0
             with t.lock:
-                ok, _ = t.metrics.scrape(self.client, t.timeline)
+                if not f.ok:
+                    ok = t.metrics._fail(f.error)
+                else:
+                    if f.truncated:
+                        t.metrics.report.messages.append(f"The exposition from {t.name} exceeded {DEFAULT_MAX_BYTES} bytes and was cut.")
+                    ok = t.metrics.ingest_text(f.text, ts, t.timeline, f)
             t.last_duration_s = t.metrics.last_duration_s
             t.up = bool(ok)
             t.scrapes += 1

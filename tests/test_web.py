@@ -140,3 +140,11 @@ def test_serve_cli_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None
     err = capsys.readouterr().err
     assert err.startswith("diagnose: cannot replay /nonexistent/bundle.dgb") and "Traceback" not in err
     assert main(["serve", "--url", "http://127.0.0.1:1", "--interval", "0"]) == 2
+
+
+def test_binding_off_loopback_warns_and_loopback_is_default() -> None:
+    from diagnoser.cli.serve import build_parser, is_loopback
+
+    assert build_parser().parse_args([]).host == "127.0.0.1"
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.com")
