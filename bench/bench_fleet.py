@@ -48,7 +48,8 @@ def raw_pass(url: str, end: float) -> tuple[float, int]:
     win, _ = S.Window.from_args(600.0, None, None, end)
     m = Q.parse_selector('{job="sglang"}')
     reqs = [("/api/v1/series", {"match[]": Q.discovery_match(m), "start": win.start, "end": win.end}),
-            ("/api/v1/query", {"query": Q.config_query(m), "time": win.end})]
+            ("/api/v1/query_range", {"query": Q.config_query(m), "start": win.start, "end": win.end,
+                                     "step": min(win.end - win.start, 240.0)})]
     for q in Q.plan(m, win.step, win.rate_window):
         step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
         reqs.append(("/api/v1/query_range", {"query": q.promql, "start": win.start, "end": win.end, "step": step}))

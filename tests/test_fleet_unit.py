@@ -63,7 +63,9 @@ class FakeProm:
         if path == "/api/v1/query":
             if q.startswith("count by (job)"):
                 return ok({"resultType": "vector", "result": [{"metric": {"job": "sglang-b"}, "value": [END, "3"]}]})
-            return ok({"resultType": "vector", "result": self.config})
+            return ok({"resultType": "vector", "result": []})
+        if "max_total_num_tokens|" in q:  # the config gauges
+            return ok({"resultType": "matrix", "result": self.config})
         m = re.search(r'__name__=~"sglang\[:_\]\(?([a-z_|]+)', q)
         names = [n.removesuffix("_bucket") for n in m.group(1).split("|")] if m else []
         for key, res in self.results.items():
@@ -123,7 +125,8 @@ def test_targets_ranks_spellings_and_values() -> None:
     retr = [matrix({**A, "tp_rank": "0"}, [5, 5, 7, 7, 1])]  # restart at the end
     fake = FakeProm(series, {"num_running_reqs": running, "http_requests_active": http,
                              "time_to_first_token_seconds": ttft, "num_retracted_requests_total": retr},
-                    config=[{"metric": {"__name__": "sglang_max_total_num_tokens", **A, "tp_rank": "0"}, "value": [END, "65536"]}])
+                    config=[{"metric": {"__name__": "sglang_max_total_num_tokens", **A, "tp_rank": "0"},
+                             "values": [[END - 60, "65536"], [END, "NaN"]]}])
     col = collect(fake)
     tls = {tl.target: tl for tl in col.timelines}
     assert sorted(tls) == ["a:30000", "b:30000"]
@@ -141,7 +144,7 @@ def test_targets_ranks_spellings_and_values() -> None:
     assert a.version == ">=0.5.23" and b.version != ">=0.5.23"
     # one query per signal; nothing per target
     queries = [f["query"][0] for p, f in fake.requests if p == "/api/v1/query_range"]
-    assert len(queries) == len(Q.plan("", 15, 60))
+    assert len(queries) == len(Q.plan("", 15, 60)) + 1  # + the config gauges
     assert not any("a:30000" in q for q in queries)
     assert all(f.get("timeout") == ["5s"] for p, f in fake.requests if p == "/api/v1/query_range")
 

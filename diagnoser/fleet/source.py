@@ -1,6 +1,6 @@
 """Fleet mode: read every SGLang target from an existing Prometheus into one timeline per target.
 
-One pass = one ``series`` call (discovery, spelling, version hints), one instant query (config
+One pass = one ``series`` call (discovery, spelling, version hints), one coarse range query (config
 gauges) and one ``query_range`` per canonical signal for the whole fleet, run a few at a time. Targets
 are ``(job, instance, model_name)``; ``dp_rank``/``pp_rank`` become rank keys (``dp0``…) exactly as in
 the direct path (``engines/sglang/metrics.rank_key``), so every rule runs unchanged.
@@ -238,7 +238,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # Prometheus still works on the others
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futures = [pool.submit(run, q) for q in sorted(plan, key=lambda q: q.kind != "quantile")]
-        cfg_future = pool.submit(api.query, Q.config_query(matchers), win.end)
+        # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
+        cfg_step = min(max(win.end - win.start, 1.0), 240.0)
+        cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
         for fut in as_completed(futures):
             q, res, err = fut.result()
             g = group(q)
@@ -429,10 +431,11 @@ def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
         base = M.normalise(metric.get("__name__", ""))
         if tl is None or base not in M.CONFIG_GAUGES or M.rank_key(metric) not in ("", "dp0"):
             continue
-        ts, v = r.get("value", [0, "NaN"])
-        x = float(v)
-        if math.isnan(x):
+        pts = [p for p in (r.get("values") or ([r["value"]] if "value" in r else [])) if not math.isnan(float(p[1]))]
+        if not pts:
             continue
+        ts, v = pts[-1]
+        x = float(v)
         val: Any = int(x) if x.is_integer() else x
         tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(float(ts))} sglang:{base}")
 
