@@ -279,6 +279,21 @@ def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | N
     return ctx.memo[key]  # type: ignore[no-any-return]
 
 
+def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any]:
+    """:func:`fast_summary` of the series' positive readings (a busy batch), memoised for the pass."""
+    key = ("busy", signal, rank)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        got = arrays(ctx, signal, rank)
+        b = got[1][got[1] > 0] if got is not None else None
+        if b is None or len(b) < 64:
+            hit = summarize(b.tolist() if b is not None else [])
+        else:
+            hit = _np_summary(b)
+        ctx.memo[key] = hit
+    return hit  # type: ignore[no-any-return]
+
+
 def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max") -> str:
     """The source of the series' largest (``at="min"``: smallest) value, the first such point; the
     vectorised :meth:`Series.argmax`/``argmin`` (NaNs skipped; the last point when all are NaN)."""

@@ -37,10 +37,9 @@ from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
-    arrays,
+    busy_summary,
     ev,
     evidence,
-    fast_summary,
     fmt_int,
     pool_tokens,
     slot_cap,
@@ -65,11 +64,9 @@ class LowBatchOccupancy(Rule):
         s = ctx.series("running_reqs")
         if s is None:
             return None
-        _, vals = arrays(ctx, "running_reqs")  # type: ignore[misc]
-        b = vals[vals > 0].tolist()
-        if len(b) < t["min_points"]:
+        st = busy_summary(ctx, "running_reqs")
+        if st["n"] < t["min_points"]:
             return None
-        st = fast_summary(b)
         cap, cap_src = slot_cap(ctx)
         pool, _ = pool_tokens(ctx)
         tpr, tpr_how = tokens_per_request(ctx)

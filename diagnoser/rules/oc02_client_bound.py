@@ -36,9 +36,9 @@ from diagnoser.rules.base import (
     Rule,
     RuleContext,
     arrays,
+    busy_summary,
     ev,
     evidence,
-    fast_summary,
     fmt_int,
     pool_tokens,
     slot_cap,
@@ -67,16 +67,14 @@ class ClientBound(Rule):
         u = ctx.series("token_usage")
         if s is None or q is None or u is None:
             return None
-        _, vals = arrays(ctx, "running_reqs")  # type: ignore[misc]
-        b = vals[vals > 0].tolist()
-        if len(b) < t["min_points"]:
+        run = busy_summary(ctx, "running_reqs")
+        if run["n"] < t["min_points"]:
             return None
         _, qv = arrays(ctx, "queue_reqs")  # type: ignore[misc]
         qshare = float((qv > 0).mean()) if len(qv) else 1.0
         ust = ctx.stats("token_usage")
         if qshare > t["max_queue_share"] or (ust["p95"] or 0) >= t["max_usage"]:
             return None
-        run = fast_summary(b)
         cap, cap_src = slot_cap(ctx)
         pool, pool_src = pool_tokens(ctx)
         tpr, tpr_how = tokens_per_request(ctx)
