@@ -148,3 +148,17 @@ def test_binding_off_loopback_warns_and_loopback_is_default() -> None:
     assert build_parser().parse_args([]).host == "127.0.0.1"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.com")
+
+
+def test_serve_says_so_when_the_port_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from diagnoser.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--url", "http://127.0.0.1:1", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "pick another --port" in err

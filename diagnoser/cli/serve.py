@@ -104,6 +104,23 @@ def replay_monitor(args: argparse.Namespace, adapter: Any) -> Any:
     )
 
 
+def _check_bind(host: str, port: int) -> None:
+    """Fail in one sentence before start-up when the address cannot be bound (port in use, bad host)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise UsageError(f"cannot resolve --host {host}; pass an address such as 127.0.0.1 or 0.0.0.0") from None
+    fam, _, _, _, addr = infos[0]
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port") from None
+
+
 def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from diagnoser.engines import get_adapter
@@ -128,6 +145,7 @@ def main(cmd: str, argv: list[str]) -> int:
     if not is_loopback(args.host):
         extra = " with a bearer token" if token else f"; anyone who can reach it sees your servers' state. Set --token or {TOKEN_ENV}"
         print(f"diagnose serve: warning: binding {args.host}, not loopback: the dashboard is reachable from other machines{extra}.", file=sys.stderr)
+    _check_bind(args.host, args.port)
     import uvicorn
 
     from diagnoser.web import create_app
