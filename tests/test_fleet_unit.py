@@ -245,3 +245,16 @@ def test_invalid_json_answer() -> None:
     with pytest.raises(PromError) as e:
         api.query("up", END)
     assert "answered HTTP 200" in str(e.value) and json.dumps("ok") not in str(e.value)
+
+
+def test_target_cap_and_ignored_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    import diagnoser.fleet.source as S
+
+    monkeypatch.setattr(S, "MAX_TARGETS", 1)
+    series = [{"__name__": "sglang:num_running_reqs", **A}, {"__name__": "sglang:num_running_reqs", **B}]
+    fake = FakeProm(series, {"num_running_reqs": [matrix(A, [1, 1, 1, 1, 1]), matrix(B, [2, 2, 2, 2, 2])]})
+    col = collect(fake, url=["http://x:30000"])
+    assert [tl.target for tl in col.timelines] == ["a:30000"]
+    msgs = col.inputs[0].messages
+    assert any(m.startswith("2 targets match; the first 1 (by job and instance) are read.") for m in msgs)
+    assert any(m.startswith("--url and --log are not read with --prometheus") for m in msgs)

@@ -28,6 +28,7 @@ from diagnoser.timeline import Series, Timeline
 _first = itemgetter(0)
 _second = itemgetter(1)
 QUERY_TIMEOUT_MIN = 30.0
+MAX_TARGETS = 5000  # one pass holds about 140 KiB per target (bench/bench_fleet.py)
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 WORKERS = 4
 
@@ -90,6 +91,7 @@ class _Targets:
         self.names: dict[tuple[str, str, str], set[str]] = {}
         self.spellings: dict[tuple[str, str, str], set[str]] = {}
         self.sched: dict[tuple[str, str, str], set[str]] = {}
+        self.frozen = False  # past MAX_TARGETS: series of other targets are ignored
         self.engine_types: dict[tuple[str, str, str], set[str]] = {}
 
     @staticmethod
@@ -114,7 +116,7 @@ class _Targets:
             if len(same) == 1:
                 return self.keys[same[0]]
             return None
-        return self.add(key)
+        return None if self.frozen else self.add(key)
 
     def name_all(self) -> None:
         jobs_per_instance: dict[str, set[str]] = {}
@@ -152,6 +154,8 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
     timeout = max(float(getattr(args, "timeout", 0.0) or 0.0), QUERY_TIMEOUT_MIN)
     api = api or PromAPI(args.prometheus, timeout=timeout, headers=headers)
     rep.source = api.shown
+    if getattr(args, "url", None) or getattr(args, "log", None):
+        rep.messages.append("--url and --log are not read with --prometheus (fleet mode); run them as a separate diagnose.")
     try:
         end = parse_end(getattr(args, "end", None))
     except ValueError as e:
@@ -213,6 +217,15 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         rep.errors += 1
         rep.messages.append(_no_match(api, matchers, win))
         return
+    if len(targets.keys) > MAX_TARGETS:  # memory stays bounded: per target, and in targets
+        extra = sorted(targets.keys)[MAX_TARGETS:]
+        for key in extra:
+            del targets.keys[key]
+            targets.by_instance[key[:2]].remove(key)
+        targets.frozen = True
+        rep.messages.append(f"{MAX_TARGETS + len(extra)} targets match; the first {MAX_TARGETS} (by job and instance) are read. "
+                            f"Narrow --selector to see the others.")
+    targets.frozen = True
     failed: dict[str, str] = {}
     plan = Q.plan(matchers, win.step, win.rate_window)
 
