@@ -73,7 +73,7 @@ def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
         s = replace(s, proposed=sc.proposed, current=s.current if s.current is not None else sc.current)
     effect = sc.effect_text(now)
     if s.effect and s.effect not in effect and "capacity model" not in s.effect:
-        if sc.fits and sc.stays(now) and not sc.limit.startswith("no limit"):
+        if sc.fits and _other_limit(sc, now):
             # the rule's own effect is what the change allows; the projection says what binds first
             effect = f"{effect} Once {sc.limit.split(' (')[0]} no longer binds: {s.effect}"
         else:
@@ -83,6 +83,17 @@ def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
         gain = -1.0
     return replace(s, effect=effect, gain=gain, assumptions=tuple(s.assumptions) + tuple(sc.assumptions) + tuple(sc.risks),
                    projection=sc.to_dict())
+
+
+_OWN_LIMIT = {"--max-running-requests": "max_running_requests", "--context-length": "max_running_requests"}
+
+
+def _other_limit(sc: Scenario, now: Scenario) -> bool:
+    """The projected running batch is held by something other than what the change moves (the client,
+    the demand seen, or no limit at all), so the rule's own claim is a ceiling, not the projection."""
+    if not sc.limit or sc.limit.startswith("no limit") or not (sc.moved(now) or sc.stays(now)):
+        return False
+    return not sc.limit.startswith(_OWN_LIMIT.get(sc.flag, "the KV pool"))
 
 
 def _why(sc: Scenario, planner: Planner) -> str:

@@ -269,3 +269,4 @@ def test_no_gain_effect_says_what_binds_instead_of_contradicting_itself() -> Non
     _, doc = analyse(["--once", "--log", str(METRICS_OFF / "server.log")])
     s = next(s for f in doc["findings"] for s in f["suggestions"] if s["flag"] == "--max-running-requests")
     assert s["effect"].startswith("running 4 → 40;") and s["projection"]["projected_running"] == 40
+    assert "Once the demand seen no longer binds: up to" in s["effect"]  # the rule's 78x is a ceiling, not the projection

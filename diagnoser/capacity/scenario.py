@@ -92,7 +92,7 @@ class Scenario:
             parts.append(f"{self.headroom_gib:.1f} GiB left for activations and graphs")
         if self.projected_running is None and (now is None or now.projected_running is None):
             parts.append("no running batch was observed, so running and throughput are not projected")
-        text = "; ".join(parts) if parts else "pool and slot cap unchanged: the capacity model projects no change to the running batch"
+        text = "; ".join(parts) if parts else "the capacity model does not size this change: pool and slot cap stay as they are"
         text += f" ({self.confidence} confidence)."
         if self.extra_flags:
             text += " Needs also: " + ", ".join(self.extra_flags) + "."
