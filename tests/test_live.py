@@ -249,3 +249,21 @@ def test_old_history_is_thinned_and_loses_source_text_incrementally() -> None:
     assert abs(len(old) - (5.0 * 1999 - 3600) / 30.0) <= 2
     assert all(src == "" for t, src in zip(s.ts, s.sources, strict=True) if t < 5.0 * 1999 - 300)
     assert s.sources[-1] == "scrape@1999 sglang:num_running_reqs"
+
+
+def test_serve_replay_plays_a_recorded_run(data_dir: Path, tmp_path: Path) -> None:
+    from tests.browser.serve_proc import Serve
+
+    run = data_dir / "sglang-cpu-real" / "kv-full-retract"
+    serve = Serve(["--replay", str(run), "--speed", "10", "--loop", "--interval", "0.5", "--for", "0"], tmp_path / "serve.log")
+    try:
+        def kv_firing() -> object:
+            doc = serve.get("/index.json").json()
+            return doc if any(f["rule"] == "kv_saturation" and f["state"] == "firing" for f in doc["targets"][0]["findings"]) else None
+
+        doc = serve.wait_for(kv_firing, timeout=40, what="kv_saturation from the replayed run")
+        t = doc["targets"][0]  # type: ignore[index]
+        assert t["name"] == str(run) and t["version"] == "0.5.23" and t["health"] in ("warning", "critical")
+        assert 'diagnoser_finding_active{rule="kv_saturation"' in serve.get("/metrics").text
+    finally:
+        serve.close()
