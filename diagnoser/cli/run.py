@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus", help="read targets from a Prometheus server (fleet mode)")
     p.add_argument("--selector", default="", help="PromQL label selector for --prometheus, e.g. '{job=\"sglang\"}'")
     p.add_argument("--range", type=parse_duration, default=None, help="look-back read from --prometheus (default 10m)")
-    p.add_argument("--step", type=parse_duration, default=None, help="query resolution for --prometheus (default range/40, at least 15s)")
+    p.add_argument("--step", type=parse_duration, default=None, help="query resolution for --prometheus (default range/20, at least 15s)")
     p.add_argument("--rate-window", type=parse_duration, default=None, help="rate()/quantile window for --prometheus (default max(1m, 2 steps))")
     p.add_argument("--end", default=None, help="end of the --prometheus range: epoch seconds or ISO time (default now)")
     p.add_argument("--bearer-token", default=None, help="bearer token for --prometheus, or @FILE holding it")

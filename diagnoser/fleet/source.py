@@ -52,7 +52,7 @@ class Window:
         notes: list[str] = []
         rng = float(rng or 600.0)
         end = float(end if end is not None else time.time())
-        st = float(step or max(15.0, round(rng / 40.0)))
+        st = float(step or max(15.0, round(rng / 20.0)))
         if rng / st > MAX_POINTS:
             st = math.ceil(rng / MAX_POINTS)
             notes.append(f"--step raised to {st:g} s to keep at most {MAX_POINTS} points per series.")
