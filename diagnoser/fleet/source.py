@@ -28,7 +28,7 @@ from diagnoser.timeline import Series, Timeline
 _first = itemgetter(0)
 _second = itemgetter(1)
 QUERY_TIMEOUT_MIN = 30.0
-MAX_TARGETS = 5000  # one pass holds about 140 KiB per target (bench/bench_fleet.py)
+MAX_TARGETS = 5000  # one pass holds about 90 KiB per target (bench/bench_fleet.py)
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 WORKERS = 4
 
