@@ -258,3 +258,13 @@ def test_target_cap_and_ignored_url(monkeypatch: pytest.MonkeyPatch) -> None:
     msgs = col.inputs[0].messages
     assert any(m.startswith("2 targets match; the first 1 (by job and instance) are read.") for m in msgs)
     assert any(m.startswith("--url and --log are not read with --prometheus") for m in msgs)
+
+
+def test_partial_response_warning_is_reported() -> None:
+    series = [{"__name__": "sglang:num_running_reqs", **A}]
+    warn = httpx.Response(200, json={"status": "success", "warnings": ["partial response: store eu-2 unreachable"],
+                                     "data": {"resultType": "matrix", "result": [matrix(A, [3, 3, 3, 3, 3])]}})
+    fake = FakeProm(series, {}, fail={"sglang[:_](num_running_reqs|": warn})
+    col = collect(fake)
+    assert col.timelines[0].get("running_reqs").values == [3] * 5
+    assert any("Prometheus warned on" in m and "partial response: store eu-2 unreachable" in m for m in col.inputs[0].messages)
