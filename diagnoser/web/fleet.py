@@ -178,7 +178,11 @@ class FleetMonitor(LiveMonitor):
         args.range = max(self.window_s, 60.0)
         args.end = None
         args.timeout = self.timeout
-        col = collect_prometheus(args, self.adapter)
+        try:
+            col = collect_prometheus(args, self.adapter)
+        except Exception as e:  # a bug must not stop the polling loop: shown on /fleet, retried next tick
+            self.fleet_messages = [f"Reading {args.prometheus} failed unexpectedly ({type(e).__name__}: {e}); retrying."]
+            return
         self.fleet_messages = [m for i in col.inputs for m in i.messages]
         self.capacity = summarize(loads(col.timelines)) if col.timelines else None
         seen = set()
