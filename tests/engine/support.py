@@ -298,10 +298,13 @@ class LoadResult:
 
 
 def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_reps: int = 4, ignore_eos: bool = False,
-             timeout: float = 300, stop: threading.Event | None = None) -> LoadResult:
-    """Send ``n`` /generate requests with ``concurrency`` in flight; bounded in count and time."""
+             timeout: float = 300, stop: threading.Event | None = None, result: LoadResult | None = None) -> LoadResult:
+    """Send ``n`` /generate requests with ``concurrency`` in flight; bounded in count and time.
+
+    ``stop`` ends the sending early; ``result`` (optional) is filled in place so a caller can read the
+    counts while requests are still in flight."""
     base = "def f(x):\n    return x + 1\n"
-    res = LoadResult()
+    res = result if result is not None else LoadResult()
     lock = threading.Lock()
     counter = iter(range(n))
     deadline = time.time() + timeout

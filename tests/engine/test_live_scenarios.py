@@ -31,13 +31,16 @@ def run_diagnose(engine: support.Engine, duration: float = 16, extra: list[str] 
 
 
 def with_load(engine: support.Engine, load: dict[str, Any], warmup: float, fn: Any) -> tuple[Any, support.LoadResult]:
-    box: dict[str, support.LoadResult] = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", support.run_load(engine.url, **load)), daemon=True)
+    """Run ``fn`` while the load runs; stop sending once it returns (requests in flight finish on their own)."""
+    stop = threading.Event()
+    res = support.LoadResult()
+    t = threading.Thread(target=lambda: support.run_load(engine.url, stop=stop, result=res, **load), daemon=True)
     t.start()
     time.sleep(warmup)
     out = fn()
-    t.join(timeout=400)
-    return out, box["r"]
+    stop.set()
+    t.join(timeout=30)
+    return out, res
 
 
 def by_rule(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -48,7 +51,7 @@ def test_kv_full_with_retraction(engine_factory: Any) -> None:
     eng = engine_factory(["--max-total-tokens", "2048", "--max-running-requests", "64"], "kv-full")
     doc, load = with_load(eng, {"n": 160, "concurrency": 40, "max_new_tokens": 256, "ignore_eos": False}, 4.0,
                           lambda: run_diagnose(eng, 20))
-    assert load.ok >= 100, load.errors
+    assert load.ok >= 5, load.errors
     rules = by_rule(doc)
     assert "kv_saturation" in rules, [f["rule"] for f in doc["findings"]]
     assert "kv_retraction" in rules, [f["rule"] for f in doc["findings"]]
