@@ -4,9 +4,6 @@ into a TSDB with ``promtool tsdb create-blocks-from openmetrics``."""
 
 from __future__ import annotations
 
-import shutil
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -15,27 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.conftest import IN_CI
-
-PROMETHEUS = shutil.which("prometheus")
-PROMTOOL = shutil.which("promtool")
+from tests.helpers import Prom, free_port, need_binary, start_prometheus  # noqa: E402,F401  (re-exported)
 
 
 def need_prometheus() -> tuple[str, str]:
-    if not PROMETHEUS or not PROMTOOL:
-        if IN_CI:
-            pytest.fail("prometheus/promtool not installed; CI must apt-get install prometheus")
-        pytest.skip("!!! SKIPPED: Debian prometheus/promtool not installed here (apt-get install prometheus); "
-                    "fleet integration tests need the real binary")
-    return PROMETHEUS, PROMTOOL  # type: ignore[return-value]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return need_binary("prometheus"), need_binary("promtool")
 
 
 # -- replica servers replaying real scrapes ----------------------------------------------------------
@@ -76,53 +58,6 @@ class ReplayReplica:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-# -- prometheus ------------------------------------------------------------------------------------
-@dataclass
-class Prom:
-    url: str
-    proc: subprocess.Popen[bytes]
-    workdir: Path
-    log: Path
-    extra: dict[str, object] = field(default_factory=dict)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def start_prometheus(workdir: Path, config_yaml: str, data_dir: Path | None = None, extra_args: tuple[str, ...] = ()) -> Prom:
-    binary, _ = need_prometheus()
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = workdir / "prometheus.yml"
-    cfg.write_text(config_yaml)
-    data = data_dir or workdir / "data"
-    port = free_port()
-    log = workdir / "prometheus.log"
-    proc = subprocess.Popen(
-        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=2h",
-         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=workdir,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                return Prom(url, proc, workdir, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("prometheus did not become ready in 30 s")
 
 
 def scrape_config(jobs: dict[str, list[str]], interval: str = "1s", underscore_jobs: tuple[str, ...] = ()) -> str:

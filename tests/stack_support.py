@@ -9,26 +9,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import IN_CI, ROOT
+from tests.helpers import Prom, free_port, need_binary, start_prometheus  # noqa: F401  (free_port re-exported)
 
 
 def need_bin(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        msg = f"{name} not found on PATH: install Debian's prometheus package (apt-get install prometheus)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip("SKIPPED LOUDLY: " + msg)
-    return path
+    return need_binary(name)
 
 
 def compose_bin() -> str:
@@ -48,12 +40,6 @@ def compose_bin() -> str:
     if IN_CI:
         pytest.fail(msg)
     pytest.skip("SKIPPED LOUDLY: " + msg)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(cmd: list[str], cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -98,45 +84,6 @@ def dashboard_exprs(dash: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 # -- a real Prometheus -------------------------------------------------------------------------------
-class Prometheus:
-    def __init__(self, config: Path, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [need_bin("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             "--storage.tsdb.retention.time=2h", f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        self.logfile = workdir / "prometheus.log"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("prometheus exited at start:\n" + self.logfile.read_text()[-3000:])
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("prometheus not ready after 30 s:\n" + self.logfile.read_text()[-3000:])
-
-    def api(self, path: str, **params: Any) -> Any:
-        r = httpx.get(self.url + path, params=params, timeout=10)
-        body = r.json()
-        assert body.get("status") == "success", f"{path} {params}: {r.status_code} {body}"
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        return list(self.api("/api/v1/query", query=expr)["result"])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
+def Prometheus(config: Path, workdir: Path) -> Prom:  # noqa: N802 - kept as the constructor-like name the tests use
+    """A real Prometheus on loopback with ``config`` kept in place (its relative rule_files resolve)."""
+    return start_prometheus(workdir, config_path=config)

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from tests.browser.samples_server import SampleServer
-from tests.browser.serve_proc import SECRET, Serve, free_port, need_binary
+from tests.browser.serve_proc import SECRET, Serve
+from tests.helpers import need_binary, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -24,19 +25,12 @@ def _query(base: str, q: str) -> list[dict]:
 
 
 def test_prometheus_scrapes_finding_gauge_until_resolved(data_dir: Path, tmp_path: Path) -> None:
-    prom = need_binary("prometheus")
     promtool = need_binary("promtool")
     with SampleServer(data_dir, "kv-full-retract", api_key=SECRET) as srv:
         serve = Serve(["--url", srv.url, "--interval", "1", "--for", "0", "--window", "6s"], tmp_path / "serve.log")
-        pport = free_port()
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            f"scrape_configs:\n  - job_name: diagnoser\n    static_configs:\n      - targets: ['127.0.0.1:{serve.port}']\n"
-        )
-        p = subprocess.Popen([prom, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}", "--storage.tsdb.retention.time=2h",
-                              f"--web.listen-address=127.0.0.1:{pport}"], stdout=subprocess.DEVNULL, stderr=(tmp_path / "prom.log").open("wb"))
-        base = f"http://127.0.0.1:{pport}"
+        p = start_prometheus(tmp_path / "prom", "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                             f"scrape_configs:\n  - job_name: diagnoser\n    static_configs:\n      - targets: ['127.0.0.1:{serve.port}']\n")
+        base = p.url
         try:
             # promtool lints serve's exposition (names with underscores only, counters with _total …)
             def exposition_with_finding() -> str | None:
@@ -64,10 +58,6 @@ def test_prometheus_scrapes_finding_gauge_until_resolved(data_dir: Path, tmp_pat
             doc = serve.get("/index.json").json()
             assert not any(f["rule"] == "kv_saturation" for f in doc["targets"][0]["findings"])
         finally:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            p.stop()
             serve.close()
             time.sleep(0.1)

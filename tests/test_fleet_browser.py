@@ -12,12 +12,10 @@ import pytest
 
 from tests.browser.serve_proc import XSS, Serve, need_binary
 from tests.fleet_fixtures import FleetSpec, Prom, fleet_prometheus, need_prometheus
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
 
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 N = 650
 
 
@@ -55,7 +53,7 @@ def test_fleet_page_sort_filter_paginate(served: tuple[Serve, FleetSpec], artifa
 
     dialogs: list[str] = []
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = b.new_page(viewport={"width": 1400, "height": 1000})
             page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import DATA
+from tests.helpers import free_port
 
 COLLECTOR = DATA / "sglang" / "metrics" / "sglang-0.5.23_collector_metrics.prom"
 RUN = DATA / "sglang-cpu-real" / "kv-full-retract"
@@ -81,13 +82,6 @@ def sequence(bodies: list[bytes]) -> Route:
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*_diagnose(), "--once", *args], capture_output=True, text=True, timeout=timeout)
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

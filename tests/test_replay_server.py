@@ -15,6 +15,7 @@ import pytest
 from diagnoser.cli.replay_server import ReplayServer, ReplayState
 from diagnoser.replay import line_time, load_source
 from tests.conftest import ROOT
+from tests.helpers import free_port
 
 EXAMPLE = ROOT / "examples" / "kv-full-retract.dgb"
 
@@ -92,10 +93,6 @@ def test_keep_log_times_writes_the_recorded_lines_verbatim(tmp_path: Path) -> No
     assert out.read_bytes().decode().split("\n")[:-1] == recorded
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -119,7 +116,7 @@ def test_sigterm_stops_it_cleanly_and_the_default_bind_is_loopback(tmp_path: Pat
 
 
 def test_port_in_use_and_bad_inputs_are_one_sentence(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()

@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.conftest import IN_CI, ROOT
+from tests.conftest import ROOT
+from tests.helpers import free_port, need_binary  # noqa: F401  (re-exported for the browser tests)
 
 XSS = "<script>alert(1)</script>"
 SECRET = "sk-live-DIAGNOSER-TEST-SECRET-7f3a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def need_binary(name: str, path: str | None = None) -> str:
-    found = path if path and Path(path).exists() else shutil.which(name)
-    if not found:
-        msg = f"{name} is not installed here (Debian package; .ci/run installs it)"
-        if IN_CI:
-            pytest.fail(msg + " — required under CI")
-        pytest.skip("SKIPPED LOUDLY: " + msg)
-    return str(found)
 
 
 class Serve:

@@ -16,12 +16,10 @@ import pytest
 
 from tests.browser.samples_server import SampleServer
 from tests.browser.serve_proc import SECRET, XSS, Serve, free_port, need_binary
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +28,7 @@ def browser() -> Any:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
 

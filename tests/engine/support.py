@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-sglang-cpu.txt"
@@ -197,10 +198,6 @@ def ensure_model(py: Path, name: str = "tiny-llama", hidden: int = 64, layers: i
     return d
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:

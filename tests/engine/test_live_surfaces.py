@@ -21,13 +21,11 @@ from tests.browser.serve_proc import Serve, need_binary
 from tests.conftest import ARTIFACTS
 from tests.engine import support
 from tests.engine.conftest import diagnose_bin
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS
 from tests.stack_support import Prometheus
 
 pytestmark = pytest.mark.engine
 
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 KV_RULES = {"kv_saturation", "kv_retraction", "queue_buildup"}
 
 
@@ -63,7 +61,7 @@ def test_surfaces_against_a_live_engine(loaded_engine: Any) -> None:
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1360, "height": 1000})
             page.goto(serve.base + "/")
             sel = ", ".join(f'article.card li[data-rule="{r}"]' for r in sorted(KV_RULES))
