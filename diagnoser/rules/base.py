@@ -461,7 +461,7 @@ def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
             p = pairs(ctx, signal, "running_reqs")
             ok = (p.b > 0) & (p.a > 0)
             if ok.any():
-                ctx.memo["tpr"] = (float(np.median(p.a[ok] / p.b[ok])), f"median of {signal} / running_reqs")
+                ctx.memo["tpr"] = (np_quantile(np.sort(p.a[ok] / p.b[ok]), 0.5), f"median of {signal} / running_reqs")  # np.median would import numpy.ma (~15 ms at start-up)
                 break
     return ctx.memo["tpr"]  # type: ignore[no-any-return]
 
