@@ -1,7 +1,7 @@
 """``diagnose serve``: poll targets continuously and serve the web dashboard and the /metrics exporter.
 
     diagnose serve --url http://127.0.0.1:30000 [--url …] [--log server.log] [--host 127.0.0.1]
-                   [--port 8000] [--interval 5] [--token T] [--job-requests N] [--for 60]
+                   [--port 8000] [--interval 10] [--token T] [--job-requests N] [--for 60]
                    [--replay FILE --speed S --loop]
 """
 
@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from diagnoser.cli import UsageError
-from diagnoser.cli.run import _Parser, load_thresholds, parse_duration
+from diagnoser.cli.run import WATCH_INTERVAL_S, _Parser, load_thresholds, parse_duration
 
 TOKEN_ENV = "DIAGNOSER_TOKEN"
 
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", action="append", default=[], help="server log file to follow (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    p.add_argument("--interval", type=parse_duration, default=5.0, help="seconds between polls (default 5)")
+    p.add_argument("--interval", type=parse_duration, default=WATCH_INTERVAL_S, help="seconds between polls (default 10: keeps our polling under 0.5 %% of SGLang's time)")
     p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per target in seconds (default 5)")
     p.add_argument("--window", type=parse_duration, default=300.0, help="how much recent history the rules judge (default 5m)")
     p.add_argument("--history", type=parse_duration, default=24 * 3600.0, help="history kept per target (default 24h)")
