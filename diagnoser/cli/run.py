@@ -35,8 +35,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}. See 'diagnose --help'.")
 
 
+class _RunParser(_Parser):
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        ns = super().parse_args(args, namespace)
+        if ns.interval is None:  # a short burst for --once; continuous polling stays under 0.5 % of the server
+            ns.interval = 2.0 if (ns.once or ns.replay) else WATCH_INTERVAL_S
+        return ns
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="diagnose", description="Why is my SGLang server slow, and what should I change?")
+    p = _RunParser(prog="diagnose", description="Why is my SGLang server slow, and what should I change?")
     p.add_argument("--version", action="version", version=f"diagnose {__version__}")
     p.add_argument("--once", action="store_true", help="sample for --duration, report once and exit")
     p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable), e.g. http://127.0.0.1:30000")
@@ -76,8 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.interval is None:  # a short burst for --once; continuous polling stays under 0.5 % of the server
-        args.interval = 2.0 if (args.once or args.replay) else WATCH_INTERVAL_S
     if not args.once and not args.replay:
         from diagnoser.cli import watch
 
