@@ -102,7 +102,7 @@ def _log_lines(case: Path, doc: dict[str, Any]) -> list[str] | None:
     logs = [i["source"] for i in doc["inputs"] if i["kind"] == "log"]
     if not logs:
         return None
-    return Path(logs[0]).read_text(errors="replace").splitlines()
+    return Path(logs[0]).read_bytes().decode(errors="replace").split("\n")  # numbered by newline, like grep -n
 
 
 def _check_line_refs(case: Path, doc: dict[str, Any]) -> None:
@@ -131,7 +131,7 @@ def test_every_real_case_is_in_the_corpus(name: str) -> None:
 def test_real_case_text_report_cites_log_lines(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`diagnose --once --log` on each real case prints evidence pointing at real line numbers."""
     log = CASES / name / "server.log"
-    lines = log.read_text(errors="replace").splitlines()
+    lines = log.read_bytes().decode(errors="replace").split("\n")  # numbered by newline, like grep -n
     rc = cli_main(["--once", "--log", str(log), "--verbose"])
     out = capsys.readouterr().out
     assert rc in (0, 1), out
