@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from diagnoser import __version__
-from diagnoser.redact import REDACTED, is_secret_key, redact_text
+from diagnoser.redact import redact_text
 
 FORMAT = "diagnoser-bundle"
 FORMAT_VERSION = 1
@@ -55,26 +55,13 @@ _REDACT_CANDIDATE = re.compile(
     r"://|--[\w-]*(?:api-key|token|secret|password)|(?:api_key|secret|passw|_token|token_|credential)\w*\s*[=:]"
     r"|(?:key|token|secret|passw|credential|auth|cookie)\w*['\"]\s*:"
 )
-_QUOTED_KV = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)('[^']*'|"[^"]*")""")  # string values only
-
-
-def _redact_quoted(line: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        val = m.group(4)
-        if not is_secret_key(m.group(2)) or val in ("''", '""'):
-            return m.group(0)
-        return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}'{REDACTED}'"
-
-    return _QUOTED_KV.sub(sub, line)
-
-
 def redact_fast(text: str) -> str:
-    """Secrets out of line-based text (expositions, log lines): ``redact_text`` plus quoted dict keys
-    (``'api_key': 'sk-…'``), applied only to lines that can hold a secret — the same result as running
-    the patterns on every line, ~10x faster on a typical SGLang exposition."""
+    """Secrets out of line-based text (expositions, log lines): ``redact_text`` applied only to the lines
+    that can hold a secret — the same result as running it on every line, ~10x faster on a typical
+    SGLang exposition."""
     if not _REDACT_CANDIDATE.search(text.lower()):
         return text
-    return "".join(_redact_quoted(redact_text(ln)) if _REDACT_CANDIDATE.search(ln.lower()) else ln
+    return "".join(redact_text(ln) if _REDACT_CANDIDATE.search(ln.lower()) else ln
                    for ln in text.splitlines(keepends=True))
 
 

@@ -2,7 +2,8 @@
 
 Redacted: ``api_key``, ``admin_api_key`` and any key whose name looks like a key, token, secret,
 password or credential; credentials inside URLs (``https://user:pass@host`` → ``https://***@host``);
-and ``--api-key VALUE`` style pairs inside command lines.
+``--api-key VALUE`` style pairs inside command lines, and quoted dict keys with a secret-looking name
+(``'api_key': '…'``) inside text.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _INLINE_SECRET_RE = re.compile(
     r"""(?P<k>[\w-]*(?:api[_-]?key|secret|password|passwd|token|credential)[\w-]*)(?P<q>["']?)(?P<sep>\s*[=:]\s*)(?P<v>'[^']*'|"[^"]*"|[^,\s)}]+)""",
     re.IGNORECASE,
 )
+# quoted dict keys with a string value, as in the ``server_args={'api_key': '…'}`` log line
+_QUOTED_KV_RE = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)('[^']*'|"[^"]*")""")
 _NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
@@ -60,7 +63,14 @@ def redact_text(text: str) -> str:
         quote = '"' if val.startswith('"') else "'"
         return f"{m.group('k')}{m.group('q')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
-    return _INLINE_SECRET_RE.sub(_inline, text)
+    text = _INLINE_SECRET_RE.sub(_inline, text)
+
+    def _quoted(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group(2)) or m.group(4) in ("''", '""'):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}'{REDACTED}'"
+
+    return _QUOTED_KV_RE.sub(_quoted, text)
 
 
 def redact_value(key: str, value: Any) -> Any:

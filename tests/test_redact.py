@@ -89,3 +89,14 @@ def test_no_output_leaks_a_secret(data_dir: Path) -> None:
     assert "--api-key ***" in cfg["arg.launch_command"]["value"]
     # redaction did not eat real numbers
     assert cfg["max_total_tokens"]["value"] == 65536 and cfg["chunked_prefill_size"]["value"] == 128
+
+
+def test_redact_text_covers_quoted_dict_keys_for_every_output() -> None:
+    """The quoted-key rule lives in redact_text itself (not only in bundles): a server_args dict line with
+    a secret under a key the inline pattern does not name ('auth', 'session_cookie') is redacted too."""
+    from diagnoser.redact import redact_text
+
+    line = "server_args={'auth': 'Basic dXNlcjpwdw==', 'session_cookie': \"abc123\", 'tokenizer_path': 'm', 'page_size': 1}"
+    out = redact_text(line)
+    assert "dXNlcjpwdw" not in out and "abc123" not in out
+    assert "'tokenizer_path': 'm'" in out and "'page_size': 1" in out
