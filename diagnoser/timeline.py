@@ -16,8 +16,10 @@ Python (tested against pandas) so that ``diagnose --once --log`` starts without 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from diagnoser.model import ConfigFact, InputReport, LogEvent, iso  # noqa: F401  (iso re-exported)
@@ -177,6 +179,23 @@ class Timeline:
         if s is None:
             s = self.series[key] = Series()
         s.append(ts, float(value), source)
+
+    def add_many(self, signal: str, ts: list[float], values: list[float], sources: list[str], rank: str = "") -> None:
+        """Append columns of points; one ``extend`` per column when they follow the series in time order
+        (the bulk log reader's case), else point by point."""
+        if not ts:
+            return
+        s = self.series.get((signal, rank))
+        in_order = all(map(operator.le, ts, islice(ts, 1, None)))
+        if in_order and (s is None or not s.ts or s.ts[-1] <= ts[0]):
+            if s is None:
+                s = self.series[(signal, rank)] = Series()
+            s.ts.extend(ts)
+            s.values.extend(float(v) for v in values)
+            s.sources.extend(sources)
+            return
+        for t, v, src in zip(ts, values, sources, strict=True):
+            self.add(signal, t, v, src, rank)
 
     def add_event(self, event: LogEvent) -> None:
         self.events.append(event)

@@ -26,7 +26,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
-from itertools import chain, compress, islice, repeat
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.sglang.logformats import TRIGGER_BYTES_RE, epoch_day
@@ -109,22 +109,13 @@ class _Recorder:
 
 
 def _extend(sink: Any, signal: str, rank: str, ts: list[float], vals: list[float], srcs: list[str]) -> None:
-    """Append points in order; straight into a Timeline's columns when that keeps the order exact."""
+    """Append points in order: in one call when the sink takes columns (``Timeline.add_many``)."""
     if not ts:
         return
-    series = getattr(sink, "series", None)
-    if series is not None and all(map(operator.le, ts, islice(ts, 1, None))):
-        s = series.get((signal, rank))
-        if s is None or not s.ts or s.ts[-1] <= ts[0]:
-            start = 0
-            if s is None:
-                sink.add(signal, ts[0], vals[0], srcs[0], rank)
-                s = series[(signal, rank)]
-                start = 1
-            s.ts.extend(islice(ts, start, None))
-            s.values.extend(islice(vals, start, None))
-            s.sources.extend(islice(srcs, start, None))
-            return
+    add_many = getattr(sink, "add_many", None)
+    if add_many is not None:
+        add_many(signal, ts, vals, srcs, rank)
+        return
     add = sink.add
     for t, v, src in zip(ts, vals, srcs, strict=True):
         add(signal, t, v, src, rank)
