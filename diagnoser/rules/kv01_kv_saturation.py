@@ -4,9 +4,13 @@ What it detects:
     Token usage (``sglang:token_usage`` or ``token usage:`` in Decode/Prefill lines; for hybrid models
     the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) while requests wait
     (``queue_reqs`` > 0 on the same line or scrape) in at least ``min_share`` (default 60 %) of the
-    points where both were read; or the pool reaching ``usage_high`` while decode retracts requests
-    (retraction lines or counters) and either requests wait or the pool is full in ``min_share`` of
-    the window. The running batch must sit below the effective
+    points where both were read; or decode retracting requests (retraction lines or counters) while
+    requests wait or the pool is full in ``min_share`` of the window. A retraction is SGLang's own
+    statement that the pool ran out ("KV cache pool is full. Retract requests": decode needed more
+    slots than free + evictable, reference §3.4), so on that path sampled usage only has to reach
+    ``retract_usage_floor`` (default 0.75): admission reserves room for future decode tokens
+    (``new_token_ratio``, §5.2) and each retraction frees slots, so usage read every few seconds is a
+    saw-tooth that can miss the full moments. The running batch must sit below the effective
     ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
 
 Why it matters:
@@ -103,13 +107,15 @@ class KVSaturation(Rule):
     title = "KV pool full"
     severity = Severity.WARNING
     needs = ("token_usage",)
-    defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9, "few_requests": 4}
+    defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9, "few_requests": 4,
+                "retract_usage_floor": 0.75}
     threshold_help = {
         "usage_high": "token usage at or above this counts as full (0-1); the tuning guide calls > 0.9 healthy",
         "min_share": "share of the points with a waiting queue that must be full",
         "min_points": "fewest usage points needed to judge",
         "critical_share": "share of full points that makes it critical when requests also wait and decode retracts",
         "few_requests": "a pool filled by this many requests or fewer is left to runaway_generation (no flag advice)",
+        "retract_usage_floor": "with retractions (the pool ran out) and waiting requests, the sampled usage peak needed (0-1)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
@@ -130,9 +136,10 @@ class KVSaturation(Rule):
         n_retract, retract_src = retraction_count(ctx)
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
         fshare = float((vals >= high).mean())
-        # retraction counts when the pool was full most of the time or requests waited: one retraction
-        # at a brief peak with nobody waiting is left to kv_retraction (occasional, fine)
-        path_retract = n_retract > 0 and peak >= high and (waiting or fshare >= t["min_share"])
+        # a retraction says the pool ran out (§3.4); it counts when requests waited or the pool was full
+        # most of the time: one retraction at a brief peak with nobody waiting is left to kv_retraction
+        # (occasional, fine). Sampled usage misses the full moments (saw-tooth), hence the lower floor.
+        path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (waiting or fshare >= t["min_share"])
         if not (path_wait or path_retract):
             return None
         running = ctx.stats("running_reqs")
@@ -141,7 +148,7 @@ class KVSaturation(Rule):
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
         queue = ctx.stats("queue_reqs")
         pool, pool_src = pool_tokens(ctx)
-        evs = [ev(ctx, "token_usage", peak, high, at="max")]
+        evs = [ev(ctx, "token_usage", peak, high if peak >= high or path_wait else t["retract_usage_floor"], at="max")]
         if path_wait:
             src = pts.src(full_waiting[0]) if len(full_waiting) else ""
             evs.append(evidence("share of waiting points with token_usage >= threshold", round(wshare, 2), t["min_share"], ctx.window_text(), src))
@@ -163,7 +170,9 @@ class KVSaturation(Rule):
         if pool:
             parts.append(f"pool {pool:,} tokens")
         if n_retract:
-            parts.append(f"{n_retract} retraction event(s)")
+            parts.append(f"{n_retract} retraction event(s)" + ("" if peak >= high else
+                         " — SGLang retracts only when the pool cannot hold the next decode tokens, so the pool ran"
+                         " out between the readings"))
         crit = (wshare >= t["critical_share"] or fshare >= t["critical_share"]) and bool(waiting) and n_retract > 0
         sev = Severity.CRITICAL if crit else self.severity
         conf = "high" if path_wait and path_retract else "medium"
