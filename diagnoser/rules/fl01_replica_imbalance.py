@@ -38,12 +38,14 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from diagnoser.fleet.capacity import SATURATED_QUEUE, UNKNOWN_MODEL, TargetLoad, loads
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule
 from diagnoser.timeline import Timeline
+
+if TYPE_CHECKING:
+    from diagnoser.fleet.capacity import TargetLoad
 
 SHOW = 5
 
@@ -93,6 +95,10 @@ class ReplicaImbalance(Rule):
     def evaluate_fleet(self, timelines: list[Timeline], cfg: dict[str, Any], adapter: Any) -> list[Finding]:
         if len(timelines) < cfg["min_replicas"]:
             return []  # one engine's window: nothing to compare (and no per-target load to compute)
+        # imported here: fleet.capacity pulls in statistics (fractions, decimal, random), which a one-engine
+        # `diagnose --once --log` never needs (start-up time, bench/bench_startup.py)
+        from diagnoser.fleet.capacity import UNKNOWN_MODEL, loads
+
         by_target = {tl.target: tl for tl in timelines}
         rows = [r for r in loads(timelines) if self._judged(by_target[r.target], cfg)]
         groups: dict[str, list[TargetLoad]] = {}
@@ -126,6 +132,8 @@ class ReplicaImbalance(Rule):
 
     def _finding(self, model: str, rs: list[TargetLoad], hot: list[TargetLoad], cold: list[TargetLoad],
                  by_target: dict[str, Timeline], cfg: dict[str, Any]) -> Finding:
+        from diagnoser.fleet.capacity import SATURATED_QUEUE
+
         queued = sum(r.queue or 0 for r in hot)
         head_rows = [r for r in cold if r.headroom_reqs is not None]
         headroom = sum(r.headroom_reqs or 0 for r in head_rows)
