@@ -4,7 +4,6 @@ the valid ones."""
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from diagnoser.rules import REGISTRY
@@ -51,6 +50,8 @@ def validate(overrides: dict[str, dict[str, Any]], origin: str) -> dict[str, dic
 def load_thresholds(path: str | None = None, sets: list[str] | None = None) -> dict[str, dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     if path:
+        import tomllib  # only with --config: keeps the TOML parser off the plain --once start-up path
+
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
