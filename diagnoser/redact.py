@@ -37,9 +37,9 @@ _NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
 def is_secret_key(key: str) -> bool:
     k = str(key)
-    if _NOT_SECRET.search(k):
-        return False
-    return bool(_SECRET_KEY_RE.search(k))
+    # the cheap test first: _NOT_SECRET (leading-wildcard alternatives) costs ~10x more per key and only
+    # matters for the few keys _SECRET_KEY_RE flags (a server_args line has ~550 keys; start-up time)
+    return bool(_SECRET_KEY_RE.search(k)) and not _NOT_SECRET.search(k)
 
 
 def redact_text(text: str) -> str:
