@@ -41,11 +41,9 @@ References:
 from __future__ import annotations
 
 from collections import Counter
-from statistics import median
 from typing import Any
 
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN
-from diagnoser.fleet.capacity import UNKNOWN_MODEL, group_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule
 from diagnoser.timeline import Timeline
@@ -110,6 +108,10 @@ class ConfigDrift(Rule):
     def evaluate_fleet(self, timelines: list[Timeline], cfg: dict[str, Any], adapter: Any) -> list[Finding]:
         if len(timelines) < cfg["min_replicas"]:
             return []  # one engine's window: nothing to compare
+        # imported here: fleet.capacity pulls in statistics (fractions, decimal, random), which a one-engine
+        # `diagnose --once --log` never needs (start-up time, bench/bench_startup.py)
+        from diagnoser.fleet.capacity import UNKNOWN_MODEL, group_of
+
         groups: dict[str, list[Timeline]] = {}
         for tl in timelines:
             groups.setdefault(group_of(tl), []).append(tl)
@@ -214,6 +216,8 @@ class ConfigDrift(Rule):
                  if isinstance(tl.cfg("max_total_tokens"), int | float) and tl.cfg("max_total_tokens") > 0}
         if len(pools) < 2:
             return None
+        from statistics import median
+
         med = median(v for v, _s in pools.values())
         odd = sorted(((t, v, s) for t, (v, s) in pools.items() if abs(v - med) > cfg["pool_tolerance"] * med), key=lambda x: x[1])
         if not odd:
