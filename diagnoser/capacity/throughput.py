@@ -9,13 +9,24 @@ proportional to the batch), an upper bound marked low-confidence.
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from diagnoser.timeline import Timeline
 
 MIN_POINTS = 6
 MIN_SPREAD = 1.12  # max batch / min batch needed to fit a slope
+
+
+def median(values: Iterable[float]) -> float:
+    """``statistics.median`` (same algorithm, same result; tested against it): importing ``statistics``
+    pulls in fractions, decimal and random, ~5 ms of ``diagnose --once`` start-up (bench/bench_startup.py)."""
+    data = sorted(values)
+    n = len(data)
+    if n == 0:
+        raise ValueError("no median for empty data")
+    i = n // 2
+    return data[i] if n % 2 == 1 else (data[i - 1] + data[i]) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +85,7 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
         import numpy as np
 
         gb = np.array(sorted(groups), dtype=float)
-        gy = np.array([statistics.median(groups[k]) for k in sorted(groups)])
+        gy = np.array([median(groups[k]) for k in sorted(groups)])
         w = np.sqrt(np.array([len(groups[k]) for k in sorted(groups)], dtype=float))
         A = np.column_stack([np.ones(len(gb)), gb])
         coef, *_ = np.linalg.lstsq(A * w[:, None], gy * w, rcond=None)
@@ -90,7 +101,7 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
     else:
         note = (f"the batch did not vary enough to fit (batch {bmin:.0f}–{bmax:.0f}, {n} points): "
                 "the step time is held constant, so throughput scales with the batch — an upper bound, low confidence")
-    step = statistics.median(b / x for b, x in pts)
+    step = median(b / x for b, x in pts)
     return ThroughputModel(step, 0.0, n, bmin, bmax, bmean, tmean, None, "constant-step", note)
 
 
