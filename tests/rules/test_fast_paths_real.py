@@ -1,0 +1,102 @@
+"""The rule pass's fast paths against their references on the real cpu-real windows
+(../shared/data/sglang-cpu-real, every scrape plus the whole log, as ``bench/bench_rules.py`` reads them).
+
+* :func:`to_array` (``struct.pack_into``) against ``numpy.fromiter``, bit for bit, on every column.
+* :func:`aligned` / :func:`pairs` (shared time arrays, joins searched once per distinct time) against a
+  plain dict join (the last reading at each time wins), on every pair of the signals the rules join.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+from itertools import permutations
+from typing import Any
+
+import numpy as np
+import pytest
+
+from diagnoser.collect import finalize
+from diagnoser.engines.sglang import ADAPTER
+from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.rules.base import RuleContext, _time_runs, aligned, pairs, raw_arrays, to_array
+from diagnoser.sources.logs import read_log
+from diagnoser.sources.metrics import MetricsTarget
+from diagnoser.timeline import Timeline
+from tests.conftest import DATA, need_shared
+
+JOINED = ("running_reqs", "queue_reqs", "token_usage", "used_tokens", "gen_throughput_tps", "prefill_new_tokens",
+          "prefill_cached_tokens", "pending_tokens", "cuda_graph", "prompt_tps", "decode_sum_seq_lens")
+
+
+def _read(path: str) -> Timeline:
+    tl = Timeline(target=os.path.basename(path))
+    vr = VersionRange()
+    mt = MetricsTarget("http://127.0.0.1:30000", ADAPTER)
+    for f in sorted(glob.glob(os.path.join(path, "metrics", "*.prom"))):
+        ts = float(re.search(r"_(\d+\.\d+)\.prom$", f).group(1))  # type: ignore[union-attr]
+        with open(f) as fh:
+            mt.ingest_text(fh.read(), ts, tl)
+    vr.merge(mt.state.version)
+    reader = read_log(ADAPTER, tl, os.path.join(path, "server.log"))
+    vr.merge(reader.parser.version)
+    finalize(tl, vr)
+    return tl
+
+
+@pytest.fixture(scope="module")
+def windows() -> list[Timeline]:
+    need_shared()
+    runs = sorted(glob.glob(os.path.join(DATA, "sglang-cpu-real", "*")))
+    assert len(runs) == 5, runs
+    return [_read(r) for r in runs]
+
+
+def test_to_array_is_fromiter_bit_for_bit(windows: list[Timeline]) -> None:
+    n = 0
+    for tl in windows:
+        for s in tl.series.values():
+            for col in (s.ts, s.values):
+                ref = np.fromiter(col, dtype=float, count=len(col))
+                got = to_array(col)
+                assert got.dtype == ref.dtype and got.tobytes() == ref.tobytes()
+                n += len(col)
+    assert n > 50_000
+    assert to_array([1, 2.5, math.nan, math.inf]).tobytes() == np.array([1.0, 2.5, math.nan, math.inf]).tobytes()
+    with pytest.raises(ValueError):  # not numbers: numpy's own error, as before
+        to_array([1.0, "x"])  # type: ignore[list-item]
+
+
+def _ref_aligned(tl: Timeline, base: str, other: str) -> list[float]:
+    last: dict[float, float] = {}
+    sb = tl.get(other)
+    assert sb is not None
+    for t, v in zip(sb.ts, sb.values, strict=True):
+        last[t] = v
+    sa = tl.get(base)
+    assert sa is not None
+    return [last.get(t, math.nan) for t in sa.ts]
+
+
+def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
+    paths: dict[str, int] = {}
+    for tl in windows:
+        ctx = RuleContext(tl, {}, ADAPTER)
+        present = [s for s in JOINED if tl.get(s) is not None]
+        for a, b in permutations(present, 2):
+            ref = _ref_aligned(tl, a, b)
+            ta, va = raw_arrays(ctx, a)
+            tb, _ = raw_arrays(ctx, b)
+            kind = "same-times" if ta is tb else _time_runs(ctx, ta)[0]
+            paths[kind] = paths.get(kind, 0) + 1
+            got = aligned(ctx, a, b)
+            assert np.array_equal(got, np.array(ref), equal_nan=True), (tl.target, a, b, kind)
+            p = pairs(ctx, a, b)
+            sa = tl.get(a)
+            assert sa is not None
+            want: list[Any] = [(t, v, w, src) for t, v, w, src in zip(sa.ts, sa.values, ref, sa.sources, strict=True) if v == v and w == w]
+            assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == want
+    # the real windows exercise every path: series read on the same lines, log times repeating within a second
+    assert paths.get("same-times", 0) >= 10 and paths.get("ordered", 0) >= 10, paths
