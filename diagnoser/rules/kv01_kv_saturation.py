@@ -10,7 +10,12 @@ What it detects:
     slots than free + evictable, reference §3.4), so on that path sampled usage only has to reach
     ``retract_usage_floor`` (default 0.75): admission reserves room for future decode tokens
     (``new_token_ratio``, §5.2) and each retraction frees slots, so usage read every few seconds is a
-    saw-tooth that can miss the full moments. The running batch must sit below the effective
+    saw-tooth that can miss the full moments. Third, the footprint path: requests wait in
+    ``min_share`` of the readings while the running batch already fills the pool at full length —
+    running >= ``fit_share`` (default 0.8) x pool / (mean prompt + mean output tokens of the finished
+    requests, from the token and request counters). Usage then reads low because the running requests
+    have not grown to their full length yet, but admission reserves room for their remaining output
+    (new_token_ratio, §5.2), so no more fit. The running batch must sit below the effective
     ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
 
 Why it matters:
@@ -37,7 +42,9 @@ Known false positives:
     tuning guide, reference §7); this rule needs waiting requests or retractions as well, and the
     default threshold is 0.95, above the guide's 0.9. A few requests with runaway outputs can fill the
     pool by themselves; then flag changes do not help and none are proposed (see
-    ``runaway_generation``).
+    ``runaway_generation``). The footprint path uses the mean length of the requests that finished in
+    the window: when only a few short requests finished, or lengths vary widely, the estimate is rough
+    (confidence low), and it needs requests waiting in most readings as well.
 
 References:
     ../shared/reference/sglang.md §2.1 (token_usage, num_used_tokens), §3.3 (decode line), §3.4
@@ -101,6 +108,26 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     return out
 
 
+def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, float]:
+    """(mean tokens per request at full length, requests the pool holds at that length, share of the
+    usage readings with a queue). The length is (uncached prompt + generation token rates) /
+    finished-request rate over the window (the prompt scaled by 1 - cache hit rate, since a shared
+    prefix is held once): SGLang counts both when a request finishes (reference §2.1), so it is the
+    mean full length of the finished requests. None when no request finished or the pool is unknown."""
+    qshare = float((pts.b > 0).mean()) if len(pts) else 0.0
+    rate = ctx.stats("request_rate")["mean"]
+    out_tps, in_tps = ctx.stats("output_tps")["mean"], ctx.stats("prompt_tps")["mean"]
+    pool, _ = pool_tokens(ctx)
+    if not rate or out_tps is None or in_tps is None or not pool:
+        return None, None, qshare
+    hit = ctx.stats("cache_hit_rate")["mean"]
+    shared = min(max(float(hit), 0.0), 1.0) if hit is not None else 0.0
+    foot = (out_tps + in_tps * (1.0 - shared)) / rate  # a cached prefix sits in the pool once, shared
+    if foot <= 0:
+        return None, None, qshare
+    return foot, pool / foot, qshare
+
+
 class KVSaturation(Rule):
     name = "kv_saturation"
     code = "KV01"
@@ -108,7 +135,7 @@ class KVSaturation(Rule):
     severity = Severity.WARNING
     needs = ("token_usage",)
     defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9, "few_requests": 4,
-                "retract_usage_floor": 0.75}
+                "retract_usage_floor": 0.75, "fit_share": 0.8}
     threshold_help = {
         "usage_high": "token usage at or above this counts as full (0-1); the tuning guide calls > 0.9 healthy",
         "min_share": "share of the points with a waiting queue that must be full",
@@ -116,6 +143,7 @@ class KVSaturation(Rule):
         "critical_share": "share of full points that makes it critical when requests also wait and decode retracts",
         "few_requests": "a pool filled by this many requests or fewer is left to runaway_generation (no flag advice)",
         "retract_usage_floor": "with retractions (the pool ran out) and waiting requests, the sampled usage peak needed (0-1)",
+        "fit_share": "running requests, as a share of the requests the pool holds at full length (prompt + output), that count as a full pool while requests wait",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
@@ -140,9 +168,13 @@ class KVSaturation(Rule):
         # most of the time: one retraction at a brief peak with nobody waiting is left to kv_retraction
         # (occasional, fine). Sampled usage misses the full moments (saw-tooth), hence the lower floor.
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (waiting or fshare >= t["min_share"])
-        if not (path_wait or path_retract):
-            return None
         running = ctx.stats("running_reqs")
+        foot, fit, qshare = None, None, 0.0
+        if not (path_wait or path_retract):
+            foot, fit, qshare = footprint(ctx, pts)
+        path_fit = fit is not None and running["p50"] is not None and qshare >= t["min_share"] and running["p50"] >= t["fit_share"] * fit
+        if not (path_wait or path_retract or path_fit):
+            return None
         cap, cap_src = slot_cap(ctx)
         if cap and running["p50"] is not None and running["p50"] >= cap:
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
@@ -160,6 +192,11 @@ class KVSaturation(Rule):
             evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
         if n_retract:
             evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
+        if path_fit and foot is not None and fit is not None:
+            evs.append(evidence("tokens per request at full length (mean prompt + output)", round(foot), None, ctx.window_text(),
+                                "prompt and generation token counters / finished requests"))
+            evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", pool_src))
+            evs.append(evidence("share of readings with a queue", round(qshare, 2), t["min_share"], ctx.window_text(), argmax_source(ctx, "queue_reqs")))
         parts = [f"KV token usage peaked at {peak:.2f}"]
         if path_wait:
             parts.append(f"it was >= {high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} readings with a queue")
@@ -169,18 +206,24 @@ class KVSaturation(Rule):
             parts.append(f"{running['min']:.0f}–{running['max']:.0f} ran" + (f" of {cap} slots" if cap else ""))
         if pool:
             parts.append(f"pool {pool:,} tokens")
+        if path_fit and foot is not None and fit is not None and not (path_wait or path_retract):
+            parts.append(f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, "
+                         f"and {running['p50']:.0f} ran at the median, so admission (which reserves room for the remaining output, "
+                         "reference §5.2) has no room for the waiting ones although usage reads lower")
         if n_retract:
             parts.append(f"{n_retract} retraction event(s)" + ("" if peak >= high else
                          " — SGLang retracts only when the pool cannot hold the next decode tokens, so the pool ran"
                          " out between the readings"))
         crit = (wshare >= t["critical_share"] or fshare >= t["critical_share"]) and bool(waiting) and n_retract > 0
         sev = Severity.CRITICAL if crit else self.severity
-        conf = "high" if path_wait and path_retract else "medium"
+        conf = "high" if path_wait and path_retract else "medium" if path_wait or path_retract else "low"
         if len(vals) < 5:
             conf = "low"
         notes: list[str] = []
         sugg: list[Suggestion] = []
         tpr, _ = tokens_per_request(ctx)
+        if path_fit and foot is not None:
+            tpr = max(tpr or 0.0, foot)  # requests reach this length before they finish
         few = running["p50"] is not None and running["p50"] <= t["few_requests"] and pool and tpr and tpr * max(running["p50"], 1) >= 0.8 * pool
         if few:
             notes.append(f"{running['p50']:.0f} request(s) hold the whole pool (about {fmt_int(tpr)} tokens each): "

@@ -62,7 +62,8 @@ def _windows(tl: Timeline) -> list[Timeline]:
 
 
 def _fires(w: Timeline, floor: float | None = None) -> bool:
-    th = {"kv_saturation": {"retract_usage_floor": floor}} if floor is not None else None
+    # floor given: the rule as it was before the retraction floor and the footprint path existed
+    th = {"kv_saturation": {"retract_usage_floor": floor, "fit_share": 1e9}} if floor is not None else None
     return any(f.rule == "kv_saturation" for f in evaluate([w], ADAPTER, th).findings)
 
 
@@ -106,3 +107,32 @@ def test_some_real_windows_never_read_usage_at_095() -> None:
         f = next(f for f in evaluate([w], ADAPTER).findings if f.rule == "kv_saturation")
         assert "pool ran out between the readings" in f.summary
         assert any(e.signal == "retraction events" and re.match(r"(server\.log:\d+|scrape@)", str(e.source)) for e in f.evidence)
+
+
+RUNS_ALL = ["kv-full-retract", "medium-engine-bound-kv-full", "long-queue", "client-bound-low-occupancy", "prefill-capped"]
+
+
+def test_the_footprint_path_alone_tells_kv_bound_runs_from_the_others() -> None:
+    """With the usage and retraction paths switched off (thresholds above 1), the footprint path (the
+    running batch already fills the pool at the finished requests' full length while requests wait)
+    still calls every queued window of both real KV-full runs KV-bound, and no window of the slot-capped,
+    client-bound or prefill-capped runs: this is the path that explains a KV-bound server whose usage
+    reads low because its running requests have not grown to full length yet."""
+    th = {"kv_saturation": {"usage_high": 1.1, "retract_usage_floor": 1.1}}
+    for run in RUNS_ALL:
+        fired = []
+        for w in _windows(_read(run)):
+            fs = [f for f in evaluate([w], ADAPTER, th).findings if f.rule == "kv_saturation"]
+            fired.append(bool(fs))
+            q = w.get("queue_reqs")
+            queued = q is not None and sum(v > 0 for v in q.values) >= 0.6 * len(q)
+            if run in RUNS_ALL[:2] and queued:
+                assert fs, (run, "a queued window of a KV-full run")
+                f = fs[0]
+                fit = next(e.observed for e in f.evidence if e.signal == "requests the pool holds at full length")
+                assert 4 <= fit <= 9, fit  # 2,048 tokens / (~110 prompt + ~240 output) = ~5.9
+                assert f.confidence == "low"
+        if run in RUNS_ALL[2:]:
+            assert not any(fired), run
+        else:
+            assert sum(fired) >= 5, (run, fired)
