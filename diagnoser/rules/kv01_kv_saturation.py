@@ -108,6 +108,20 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     return out
 
 
+def dp_ranks(ctx: RuleContext) -> int:
+    """How many DP ranks share the load: each has its own pool of ``max_total_tokens`` (the pool size is
+    per rank, while aggregate running/queued/used series sum the ranks). Counted from the per-rank
+    series, else from ``dp_size``/``attn_dp_size`` under DP."""
+    seen = max((len([r for r in ctx.timeline.ranks(sig) if r.startswith("dp") and "pp" not in r]) for sig in ("running_reqs", "used_tokens")), default=0)
+    if seen:
+        return seen
+    for name in ("attn_dp_size", "arg.attn_dp_size", "dp_size", "arg.dp_size"):
+        v = ctx.cfg(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 1:
+            return int(v)
+    return 1
+
+
 def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, float]:
     """(mean tokens per request at full length, requests the pool holds at that length, share of the
     usage readings with a queue). The length is (uncached prompt + generation token rates) /
@@ -125,7 +139,7 @@ def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, f
     foot = (out_tps + in_tps * (1.0 - shared)) / rate  # a cached prefix sits in the pool once, shared
     if foot <= 0:
         return None, None, qshare
-    return foot, pool / foot, qshare
+    return foot, pool * dp_ranks(ctx) / foot, qshare
 
 
 class KVSaturation(Rule):
@@ -237,7 +251,7 @@ class KVSaturation(Rule):
         cap_tokens = ctx.cfg("arg.max_total_tokens") or ctx.cfg("max_total_tokens_requested")
         want = None
         if tpr and running["p50"] is not None:
-            want = (running["p50"] + (queue["p50"] or 0)) * tpr / 0.9
+            want = (running["p50"] + (queue["p50"] or 0)) * tpr / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
         if cap_tokens and pool and int(cap_tokens) <= pool * 1.01:
             proposed = next_pow2(max(want or 0, 2 * pool))
             out.append(suggest(ctx, "max_total_tokens", int(cap_tokens), proposed,

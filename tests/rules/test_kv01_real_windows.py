@@ -136,3 +136,25 @@ def test_the_footprint_path_alone_tells_kv_bound_runs_from_the_others() -> None:
             assert not any(fired), run
         else:
             assert sum(fired) >= 5, (run, fired)
+
+
+def test_dp_ranks_each_hold_a_pool_of_max_total_tokens() -> None:
+    """Under DP each rank has its own pool of max_total_tokens, while the aggregate running and queued
+    series sum the ranks: the pool the load competes for is the per-rank pool times the ranks (so two
+    ranks holding 6 full-length requests each are not "6 requests in a pool for 6"), and the proposed
+    --max-total-tokens sizes one rank's pool."""
+    from diagnoser.rules.base import RuleContext
+    from diagnoser.rules.kv01_kv_saturation import KVSaturation, dp_ranks
+    from tests.rules.helpers import run, window
+
+    cfg = {"max_total_tokens": 2048, "arg.max_total_tokens": 2048, "max_running_requests": 64}
+    per_rank = {"running_reqs": [6.0] * 6, "queue_reqs": [15.0] * 6, "token_usage": [0.97] * 6, "used_tokens": [1990.0] * 6}
+    one = window(config=cfg, **per_rank)
+    two = window(config=cfg, ranks={"dp0": per_rank, "dp1": per_rank})
+    assert dp_ranks(RuleContext(one, dict(KVSaturation.defaults), ADAPTER)) == 1
+    assert dp_ranks(RuleContext(two, dict(KVSaturation.defaults), ADAPTER)) == 2
+    f1, f2 = run(KVSaturation, one), run(KVSaturation, two)
+    assert f1 is not None and f2 is not None
+    (s1,), (s2,) = f1.suggestions, f2.suggestions
+    assert s1.flag == s2.flag == "--max-total-tokens"
+    assert s1.proposed == s2.proposed  # the same load per rank asks for the same per-rank pool
