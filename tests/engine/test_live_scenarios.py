@@ -30,13 +30,25 @@ def run_diagnose(engine: support.Engine, duration: float = 16, extra: list[str] 
     return json.loads(p.stdout)
 
 
-def with_load(engine: support.Engine, load: dict[str, Any], warmup: float, fn: Any) -> tuple[Any, support.LoadResult]:
-    """Run ``fn`` while the load runs; stop sending once it returns (requests in flight finish on their own)."""
+def with_load(engine: support.Engine, load: dict[str, Any], warmup: float, fn: Any,
+              until: bytes | None = None, until_timeout: float = 90.0) -> tuple[Any, support.LoadResult]:
+    """Run ``fn`` while the load runs; stop sending once it returns (requests in flight finish on their own).
+
+    ``fn`` starts ``warmup`` seconds into the load, or, with ``until``, once the server log holds that
+    text (at most ``until_timeout`` s): a slow or busy machine reaches the induced state later, and the
+    diagnosis window should cover the state, not the ramp-up."""
     stop = threading.Event()
     res = support.LoadResult()
     t = threading.Thread(target=lambda: support.run_load(engine.url, stop=stop, result=res, **load), daemon=True)
     t.start()
     time.sleep(warmup)
+    if until is not None:
+        deadline = time.time() + until_timeout
+        while until not in engine.log_path.read_bytes():
+            if time.time() > deadline or not t.is_alive():
+                stop.set()
+                pytest.fail(f"the induced state never showed: no {until!r} in {engine.log_path} within {until_timeout:.0f} s of load")
+            time.sleep(0.5)
     out = fn()
     stop.set()
     t.join(timeout=30)
@@ -58,7 +70,7 @@ def by_rule(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_kv_full_with_retraction(engine_factory: Any) -> None:
     eng = engine_factory(["--max-total-tokens", "2048", "--max-running-requests", "64"], "kv-full")
     doc, load = with_load(eng, {"n": 160, "concurrency": 40, "max_new_tokens": 256, "ignore_eos": False}, 4.0,
-                          lambda: run_diagnose(eng, 20))
+                          lambda: run_diagnose(eng, 20), until=b"KV cache pool is full. Retract requests")
     assert load.ok >= 5, load.errors
     rules = by_rule(doc)
     assert "kv_saturation" in rules, headline(doc)
