@@ -31,7 +31,7 @@ from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, evaluate
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
-from diagnoser.sources.http import DEFAULT_MAX_BYTES, fetch, make_client
+from diagnoser.sources.http import DEFAULT_MAX_BYTES, fetch, make_client, make_target_client
 from diagnoser.sources.logs import LogFollower, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.sources.serverinfo import fetch_config
@@ -53,6 +53,7 @@ class LiveTarget:
     timeline: Timeline
     version: VersionRange = field(default_factory=VersionRange)
     metrics: MetricsTarget | None = None
+    client: Any = None  # this target's own HTTP client (None: the monitor's shared one)
     followers: list[LogFollower] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy: bool = False
@@ -248,7 +249,10 @@ class LiveMonitor:
         logs = list(logs or [])
         for u in urls:
             mt = MetricsTarget(u, adapter)
-            self.targets.append(LiveTarget(mt.report.source, Timeline(target=mt.report.source), metrics=mt))
+            # a pool per target (see sources/http.py); a client passed in (auth headers, a test transport)
+            # serves every target
+            own = make_target_client(timeout=timeout) if self._own_client else None
+            self.targets.append(LiveTarget(mt.report.source, Timeline(target=mt.report.source), metrics=mt, client=own))
         for path in logs:
             if len(urls) == 1:
                 owner = self.targets[0]
@@ -265,13 +269,14 @@ class LiveMonitor:
     # -- polling -------------------------------------------------------------------------------
     def _scrape(self, t: LiveTarget) -> None:
         assert t.metrics is not None
+        client = t.client or self.client
         try:
             now = time.time()
             if now - t.config_at >= CONFIG_REFRESH_S or (not t.raw_config and t.up is False):
                 t.config_at = now
                 scratch = Timeline(target=t.name)
                 rng = VersionRange()
-                rep, raw = fetch_config(self.client, t.metrics.url, self.adapter, scratch, rng)
+                rep, raw = fetch_config(client, t.metrics.url, self.adapter, scratch, rng)
                 with t.lock:
                     if raw:
                         t.raw_config = raw
@@ -280,7 +285,7 @@ class LiveMonitor:
             # fetch outside the lock (readers never wait on the network), ingest under it
             t0 = time.perf_counter()
             ts = time.time()
-            f = fetch(self.client, t.metrics.metrics_url, DEFAULT_MAX_BYTES, "metrics")
+            f = fetch(client, t.metrics.metrics_url, DEFAULT_MAX_BYTES, "metrics")
             t.metrics.last_duration_s = time.perf_counter() - t0
             with t.lock:
                 if not f.ok:
@@ -489,6 +494,8 @@ class LiveMonitor:
         for t in self.targets:
             for fol in t.followers:
                 fol.close()
+            if t.client is not None:
+                t.client.close()
         if self._own_client:
             self.client.close()
 

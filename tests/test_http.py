@@ -177,3 +177,33 @@ def test_collect_once_uses_one_pool_and_keeps_the_good_target(real_text: str) ->
     assert good.get("running_reqs").values == [44.0, 44.0, 44.0]
     assert not bad.series and "connection refused" in col.unreachable[bad.target]
     assert any("connection refused" in e for e in col.errors)
+
+
+def test_has_junk_gives_the_character_class_answer(real_text: str) -> None:
+    from diagnoser.sources.metrics import _JUNK_RE, has_junk
+
+    texts = [real_text, real_text + "é ü 模型\n", ""]
+    texts += [real_text[:5000] + chr(c) + real_text[5000:] for c in [*range(0, 32), 0x7F, 0x80, 0xA0, 0xFFFD, 0xFFFE]]
+    answers = [has_junk(t) for t in texts]
+    assert answers == [_JUNK_RE.search(t) is not None for t in texts]
+    assert answers[:3] == [False, False, False] and answers.count(True) == 31  # 0x00–0x1f but \t \n \r (29), 0x7f, U+FFFD
+
+
+def test_target_client_asks_for_plain_text_and_a_gzipping_server_is_read_the_same(data_dir: Path) -> None:
+    """SGLang's /metrics gzips when asked (the loopback sample server does the same): the per-target client
+    asks for identity; the shared client takes gzip; both read the same exposition."""
+    from diagnoser.sources.http import make_target_client
+    from tests.browser.samples_server import SampleServer
+
+    seen: list[str] = []
+    with SampleServer(data_dir, "kv-full-retract") as srv:
+        srv.set_run("kv-full-retract", skip_idle=False)
+        srv.files = srv.files[3:4]  # one scrape, served every time
+        with make_target_client(timeout=5.0) as plain, make_client(timeout=5.0) as shared:
+            for c in (plain, shared):
+                with c.stream("GET", srv.url + "/metrics") as r:
+                    seen.append(r.headers.get("content-encoding", "identity"))
+            a = fetch(plain, srv.url + "/metrics")
+            b = fetch(shared, srv.url + "/metrics")
+    assert seen == ["identity", "gzip"]
+    assert a.ok and b.ok and a.text == b.text == srv.files[0].read_text()

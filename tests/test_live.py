@@ -267,3 +267,31 @@ def test_serve_replay_plays_a_recorded_run(data_dir: Path, tmp_path: Path) -> No
         assert 'diagnoser_finding_active{rule="kv_saturation"' in serve.get("/metrics").text
     finally:
         serve.close()
+
+
+def test_each_target_polls_through_its_own_client(data_dir: Path) -> None:
+    """A pool per target (httpcore scans a whole pool per request); a client passed in serves all targets."""
+    import httpx
+
+    with SampleServer(data_dir, "long-queue") as a, SampleServer(data_dir, "kv-full-retract") as b:
+        m = LiveMonitor(ADAPTER, [a.url, b.url], [], interval=1.0, for_seconds=0)
+        try:
+            clients = [t.client for t in m.targets]
+            assert all(isinstance(c, httpx.Client) for c in clients) and clients[0] is not clients[1]
+            assert all(c.headers["accept-encoding"] == "identity" for c in clients)
+            for _ in range(2):
+                m.tick()
+            assert [t.up for t in m.targets] == [True, True] and a.requests >= 2 and b.requests >= 2
+            assert all(t.timeline.get("running_reqs") is not None for t in m.targets)
+        finally:
+            m.close()
+        assert all(c.is_closed for c in clients)
+        shared = httpx.Client()
+        m2 = LiveMonitor(ADAPTER, [a.url, b.url], [], interval=1.0, client=shared)
+        try:
+            assert [t.client for t in m2.targets] == [None, None]
+            m2.tick()
+            assert [t.up for t in m2.targets] == [True, True]
+        finally:
+            m2.close()
+            shared.close()

@@ -344,3 +344,64 @@ def test_version_from_added_and_removed_names(drop_from: tuple[int, int, int], e
             if not any(ln.startswith((f"sglang:{n}{{", f"sglang:{n}_", f"sglang:{n} ")) for n in newer)]
     tl, t = ingest([(1.0, "\n".join(keep + [extra]) + "\n")])
     assert tl.version == expected, t.state.version.reasons
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(DATA)))
+def test_line_fast_path_equals_the_whole_text_regex_on_first_and_repeated_scrapes(path: Path) -> None:
+    """fast_samples reads a label text with the grammar once, then from its cache: both reads must equal
+    the whole-text grammar (fast_samples_regex) sample for sample, in order."""
+    text = path.read_text()
+    m._LABEL_CACHE.clear()
+
+    def norm(samples: list) -> list:
+        return [(n, sorted(lab.items()), "nan" if math.isnan(v) else v) for n, lab, v in samples]
+
+    ref = norm(m.fast_samples_regex(text))
+    first = norm(m.fast_samples(text))
+    assert m._LABEL_CACHE, "label texts of wanted lines are cached"
+    again = norm(m.fast_samples(text))
+    assert first == ref and again == ref and len(ref) > 5
+
+
+def test_line_fast_path_odd_lines_agree_with_the_regex_and_the_library() -> None:
+    base = (METRICS_DIR / "sglang-0.5.23_collector_metrics.prom").read_text()
+    run_line = next(ln for ln in base.splitlines() if ln.startswith("sglang:num_running_reqs{"))
+    lab = run_line[run_line.index("{"):run_line.rindex("}") + 1]
+    odd = [
+        run_line,
+        run_line.replace("} ", "}\t").replace("sglang:", "sglang_"),  # tab, underscore spelling
+        run_line.replace("} ", "}"),  # no blank before the value: not a sample (both grammars)
+        run_line.replace("sglang:num_running_reqs", "sglang:num_running_reqs_x"),  # unwanted name
+        run_line.replace("sglang:", "sglangX"),  # not the prefix
+        f"sglang:num_queue_reqs{lab} 7 1732000000000",  # same label text, other family, timestamp
+        'sglang:token_usage{model_name="a}b",x="{"} 0.5',  # braces inside quoted values
+        "sglang:gen_throughput 12.5",  # no labels
+        "sglang:gen_throughput\t13.5",
+        "sglang:gen_throughput 1 {junk}",  # a brace after the value
+        'sglang:num_used_tokens{model_name="m"} notanumber',
+        "sglang",
+    ]
+    text = "\n".join(odd) + "\n"
+
+    def norm(samples: list) -> list:
+        return [(n, sorted(lab.items()), "nan" if math.isnan(v) else v) for n, lab, v in samples]
+
+    m._LABEL_CACHE.clear()
+    ref = norm(m.fast_samples_regex(text))
+    assert norm(m.fast_samples(text)) == ref and norm(m.fast_samples(text)) == ref
+    names = [s[0] for s in ref]
+    assert names == ["num_running_reqs", "num_running_reqs", "num_queue_reqs", "token_usage",
+                     "gen_throughput", "gen_throughput", "gen_throughput"]
+    assert ref[3][1] == [("model_name", "a}b"), ("x", "{")]
+    lib = [s for s in m.samples_from_families(text_string_to_metric_families("\n".join(odd[:2] + odd[5:9]) + "\n"))]
+    assert sorted(norm(lib)) == sorted(r for r in ref if r[0] != "gen_throughput" or r[2] != 1)
+
+
+def test_label_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(m, "LABEL_CACHE_MAX", 10)
+    m._LABEL_CACHE.clear()
+    text = "".join(f'sglang:num_running_reqs{{model_name="m{i}"}} {i}\n' for i in range(25))
+    got = m.fast_samples(text)
+    assert [s[2] for s in got] == [float(i) for i in range(25)]
+    assert [s[1]["model_name"] for s in got] == [f"m{i}" for i in range(25)]
+    assert 0 < len(m._LABEL_CACHE) <= 10

@@ -28,6 +28,9 @@ class ParseResult:
 
 
 _JUNK_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+# the same characters, each searched with str's C substring search (30 memchr-like passes over an 80 KB
+# exposition cost ~1/30 of the character-class regex, which tests every character in the interpreter)
+_JUNK_CHARS = tuple(chr(c) for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F, 0xFFFD])
 
 
 def cut_partial_line(text: str) -> tuple[str, bool]:
@@ -39,8 +42,9 @@ def cut_partial_line(text: str) -> tuple[str, bool]:
 
 
 def has_junk(text: str) -> bool:
-    """Control characters or undecodable bytes: the text is not a clean exposition."""
-    return _JUNK_RE.search(text) is not None
+    """Control characters or undecodable bytes: the text is not a clean exposition (same answer as
+    ``_JUNK_RE.search``, the reference in the tests)."""
+    return any(c in text for c in _JUNK_CHARS)
 
 
 def parse_exposition(text: str) -> ParseResult:

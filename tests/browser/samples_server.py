@@ -3,19 +3,24 @@
 get_server_info.json / get_model_info.json. Tests switch the run being served (e.g. long-queue →
 client-bound) so that a finding appears and later resolves.
 
-Only two things are changed on the way out, on purpose and by name: ``model_name`` (label and
+Like SGLang's /metrics (prometheus_client's exposition), a scrape is gzipped when the request's
+Accept-Encoding names gzip (httpx asks for it by default), so clients pay what they pay against the real
+server. Only two things are changed on the way out, on purpose and by name: ``model_name`` (label and
 ``served_model_name``) can be replaced by a test payload such as ``<script>alert(1)</script>``, and an
 ``api_key`` secret can be planted in the server info to prove it is redacted everywhere.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.exposition import gzip_accepted
 
 _MODEL_RE = re.compile(r'model_name="[^"]*"')
 
@@ -52,6 +57,9 @@ class SampleServer:
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)
+                if path == "/metrics" and gzip_accepted(self.headers.get("Accept-Encoding", "")):
+                    body = gzip.compress(body)  # what prometheus_client's exposition does
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

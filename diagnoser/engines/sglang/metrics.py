@@ -47,7 +47,7 @@ from diagnoser.model import SignalSink
 __all__ = [  # the name tables live in metric_names; re-exported for the other readers (fleet, tests)
     "CONFIG_GAUGES", "COUNTERS", "GAUGES", "HISTOGRAM_QUANTILES", "HISTOGRAMS", "LABEL_HINTS", "PID_SUMMED",
     "PREFILL_MODES", "PRERELEASE_NAMES", "SCHEDULER_PROBE", "TTFT_BUCKETS", "VERSION_HINTS", "WANTED",
-    "MetricsState", "Sample", "detect_version", "fast_samples", "has_sglang_family", "histogram_quantile",
+    "MetricsState", "Sample", "detect_version", "fast_samples", "fast_samples_regex", "has_sglang_family", "histogram_quantile",
     "foreign_exposition", "ingest_families", "ingest_samples", "ingest_text", "normalise", "rank_key", "samples_from_families",
     "version_from_labels", "window_quantile", "window_quantiles",
 ]
@@ -56,7 +56,9 @@ Sample = tuple[str, dict[str, str], float]  # (name without the sglang prefix, l
 
 @functools.cache
 def _fast_re() -> re.Pattern[str]:
-    """The one regex of the fast path (compiled on first use: log-only runs never pay for it)."""
+    """The grammar of a wanted sample line (compiled on first use: log-only runs never pay for it).
+    :func:`fast_samples` applies it to each new line shape; :func:`fast_samples_regex` runs it over the
+    whole text (the first fast path, kept as a reference in the tests)."""
     names = "|".join(sorted((re.escape(n) for n in WANTED), key=len, reverse=True))
     return re.compile(
         r'^sglang[:_](' + names + r')(?:\{((?:[^}"]|"(?:[^"\\\n]|\\.)*")*)\})?[ \t]+([^ \t\n]+)',
@@ -66,10 +68,20 @@ def _fast_re() -> re.Pattern[str]:
 
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE_RE = re.compile(r"\\(.)")
+_VALUE_RE = re.compile(r"[ \t]+([^ \t\n]+)")
+# label text (between the braces) → label dict, for the label sets of wanted lines seen so far. A server
+# repeats the same label sets every scrape, so the label regex runs once per series, not once per scrape.
+# The dicts are shared between scrapes and targets (read-only); the cache is cleared when it reaches the cap.
+_LABEL_CACHE: dict[str, dict[str, str]] = {}
+LABEL_CACHE_MAX = 50_000
 
 
 def _unescape(v: str) -> str:
     return _UNESCAPE_RE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+def _labels(lab: str) -> dict[str, str]:
+    return {k: (_unescape(v) if "\\" in v else v) for k, v in _LABEL_RE.findall(lab)}
 
 
 def normalise(name: str) -> str | None:
@@ -80,21 +92,70 @@ def normalise(name: str) -> str | None:
 
 
 def fast_samples(text: str) -> list[Sample]:
-    """The wanted samples of an exposition, read with one regex (no HELP/TYPE, no unmapped family)."""
+    """The wanted samples of an exposition (no HELP/TYPE, no unmapped family), line by line.
+
+    A line is read only when its name (after ``sglang:``/``sglang_``, up to ``{`` or a blank) is wanted.
+    Its label text is looked up among the label texts already read with the full line grammar
+    (:func:`_fast_re`); a new one (a new series, or an odd line) is read with that grammar, so every
+    sample is the grammar's. Label dicts are shared between scrapes: do not mutate them."""
     out: list[Sample] = []
     append = out.append
-    findall = _LABEL_RE.findall
-    for m in _fast_re().finditer(text):
+    wanted = WANTED
+    cache = _LABEL_CACHE
+    value_at = _VALUE_RE.match
+    line_re = _fast_re()
+    for line in text.split("\n"):
+        if not line.startswith("sglang"):
+            continue
+        b = line.find("{")
+        if b != -1:
+            name = line[7:b]
+        else:
+            parts = line[7:].split(None, 1)
+            name = parts[0] if parts else ""
+        if name not in wanted:
+            if b == -1 or (" " not in name and "\t" not in name):
+                continue  # not wanted, or a blank before "{" (then the grammar below decides)
+        elif b != -1 and line[6] in ":_":
+            e = line.rfind("}")
+            labels = cache.get(line[b + 1:e])
+            if labels is not None:  # a label text the grammar read before: only the value is new
+                v = value_at(line, e + 1)
+                if v is not None:
+                    try:
+                        append((name, labels, float(v.group(1))))
+                    except ValueError:
+                        pass
+                continue
+        m = line_re.match(line)
+        if m is None:
+            continue
         name, lab, val = m.groups()
         if lab:
-            labels = {k: (_unescape(v) if "\\" in v else v) for k, v in findall(lab)}
+            labels = _labels(lab)
+            if m.end(2) == line.rfind("}"):  # the label text runs to the last brace: cacheable
+                if len(cache) >= LABEL_CACHE_MAX:
+                    cache.clear()
+                cache[lab] = labels
         else:
             labels = {}
+        try:
+            append((name, labels, float(val)))
+        except ValueError:
+            pass
+    return out
+
+
+def fast_samples_regex(text: str) -> list[Sample]:
+    """The first fast path: the line grammar over the whole text (a reference for :func:`fast_samples`)."""
+    out: list[Sample] = []
+    for m in _fast_re().finditer(text):
+        name, lab, val = m.groups()
         try:
             value = float(val)
         except ValueError:
             continue
-        append((name, labels, value))
+        out.append((name, _labels(lab) if lab else {}, value))
     return out
 
 
