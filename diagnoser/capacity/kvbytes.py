@@ -15,7 +15,6 @@ prefers those and uses this formula only to extrapolate.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,8 @@ class ModelShape:
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
     """Read a config.json (or a model directory holding one)."""
+    import json  # only with --model-config: keeps json off the plain --once start-up path
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"

@@ -7,7 +7,6 @@ Exit codes: 0 = nothing at or above ``--fail-on`` (default warning); 1 = a findi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -194,6 +193,8 @@ def run_once(args: argparse.Namespace) -> int:
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)
     if args.format == "json":
+        import json  # imported here: the text report (the default) does not need it (start-up time)
+
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     else:
         from diagnoser.outputs.text import render
