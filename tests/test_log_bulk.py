@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,19 @@ def _reference(data: bytes) -> dict[str, Any]:
     return _state(tl, rd)
 
 
-def _bulk(data: bytes, chunk: int) -> tuple[dict[str, Any], int]:
+def _bulk(data: bytes, chunk: int, workers: int = 0) -> tuple[dict[str, Any], int]:
     tl = Timeline(target="t")
     rd = open_log_reader(ADAPTER, tl, "server.log")
-    rd.feed_stream(io.BytesIO(data), chunk=chunk, bulk_min=0)
+    rd.feed_stream(io.BytesIO(data), chunk=chunk, bulk_min=0, workers=workers)
     finish_report(ADAPTER, rd)
     return _state(tl, rd), rd.report.lines_recognized
 
 
-def _assert_same(data: bytes, chunk: int) -> dict[str, Any]:
+def _assert_same(data: bytes, chunk: int, workers: int = 0) -> dict[str, Any]:
     ref = _reference(data)
-    got, _ = _bulk(data, chunk)
+    got, _ = _bulk(data, chunk, workers)
     for key in ref:
-        assert got[key] == ref[key], f"bulk path differs from the reference parser in {key!r} (chunk={chunk})"
+        assert got[key] == ref[key], f"bulk path differs from the reference parser in {key!r} (chunk={chunk}, workers={workers})"
     return ref
 
 
@@ -99,6 +100,40 @@ def test_bulk_equals_reference_on_generated_log(generated: bytes, chunk: int) ->
     assert ref["status"]["200"] > 2000 and set(ref["status"]) >= {"200", "500"}
 
 
+@pytest.mark.parametrize("chunk", [65536, 5000])
+def test_parallel_workers_equal_reference_on_generated_log(generated: bytes, chunk: int) -> None:
+    """Chunks parsed in forked worker processes (each keeps its own shape memory) and applied in file
+    order give exactly the reference result too."""
+    ref = _assert_same(generated, chunk, workers=2)
+    assert ref["kinds"]["decode"] > 1000
+
+
+@pytest.mark.parametrize("path", _real_logs()[::4], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parallel_workers_equal_reference_on_real_logs(data_dir: Path, path: Path) -> None:
+    ref = _assert_same(path.read_bytes(), 4096, workers=2)
+    assert ref["report"]["lines_recognized"] > 0
+
+
+def test_parallel_is_chosen_only_for_big_regular_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from diagnoser.sources import logs as logsrc
+
+    monkeypatch.delenv("DIAGNOSER_LOG_WORKERS", raising=False)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+
+    small = tmp_path / "small.log"
+    small.write_bytes(b"x\n" * 10)
+    with open(small, "rb") as fh:
+        assert logsrc._auto_workers(fh) == 0
+    assert logsrc._auto_workers(io.BytesIO(b"x" * (logsrc.PARALLEL_MIN + 1))) == 0  # not a file
+    big = tmp_path / "big.log"
+    with open(big, "wb") as fh:
+        fh.truncate(logsrc.PARALLEL_MIN)
+    with open(big, "rb") as fh:
+        assert logsrc._auto_workers(fh) == (min(os.cpu_count() or 1, 4) if (os.cpu_count() or 1) >= 2 else 0)
+
+
 def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None:
     lines = generated.split(b"\n")[:4000]
     odd = [
@@ -119,8 +154,8 @@ def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None
         if i % 97 == 0:
             mixed.append(odd[(i // 97) % len(odd)])
     data = b"\n".join(mixed)  # no final newline: the last line is partial
-    for chunk in (1 << 23, 7777):
-        ref = _assert_same(data, chunk)
+    for chunk, workers in ((1 << 23, 0), (7777, 0), (7777, 2)):
+        ref = _assert_same(data, chunk, workers)
     assert ref["report"]["errors"] > 0  # junk was counted
     assert ref["clock"][2] > 0  # untimed lines were ordered by the clock
 

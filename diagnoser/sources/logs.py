@@ -8,7 +8,7 @@ import gc
 import io
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -81,9 +81,14 @@ class LogReader:
         for raw in lines:
             self.feed_bytes(raw)
 
-    def feed_stream(self, stream: Any, chunk: int = CHUNK, bulk_min: int = BULK_MIN) -> None:
+    def feed_stream(self, stream: Any, chunk: int = CHUNK, bulk_min: int = BULK_MIN, workers: int | None = None) -> None:
         """Read a whole stream in large chunks through the parser's bulk reader when it has one
-        (exactly the same result as :meth:`feed_lines`, several times faster)."""
+        (exactly the same result as :meth:`feed_lines`, several times faster).
+
+        ``workers``: processes that parse chunks in parallel (the reading process applies their results
+        in file order). ``None`` picks: one per CPU for a regular file of at least ``PARALLEL_MIN``
+        bytes read from a single-threaded process (fork is only safe there), else none.
+        """
         bulk_factory = getattr(self.parser, "bulk", None)
         if bulk_factory is None:
             self.feed_lines(stream)
@@ -92,46 +97,55 @@ class LogReader:
         if bulk_min > 0 and len(head) < bulk_min:  # the whole input is small: the line path starts faster
             self.feed_lines(io.BytesIO(head))
             return
+        if workers is None:
+            workers = _auto_workers(stream)
         stream = _Prepend(head, stream)
         bulk = bulk_factory()
         # the bulk reader makes millions of short-lived tuples; the cyclic GC would rescan them all
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            self._read_chunks(bulk, stream, chunk)
+            if workers > 0 and hasattr(bulk, "block_parser"):
+                self._read_parallel(bulk, stream, chunk, workers)
+            else:
+                for block in _blocks(stream, chunk):
+                    if block is None:
+                        self._count_junk_line()
+                    else:
+                        self._feed_block(bulk, block)
         finally:
             if gc_was_on:
                 gc.enable()
 
-    def _read_chunks(self, bulk: Any, stream: Any, chunk: int) -> None:
-        rest = b""
-        overlong = False  # inside a line already too long to keep: drop bytes up to its newline
-        while True:
-            data = stream.read(chunk)
-            if not data:
-                break
-            if overlong:
-                cut = data.find(b"\n")
-                if cut < 0:
-                    continue
-                self._count_junk_line()
-                overlong = False
-                data = data[cut + 1 :]
-            data = rest + data if rest else data
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                rest = data
-                if len(rest) > MAX_LINE:
-                    overlong, rest = True, b""
-                continue
-            rest = data[cut + 1 :]
-            self._feed_block(bulk, data[:cut])
-            if len(rest) > MAX_LINE:
-                overlong, rest = True, b""
-        if overlong:
+    def _read_parallel(self, bulk: Any, stream: Any, chunk: int, workers: int) -> None:
+        """Chunks parsed by a pool of forked workers (:meth:`BlockParser.parse` is a pure function of the
+        bytes), applied here in file order; at most two chunks per worker are in flight."""
+        import multiprocessing
+        from collections import deque
+
+        ctx = multiprocessing.get_context("fork")
+        pending: deque[tuple[bytes | None, Any]] = deque()
+        with ctx.Pool(workers, initializer=_worker_init) as pool:
+            for block in _blocks(stream, chunk):
+                pending.append((block, None if block is None else pool.apply_async(_worker_parse, (block,))))
+                while len(pending) > 2 * workers:
+                    self._apply_done(bulk, *pending.popleft())
+            while pending:
+                self._apply_done(bulk, *pending.popleft())
+
+    def _apply_done(self, bulk: Any, block: bytes | None, result: Any) -> None:
+        if block is None:
             self._count_junk_line()
-        elif rest:
-            self._feed_block(bulk, rest)
+            return
+        try:
+            parsed = result.get()
+        except Exception:  # a worker that died (memory, signal): parse this chunk here instead
+            parsed = bulk.block_parser.parse(block)
+        n = parsed["n"]
+        first = self.line_no + 1
+        self.line_no += n
+        self.report.lines_read += n
+        self.report.lines_recognized += bulk.apply(parsed, first, self.feed_raw)
 
     def _count_junk_line(self) -> None:
         self.line_no += 1
@@ -144,6 +158,77 @@ class LogReader:
         self.line_no += n
         self.report.lines_read += n
         self.report.lines_recognized += bulk.feed_block(block, first, self.feed_raw)
+
+
+PARALLEL_MIN = 64 * 1024 * 1024  # files at least this big are parsed by worker processes
+
+
+def _auto_workers(stream: Any) -> int:
+    import threading
+
+    env = os.environ.get("DIAGNOSER_LOG_WORKERS")
+    if env is not None and env.strip().isdigit():
+        return int(env)
+    cpus = os.cpu_count() or 1
+    if cpus < 2 or threading.active_count() > 1 or sys.platform == "win32":
+        return 0
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return 0
+    import stat
+
+    if not stat.S_ISREG(st.st_mode) or st.st_size < PARALLEL_MIN:
+        return 0
+    return min(cpus, 4)
+
+
+_WORKER: Any = None
+
+
+def _worker_init() -> None:
+    global _WORKER
+    from diagnoser.engines.sglang.logfast import BlockParser
+
+    gc.disable()
+    _WORKER = BlockParser()
+
+
+def _worker_parse(block: bytes) -> dict[str, Any]:
+    return _WORKER.parse(block)
+
+
+def _blocks(stream: Any, chunk: int) -> Iterator[bytes | None]:
+    """Whole lines, about ``chunk`` bytes at a time (no final newline); ``None`` for each line longer
+    than :data:`MAX_LINE`, which is dropped (counted as junk) without being held in memory."""
+    rest = b""
+    overlong = False  # inside a line already too long to keep: drop bytes up to its newline
+    while True:
+        data = stream.read(chunk)
+        if not data:
+            break
+        if overlong:
+            cut = data.find(b"\n")
+            if cut < 0:
+                continue
+            yield None
+            overlong = False
+            data = data[cut + 1 :]
+        data = rest + data if rest else data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            if len(rest) > MAX_LINE:
+                overlong, rest = True, b""
+            continue
+        rest = data[cut + 1 :]
+        yield data[:cut]
+        if len(rest) > MAX_LINE:
+            overlong, rest = True, b""
+    if overlong:
+        yield None
+    elif rest:
+        yield rest
 
 
 def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:

@@ -3,17 +3,28 @@
 :class:`~diagnoser.engines.sglang.logs.SGLangLogParser` is the reference: it reads one line at a time
 and knows every format, at several microseconds a line. This module reads the shapes that make up
 almost all of a busy log — current and older "Decode batch" / "Prefill batch" lines and uvicorn
-access lines behind a ``[date time(.ms)( tags)]`` prefix — with one compiled bytes regex per line (C),
-and turns whole columns of numbers into signals with C-level ``map``/``zip`` calls.
+access lines behind a ``[date time(.ms)( tags)]`` prefix (optionally behind a docker-compose or Ray
+prefix) — with ONE ``findall`` of one compiled bytes regex over a whole chunk (one tuple per line, so
+the tuple's index is the line's), then turns whole columns of numbers into signals with C-level
+``map``/``compress``/``itemgetter`` calls, per kind of line and per rank.
+
+The work is split in two so that it can run in worker processes (:mod:`diagnoser.sources.logs`):
+
+* :func:`parse_block` — a pure function of the chunk's bytes (no parser state): columns of points per
+  series as row numbers and values, the time of every row, counts, the lines the bulk regex did not
+  take, and the first row of each line *shape* the worker has not reported before;
+* :meth:`BulkReader.apply` — in the reading process, in chunk order: version hints for new shapes,
+  the reference parser on the other lines, merging, and the writes to the sink.
 
 Exactness (tests compare both paths on every real log and on generated logs):
 
 * a line the bulk regex does not take goes to the reference parser (``fallback``), unless it contains
   none of :data:`~diagnoser.engines.sglang.logs.TRIGGERS`, in which case the reference parser would
   return ``False`` without touching its state, so it is only counted;
-* the first line of every distinct *shape* (the line with its digits removed: kind, header form,
-  optional fields, rank tags, milliseconds) also goes to the reference parser, which applies its
-  version hints in file order. Hints only narrow the range, so a repeated shape adds nothing;
+* the first line of every distinct *shape* (kind, header form, optional fields, trailing comma, graph
+  label, rank tag names, milliseconds — everything the reference parser's version hints look at) also
+  goes to the reference parser, which applies its hints in file order. Hints only narrow the range, so
+  a repeated shape adds nothing;
 * points from reference lines and bulk points are merged per series in line order, and the parser's
   clock (``last_ts``) is set as if every line had been fed.
 """
@@ -25,66 +36,298 @@ import re
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logformats import TRIGGER_BYTES_RE, epoch_day
+from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, epoch_day
 
 if TYPE_CHECKING:
     from diagnoser.engines.sglang.logs import SGLangLogParser
 
-FAST_RE = re.compile(
+# Every repeat is bounded so that no line the bulk regex takes can reach the reader's 64 KiB junk limit.
+_PREFIX = (
+    rb"(?:[\w.-]{1,200}[ \t]{1,50}\|[ \t])?"  # docker compose "sglang-1  | " (no \s: it would cross lines)
+    rb"(?:\(SGLangEngine pid=\d{1,20}(?:, ip=[^)\n]{0,200})?\)[ \t]{1,50})?"  # Ray
     rb"\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,6}))?"
-    rb"(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\] (?:"
-    rb"(?P<dec>Decode) batch(?:\. |, | \[\d+\], )"
-    rb"#running-req: (?P<d_run>\d+), #token: (?P<d_tok>\d+), token usage: (?P<d_use>\d+\.\d+), "
-    rb"(?:accept len: (?P<d_alen>\d+\.\d+), )?(?:accept rate: (?P<d_arate>\d+\.\d+), )?"
-    rb"(?:(?:cuda|cpu|npu) graph: (?P<d_graph>True|False), )?"
-    rb"gen throughput \(token/s\): (?P<d_gen>\d+\.\d+), #queue-req: (?P<d_queue>\d+)(?:, ?)?"
-    rb"|(?P<pre>Prefill) batch(?:\. |, | \[\d+\], )"
-    rb"#new-seq: (?P<p_seq>\d+), #new-token: (?P<p_new>\d+), #cached-token: (?P<p_cached>\d+), "
-    rb"(?:cache hit rate: (?P<p_hit>\d+\.\d+)%, )?"
-    rb"token usage: (?P<p_use>\d+\.\d+), #running-req: (?P<p_run>\d+), #queue-req: (?P<p_queue>\d+)"
-    rb"(?:, #pending-token: (?P<p_pend>\d+))?(?:, (?:cuda|cpu|npu) graph: (?:True|False))?"
-    rb"(?:, input throughput \(token/s\): (?P<p_in>\d+\.\d+))?(?:, ?)?"
-    rb"|INFO: +[\w.:\[\]-]+:\d+ - \"(?P<method>[A-Z]+) (?P<path>[!-~]+) HTTP/[\d.]+\" (?P<status>\d{3})(?: [ -~]{0,400})?"
-    rb")"
+    rb"(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,9}){0,8})\] "
 )
-# one match per line of a block: the bulk shapes in "whole" (with their fields), any other line in "other"
-BLOCK_RE = re.compile(rb"^(?:(?P<whole>" + FAST_RE.pattern + rb")|(?P<other>.*))$", re.MULTILINE)
-# the same without DP/PP rank tags: when only a few lines carry them, those few go to the line parser
-# and the bulk columns need no cutting by rank
-_NO_RANK_TAGS = rb"(?P<tags>(?: (?:TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)"
-BLOCK_RE_ONE_RANK = re.compile(BLOCK_RE.pattern.replace(rb"(?P<tags>(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)", _NO_RANK_TAGS), re.MULTILINE)
-assert BLOCK_RE_ONE_RANK.pattern != BLOCK_RE.pattern and BLOCK_RE_ONE_RANK.groupindex == BLOCK_RE.groupindex
-_G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
+_N = rb"\d{1,30}"
+_F = rb"\d{1,30}\.\d{1,30}"
+_DECODE = (
+    rb"(?P<dec>Decode) batch(?:(?P<d_hdr>\. |, )| \[\d{1,30}\], )"
+    rb"#running-req: (?P<d_run>N), #token: (?P<d_tok>N), token usage: (?P<d_use>F), "
+    rb"(?:accept len: (?P<d_alen>F), )?(?:accept rate: (?P<d_arate>F), )?"
+    rb"(?:(?P<d_glab>cuda|cpu|npu) graph: (?P<d_graph>True|False), )?"
+    rb"gen throughput \(token/s\): (?P<d_gen>F), #queue-req: (?P<d_queue>N)(?P<d_trail>, ?)?"
+)
+_PREFILL = (
+    rb"(?P<pre>Prefill) batch(?:(?P<p_hdr>\. |, )| \[\d{1,30}\], )"
+    rb"#new-seq: (?P<p_seq>N), #new-token: (?P<p_new>N), #cached-token: (?P<p_cached>N), "
+    rb"(?:cache hit rate: (?P<p_hit>F)%, )?"
+    rb"token usage: (?P<p_use>F), #running-req: (?P<p_run>N), #queue-req: (?P<p_queue>N)"
+    rb"(?:, #pending-token: (?P<p_pend>N))?(?:, (?P<p_glab>cuda|cpu|npu) graph: (?:True|False))?"
+    rb"(?:, input throughput \(token/s\): (?P<p_in>F))?(?P<p_trail>, ?)?"
+)
+# the reference parser reads a line whose message has "Prefill batch"/"Decode batch" near its start as a
+# batch line even when it is an access line: the bulk pattern leaves such (odd) suffixes to it
+_ACCESS = (
+    rb"INFO: {1,50}[\w.:\[\]-]{1,200}:\d{1,9} - \"(?P<method>[A-Z]{1,20}) (?P<path>[!-~]{1,8000}) HTTP/[\d.]{1,10}\" (?P<status>\d{3})"
+    rb"(?: (?![ -~]*(?:Prefill|Decode) batch)[ -~]{0,400})?"
+)
 
-# (group, canonical signal, converter) per kind — the same mapping as the reference field tables
+
+def _numbers(p: bytes) -> bytes:
+    return p.replace(b">N)", b">" + _N + b")").replace(b">F)", b">" + _F + b")")
+
+
+FAST_RE = re.compile(_PREFIX + rb"(?:" + _numbers(_DECODE) + rb"|" + _numbers(_PREFILL) + rb"|" + _ACCESS + rb")")
+assert b">N)" not in FAST_RE.pattern and b">F)" not in FAST_RE.pattern
+# one match per line of a block: the bulk shapes fill their groups, any other line fills "other"
+BLOCK_RE = re.compile(rb"^(?:" + FAST_RE.pattern + rb"|(?P<other>.*))$", re.MULTILINE)
+_G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
+NGROUPS = BLOCK_RE.groups
+
 _FLOAT = float
-_BOOL = {b"True": 1.0, b"False": 0.0}.__getitem__
-DECODE_COLS: tuple[tuple[str, str, Callable[[bytes], float]], ...] = (
-    ("d_run", "running_reqs", _FLOAT),
-    ("d_tok", "used_tokens", _FLOAT),
-    ("d_use", "token_usage", _FLOAT),
-    ("d_alen", "spec_accept_len", _FLOAT),
-    ("d_arate", "spec_accept_rate", _FLOAT),
-    ("d_graph", "cuda_graph", _BOOL),
-    ("d_gen", "gen_throughput_tps", _FLOAT),
-    ("d_queue", "queue_reqs", _FLOAT),
+# (group, canonical signal, optional) per kind — the same mapping as the reference field tables
+DECODE_COLS: tuple[tuple[str, str, bool], ...] = (
+    ("d_run", "running_reqs", False),
+    ("d_tok", "used_tokens", False),
+    ("d_use", "token_usage", False),
+    ("d_alen", "spec_accept_len", True),
+    ("d_arate", "spec_accept_rate", True),
+    ("d_graph", "cuda_graph", True),
+    ("d_gen", "gen_throughput_tps", False),
+    ("d_queue", "queue_reqs", False),
 )
-PREFILL_COLS: tuple[tuple[str, str, Callable[[bytes], float]], ...] = (
-    ("p_seq", "prefill_new_seqs", _FLOAT),
-    ("p_new", "prefill_new_tokens", _FLOAT),
-    ("p_cached", "prefill_cached_tokens", _FLOAT),
-    ("p_hit", "cache_hit_rate", lambda b: float(b) / 100.0),
-    ("p_use", "token_usage", _FLOAT),
-    ("p_run", "running_reqs", _FLOAT),
-    ("p_queue", "queue_reqs", _FLOAT),
-    ("p_pend", "pending_tokens", _FLOAT),
-    ("p_in", "input_throughput_tps", _FLOAT),
+PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
+    ("p_seq", "prefill_new_seqs", False),
+    ("p_new", "prefill_new_tokens", False),
+    ("p_cached", "prefill_cached_tokens", False),
+    ("p_hit", "cache_hit_rate", True),
+    ("p_use", "token_usage", False),
+    ("p_run", "running_reqs", False),
+    ("p_queue", "queue_reqs", False),
+    ("p_pend", "pending_tokens", True),
+    ("p_in", "input_throughput_tps", True),
 )
-_DIGITS = b"0123456789"
+# what the reference parser's version hints look at, per kind (with the rank tag names and whether the
+# stamp has milliseconds): header form, trailing comma, graph label, which optional fields are present
+_DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate"))
+_PREFILL_SHAPE = (("p_hdr", "p_trail", "p_glab"), ("p_hit", "p_pend", "p_in"))
+_BOOL = {b"True": 1.0, b"False": 0.0}
+# groups with few distinct values (counts of requests, 2-decimal ratios): each converted once per value
+_FEW = frozenset({"d_run", "d_use", "d_alen", "d_arate", "d_queue", "p_seq", "p_hit", "p_use", "p_run", "p_queue"})
+
+
+def _pick(col: tuple[Any, ...], rows: list[int]) -> tuple[Any, ...]:
+    if len(rows) == 1:
+        return (col[rows[0]],)
+    return operator.itemgetter(*rows)(col) if rows else ()
+
+
+def _stamp(stamp: bytes) -> int:
+    """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
+    day = epoch_day(int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]))
+    return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
+
+
+class BlockParser:
+    """The pure half (see the module doc); one per process, it keeps only caches and the shapes it
+    has already reported."""
+
+    def __init__(self) -> None:
+        self.reported: set[tuple[Any, ...]] = set()
+        self._stamps: dict[bytes, float] = {b"": 0.0}
+        self._fracs: dict[bytes, float] = {b"": 0.0}
+        self._tags: dict[bytes, tuple[str, tuple[str, ...]]] = {}
+        self._floats: dict[bytes, float] = {}
+
+    def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
+        t = self._tags.get(tags)
+        if t is None:
+            from diagnoser.engines.sglang.logs import SGLangLogParser
+
+            text = tags.decode()
+            t = self._tags[tags] = (SGLangLogParser._rank(text)[0], tuple(k for k, _ in _TAG_RE.findall(text)))
+        return t
+
+    def _floats_of(self, raw: list[bytes], few: bool) -> list[float]:
+        """``float`` of each. Columns with few distinct values (counts, 2-decimal ratios) convert each
+        distinct value once and share the float objects."""
+        if not few:
+            return list(map(float, raw))
+        fc = self._floats
+        vals = list(map(fc.get, raw))
+        if None in vals:
+            if len(fc) > 200_000:
+                fc.clear()
+            for u in set(raw).difference(fc):
+                fc[u] = float(u)
+            vals = list(map(fc.__getitem__, raw))
+        return vals
+
+    def parse(self, block: bytes) -> dict[str, Any]:
+        """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); rows are 0-based."""
+        tuples = BLOCK_RE.findall(block)
+        n = len(tuples)
+        ig = operator.itemgetter
+
+        def full(g: str) -> list[Any]:  # one group for every row
+            return list(map(ig(_G[g]), tuples))
+
+        kinds_t: dict[str, tuple[list[int], list[tuple[bytes, ...]]]] = {}
+        for kind, g in (("decode", "dec"), ("prefill", "pre"), ("access", "status")):
+            marker = full(g)
+            if marker.count(b"") < n:
+                kinds_t[kind] = (list(compress(range(n), marker)), list(compress(tuples, marker)))
+        bulk_rows = sorted(r for rows, _ in kinds_t.values() for r in rows) if len(kinds_t) > 1 else next(iter(kinds_t.values()))[0] if kinds_t else []
+        out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows}
+
+        # the other lines: the ones the reference parser could recognise (or must check) go to it
+        refs: list[tuple[int, bytes]] = []
+        if len(bulk_rows) < n:
+            other = full("other")
+            trig = TRIGGER_BYTES_RE
+            for i in compress(range(n), other):
+                raw = other[i]
+                if trig.search(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
+                    refs.append((i, raw))
+        out["refs"] = refs
+        if not bulk_rows:
+            out.update(ts=[], series={}, kinds={}, status={}, paths={}, access_last=-1, shapes=[])
+            return out
+
+        def col(sub: list[tuple[bytes, ...]], g: str) -> list[Any]:  # one group for some rows
+            return list(map(ig(_G[g]), sub))
+
+        # time of every row (0.0 for the rows that are not bulk lines)
+        stamps = self._stamps
+        if len(stamps) > 100_000:
+            stamps.clear()
+            stamps[b""] = 0.0
+        stamp_col = full("stamp")
+        for u in set(stamp_col).difference(stamps):
+            stamps[u] = float(_stamp(u))  # int + 0.0, as the reference parser has it
+        ts = list(map(stamps.__getitem__, stamp_col))
+        del stamp_col
+        frac_all = full("frac")
+        if frac_all.count(b"") < n:
+            fr = self._fracs
+            for u in set(frac_all).difference(fr):
+                fr[u] = float("0." + u.decode())
+            ts = list(map(operator.add, ts, map(fr.__getitem__, frac_all)))
+        del frac_all
+        tag_info: dict[bytes, tuple[str, tuple[str, ...]]] = {}
+        per_kind: dict[str, tuple[list[Any], list[Any]]] = {}
+        for kind, (_rows, sub) in kinds_t.items():
+            tag_col = col(sub, "tags")
+            for t in set(tag_col).difference(tag_info):
+                tag_info[t] = self._tag(t)
+            per_kind[kind] = (tag_col, col(sub, "frac"))
+        out["ts"] = ts
+        one_rank = len({r for r, _ in tag_info.values()}) == 1
+        rank_of = {t: info[0] for t, info in tag_info.items()}
+        names_of = {t: info[1] for t, info in tag_info.items()}
+
+        series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        shapes: list[tuple[tuple[Any, ...], int]] = []
+        kinds: dict[str, int] = {}
+        for kind, table, shape_cols in (("decode", DECODE_COLS, _DECODE_SHAPE), ("prefill", PREFILL_COLS, _PREFILL_SHAPE)):
+            if kind not in kinds_t:
+                continue
+            rows, sub = kinds_t[kind]
+            tag_col, frac_col = per_kind[kind]
+            kinds[kind] = len(rows)
+            self._shapes(kind, rows, sub, shape_cols, names_of, tag_col, frac_col, shapes)
+            if one_rank:
+                groups = [(rank_of[tag_col[0]], rows, sub)]
+            else:  # several DP/PP ranks: cut the rows by rank once
+                rks = list(map(rank_of.__getitem__, tag_col))
+                groups = []
+                for rank in sorted(set(rks)):
+                    mask = list(map(operator.eq, rks, repeat(rank)))
+                    groups.append((rank, list(compress(rows, mask)), list(compress(sub, mask))))
+            for rank, rrows, rsub in groups:
+                for g, signal, optional in table:
+                    vals = col(rsub, g)
+                    if optional:
+                        if vals.count(b"") == len(vals):
+                            continue
+                        srows = list(compress(rrows, vals))
+                        vals = list(filter(None, vals))
+                    else:
+                        srows = rrows
+                    if g == "d_graph":
+                        fvals = list(map(_BOOL.__getitem__, vals))
+                    else:
+                        fvals = self._floats_of(vals, g in _FEW)
+                        if g == "p_hit":
+                            fvals = [v / 100.0 for v in fvals]
+                    key = (signal, rank)
+                    prev = series.get(key)
+                    if prev is None:
+                        series[key] = (srows, fvals)
+                    else:  # decode and prefill lines both give it: merge the two runs by row
+                        r2 = prev[0] + srows
+                        v2 = prev[1] + fvals
+                        perm = sorted(range(len(r2)), key=r2.__getitem__)
+                        series[key] = (list(map(r2.__getitem__, perm)), list(map(v2.__getitem__, perm)))
+        out["series"] = series
+
+        paths: dict[str, int] = {}
+        codes: dict[str, int] = {}
+        access_last = -1
+        if "access" in kinds_t:
+            rows, sub = kinds_t["access"]
+            tag_col, frac_col = per_kind["access"]
+            kinds["access"] = len(rows)
+            self._shapes("access", rows, sub, ((), ()), names_of, tag_col, frac_col, shapes)
+            for code, c in Counter(col(sub, "status")).items():
+                codes[code.decode()] = c
+            for (m, p), c in Counter(map(ig(_G["method"], _G["path"]), sub)).items():
+                k = f"{m.decode()} {p.decode()}"
+                paths[k] = paths.get(k, 0) + c
+            access_last = rows[-1]
+        out.update(kinds=kinds, status=codes, paths=paths, access_last=access_last)
+
+        # the text of the first line of each shape not reported before (for the reference's hints)
+        shapes.sort(key=operator.itemgetter(1))
+        if shapes:
+            lines = block.split(b"\n")
+            out["shapes"] = [(key, row, lines[row]) for key, row in shapes]
+        else:
+            out["shapes"] = []
+        return out
+
+    def _shapes(
+        self,
+        kind: str,
+        rows: list[int],
+        sub: list[tuple[bytes, ...]],
+        shape_cols: tuple[tuple[str, ...], tuple[str, ...]],
+        names_of: dict[bytes, tuple[str, ...]],
+        tag_col: list[bytes],
+        frac_col: list[bytes],
+        found: list[tuple[tuple[Any, ...], int]],
+    ) -> None:
+        """Append (shape, first row) for each shape of these rows this parser has not reported."""
+        text_cols, opt_cols = shape_cols
+        ig = operator.itemgetter
+        parts: list[list[Any]] = [list(map(ig(_G[g]), sub)) for g in text_cols]
+        parts += [list(map(bool, map(ig(_G[g]), sub))) for g in opt_cols]
+        parts.append(list(map(names_of.__getitem__, tag_col)))
+        parts.append(list(map(bool, frac_col)))
+        if all(p.count(p[0]) == len(p) for p in parts):  # one shape (the usual case)
+            first = {(kind, *(p[0] for p in parts)): rows[0]}
+        else:
+            first = {}
+            for k, r in zip(zip(repeat(kind), *parts), rows, strict=True):
+                if k not in first:
+                    first[k] = r
+        for k, r in first.items():
+            if k not in self.reported:
+                self.reported.add(k)
+                found.append((k, r))
 
 
 class _Recorder:
@@ -94,12 +337,10 @@ class _Recorder:
     def __init__(self, sink: Any) -> None:
         self.sink = sink
         self.cur = 0
-        self.seq = 0
-        self.points: dict[tuple[str, str], list[tuple[int, int, float, float, str]]] = {}
+        self.points: dict[tuple[str, str], list[tuple[int, float, float, str]]] = {}
 
     def add(self, signal: str, ts: float, value: float, source: str, rank: str = "") -> None:
-        self.seq += 1
-        self.points.setdefault((signal, rank), []).append((self.cur, self.seq, ts, float(value), source))
+        self.points.setdefault((signal, rank), []).append((self.cur, ts, float(value), source))
 
     def add_event(self, event: Any) -> None:
         self.sink.add_event(event)
@@ -126,16 +367,9 @@ class BulkReader:
 
     def __init__(self, parser: SGLangLogParser) -> None:
         self.parser = parser
-        self.shapes: set[bytes] = set()
-        self._stamps: dict[bytes, float] = {}
-        self._ranks: dict[bytes, str] = {}
-        self._floats: dict[bytes, float] = {}
+        self.block_parser = BlockParser()
+        self.shapes: set[tuple[Any, ...]] = set()
         self.bulk_lines = 0
-
-    def _stamp(self, stamp: bytes) -> int:
-        """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
-        day = epoch_day(int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]))
-        return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
 
     def feed_lines(self, lines: list[bytes], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
         """:meth:`feed_block` for a list of lines (no newlines)."""
@@ -149,67 +383,69 @@ class BulkReader:
         reference parser); it returns ``None`` when the line was skipped, else whether it was
         recognised. Returns the number of recognised lines.
         """
+        return self.apply(self.block_parser.parse(block), first_line_no, fallback)
+
+    def apply(self, parsed: dict[str, Any], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
+        """The stateful half: hints, reference lines, merge, sink writes (chunks in file order)."""
         parser = self.parser
-        # one C call: a tuple of groups per line; the bulk shapes fill "whole", every other line "other"
-        tagged = block.count(b" DP") + block.count(b" PP")
-        regex = BLOCK_RE_ONE_RANK if tagged * 20 < block.count(b"\n") + 1 else BLOCK_RE
-        tuples = regex.findall(block)
-        n = len(tuples)
-        cols = list(zip(*tuples, strict=True))
-        del tuples
-        whole, other = cols[_G["whole"]], cols[_G["other"]]
-        rows = list(compress(range(n), whole))
-        # lines for the reference parser: unmatched lines that it could recognise (or must check)
-        trig = TRIGGER_BYTES_RE
-        refs: list[int] = []
-        if len(rows) < n:
-            for i in compress(range(n), other):
-                raw = other[i]
-                if trig.search(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
-                    refs.append(i)
+        n = parsed["n"]
+        rows: list[int] = parsed["bulk_rows"]
+        ts: list[float] = parsed.get("ts", [])
         # the first line of each shape not seen before: the reference parser applies its hints
-        keys = list(map(bytes.translate, compress(whole, whole), repeat(None), repeat(_DIGITS)))
-        shapes = self.shapes
-        firsts = dict(zip(reversed(keys), reversed(rows), strict=True))  # last write wins: the first line
-        first = {k: pos for k, pos in firsts.items() if k not in shapes}
-        shapes.update(first)
-        hint_rows = set(first.values())
-        refs.extend(hint_rows)
-        refs.sort()
-        del keys
-        ts = self._times(cols, n)
+        hint_lines: dict[int, bytes] = {}
+        for key, row, raw in parsed.get("shapes", ()):
+            if key not in self.shapes:
+                self.shapes.add(key)
+                hint_lines[row] = raw
+        refs = parsed["refs"]
+        if hint_lines:
+            refs = sorted(refs + list(hint_lines.items()))
 
         # reference lines, in order, with the clock set as if the bulk lines had been fed
         recognized = len(rows)
         sink = parser.sink
         rec = _Recorder(sink)
-        parser.sink = rec
-        last_state = -1
-        try:
-            for L in refs:
-                b = bisect_left(rows, L) - 1
-                if b >= 0:
-                    parser.saw_date = True
-                    if rows[b] > last_state:
-                        parser.last_ts = ts[rows[b]]
-                rec.cur = L
-                if L in hint_rows:
-                    self._hints_only(whole[L], first_line_no + L)
-                    last_state = L
-                    continue
-                raw = other[L]
-                ok = fallback(raw, first_line_no + L)
-                if ok is not None and trig.search(raw):
-                    last_state = L
-                if ok:
-                    recognized += 1
-        finally:
-            parser.sink = sink
+        if refs:
+            trig = TRIGGER_BYTES_RE
+            parser.sink = rec
+            last_state = -1
+            try:
+                for L, raw in refs:
+                    b = bisect_left(rows, L) - 1
+                    if b >= 0:
+                        parser.saw_date = True
+                        if rows[b] > last_state:
+                            parser.last_ts = ts[rows[b]]
+                    rec.cur = L
+                    if L in hint_lines:
+                        self._hints_only(raw, first_line_no + L)
+                        last_state = L
+                        continue
+                    ok = fallback(raw, first_line_no + L)
+                    if ok is not None and trig.search(raw):
+                        last_state = L
+                    if ok:
+                        recognized += 1
+            finally:
+                parser.sink = sink
+        else:
+            last_state = -1
         if rows:
             parser.saw_date = True
             if rows[-1] > last_state:
                 parser.last_ts = ts[rows[-1]]
-        self._emit(cols, n, ts, first_line_no, rec)
+            for kind, c in parsed["kinds"].items():
+                parser.kinds[kind] += c
+            for code, c in parsed["status"].items():
+                parser.status_codes[code] += c
+            for path, c in parsed["paths"].items():
+                parser.access_paths[path] += c
+            last = parsed["access_last"]
+            if last >= 0:
+                line_no = first_line_no + last
+                if parser.access_last is None or parser.access_last[1] < line_no:
+                    parser.access_last = (ts[last], line_no)
+        self._emit(parsed["series"], n, ts, first_line_no, rec)
         self.bulk_lines += len(rows)
         return recognized
 
@@ -226,123 +462,33 @@ class BulkReader:
             p.sink = sink
             p.kinds, p.status_codes, p.access_paths, p.access_last, p.untimed_lines = saved
 
-    def _times(self, cols: list[tuple[Any, ...]], n: int) -> list[float]:
-        stamps = self._stamps
-        col = cols[_G["stamp"]]
-        for u in set(col).difference(stamps):
-            stamps[u] = float(self._stamp(u)) if u else 0.0  # int + 0.0, as the reference parser has it
-        base = list(map(stamps.__getitem__, col))
-        if len(stamps) > 100_000:
-            stamps.clear()
-        fr = cols[_G["frac"]]
-        if any(fr):
-            return [b + (float("0." + f.decode()) if f else 0.0) for b, f in zip(base, fr, strict=True)]
-        return base
-
-    def _rank_of(self, tags: bytes) -> str:
-        r = self._ranks.get(tags)
-        if r is None:
-            r = self._ranks[tags] = self.parser._rank(tags.decode())[0]
-        return r
-
-    def _signals(
-        self, todo: dict[tuple[str, str], Any], col: Callable[[int], tuple[Any, ...]], ts: list[float], srcs: list[str], pos: Any, rank: str
-    ) -> None:
-        """Each canonical signal's points over some rows (one rank), in row order."""
-        for signal, (gnames, conv) in SIGNAL_GROUPS.items():
-            gcols = [col(_G[g]) for g in gnames]
-            if len(gcols) == 1:
-                present: Any = gcols[0]
-                values: Any = filter(None, gcols[0])
-            else:  # decode and prefill rows both give it: one value per row, in row order
-                present = list(map(operator.or_, *(map(bool, c) for c in gcols)))
-                values = filter(None, chain.from_iterable(zip(*gcols, strict=True)))
-            if not any(present):
-                continue
-            if conv is _FLOAT:  # few distinct values (counts, 2-decimal ratios): convert each once
-                raw_p = list(values)
-                fc = self._floats
-                new_vals = set(raw_p).difference(fc)
-                if len(new_vals) < len(raw_p) // 2:
-                    for u in new_vals:
-                        fc[u] = float(u)
-                    vals_p = list(map(fc.__getitem__, raw_p))
-                    if len(fc) > 500_000:
-                        fc.clear()
-                else:
-                    vals_p = list(map(float, raw_p))
-            else:
-                vals_p = list(map(conv, values))
-            todo[(signal, rank)] = (list(compress(ts, present)), vals_p, list(compress(srcs, present)), partial(_positions, pos, present))
-
-    def _emit(self, cols: list[tuple[Any, ...]], n: int, ts: list[float], first_line_no: int, rec: _Recorder) -> None:
-        """Turn the bulk rows' columns into points, per series in line order (C-level maps), merge in
-        the reference lines' points, and write them to the sink."""
-        parser = self.parser
-        sink = parser.sink
-        todo: dict[tuple[str, str], tuple[list[float], list[float], list[str], Callable[[], list[int]]]] = {}
-        whole = cols[_G["whole"]]
-        if any(whole):
-            name = parser.source_name.replace("%", "%%")
-            srcs = list(map((name + ":%d").__mod__, range(first_line_no, first_line_no + n)))
-            tag_col = cols[_G["tags"]]
-            utags = set(compress(tag_col, whole))
-            ranks: list[str] | None = None
-            if len(utags) > 1:
-                by_tag = {t: self._rank_of(t) for t in set(tag_col)}
-                ranks = list(map(by_tag.__getitem__, tag_col))
-                if len({by_tag[t] for t in utags}) == 1:
-                    ranks = None
-            for kind, g in (("decode", "dec"), ("prefill", "pre")):
-                k = n - cols[_G[g]].count(b"")
-                if k:
-                    parser.kinds[kind] += k
-            if ranks is None:
-                self._signals(todo, cols.__getitem__, ts, srcs, range(n), self._rank_of(next(iter(utags))))
-            else:  # several DP/PP ranks: cut the columns by rank once, then read each rank's series
-                needed = {_G[g] for gnames, _ in SIGNAL_GROUPS.values() for g in gnames}
-                for r in set(compress(ranks, whole)):
-                    mask = list(map(operator.and_, map(operator.eq, ranks, repeat(r)), map(bool, whole)))
-                    sub = {gi: tuple(compress(cols[gi], mask)) for gi in needed}
-                    self._signals(todo, sub.__getitem__, list(compress(ts, mask)), list(compress(srcs, mask)), list(compress(range(n), mask)), r)
-            st = cols[_G["status"]]
-            n_access = n - st.count(b"")
-            if n_access:
-                parser.kinds["access"] += n_access
-                for code, c in Counter(filter(None, st)).items():
-                    parser.status_codes[code.decode()] += c
-                meth, path = cols[_G["method"]], cols[_G["path"]]
-                for (m, p), c in Counter(zip(filter(None, meth), filter(None, path), strict=True)).items():
-                    parser.access_paths[f"{m.decode()} {p.decode()}"] += c
-                last = n - 1
-                while not st[last]:
-                    last -= 1
-                line_no = first_line_no + last
-                if parser.access_last is None or parser.access_last[1] < line_no:
-                    parser.access_last = (ts[last], line_no)
-        # merge the reference lines' points in, per series, by line
-        for key in set(todo) | set(rec.points):
+    def _emit(self, series: dict[tuple[str, str], tuple[list[int], list[float]]], n: int, ts: list[float], first_line_no: int, rec: _Recorder) -> None:
+        """Write each series' points (bulk rows merged with the reference lines' points, in line order)."""
+        sink = self.parser.sink
+        srcs_all: list[str] = []
+        if series:
+            name = self.parser.source_name.replace("%", "%%")
+            srcs_all = list(map((name + ":%d").__mod__, range(first_line_no, first_line_no + n)))
+        for key in sorted(set(series) | set(rec.points)):
             signal, rank = key
-            mine = todo.get(key)
+            mine = series.get(key)
             theirs = rec.points.get(key)
             if mine is None:
                 assert theirs is not None
-                _extend(sink, signal, rank, [t[2] for t in theirs], [t[3] for t in theirs], [t[4] for t in theirs])
+                _extend(sink, signal, rank, [t[1] for t in theirs], [t[2] for t in theirs], [t[3] for t in theirs])
                 continue
-            t_, v_, s_, positions = mine
+            srows, vals = mine
+            t_ = list(_pick(ts, srows))
+            s_ = list(_pick(srcs_all, srows))
             if theirs:
-                # two runs sorted by line: a stable sort of the positions merges them in C
-                idx = positions() + [p[0] for p in theirs]
-                t_ += [p[2] for p in theirs]
-                v_ += [p[3] for p in theirs]
-                s_ += [p[4] for p in theirs]
+                # two runs sorted by line: a stable sort of the rows merges them in C
+                idx = srows + [p[0] for p in theirs]
+                t_ += [p[1] for p in theirs]
+                v_ = vals + [p[2] for p in theirs]
+                s_ += [p[3] for p in theirs]
                 perm = sorted(range(len(idx)), key=idx.__getitem__)
-                t_, v_, s_ = (list(map(x.__getitem__, perm)) for x in (t_, v_, s_))
-            _extend(sink, signal, rank, t_, v_, s_)
-
-
-def _positions(pos: Any, present: Any) -> list[int]:
-    return list(compress(pos, present))
+                t_, vals, s_ = (list(map(x.__getitem__, perm)) for x in (t_, v_, s_))
+            _extend(sink, signal, rank, t_, vals, s_)
 
 
 class _NullSink:
@@ -357,9 +503,3 @@ class _NullSink:
 
 
 _NULL_SINK = _NullSink()
-
-# canonical signal → (bulk regex groups that give it, converter); one group per kind at most
-SIGNAL_GROUPS: dict[str, tuple[tuple[str, ...], Callable[[bytes], float]]] = {}
-for _g, _sig, _conv in DECODE_COLS + PREFILL_COLS:
-    _prev = SIGNAL_GROUPS.get(_sig)
-    SIGNAL_GROUPS[_sig] = ((*_prev[0], _g) if _prev else (_g,), _conv)
