@@ -3,12 +3,15 @@ version detection) lives under this package. A second engine is another adapter 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang import config, flags, metrics
+from diagnoser.engines.sglang import config, flags
 from diagnoser.engines.sglang.logs import SGLangLogParser
 from diagnoser.engines.sglang.versions import VersionRange, parse_version
 from diagnoser.model import SignalSink
+
+if TYPE_CHECKING:
+    from diagnoser.engines.sglang import metrics
 
 NAME = "sglang"
 
@@ -39,28 +42,45 @@ class SGLangAdapter:
     def log_parser(self, sink: SignalSink, source_name: str) -> SGLangLogParser:
         return SGLangLogParser(sink, source_name)
 
+    # the metrics module is imported in each method that needs it: a --log run never scrapes (start-up time)
     def new_metrics_state(self) -> metrics.MetricsState:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.MetricsState()
 
     def ingest_families(self, families: Any, ts: float, sink: SignalSink, state: metrics.MetricsState, source: str) -> int:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.ingest_families(families, ts, sink, state, source)
 
     def is_engine_exposition(self, families: list[Any]) -> bool:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.has_sglang_family(families)
 
     def foreign_exposition(self, families: Any) -> str | None:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.foreign_exposition(families)
 
     def fast_samples(self, text: str) -> list[metrics.Sample]:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.fast_samples(text)
 
     def samples_from_families(self, families: Any) -> list[metrics.Sample]:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.samples_from_families(families)
 
     def ingest_samples(self, samples: list[metrics.Sample], ts: float, sink: SignalSink, state: metrics.MetricsState, source: str) -> int:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.ingest_samples(samples, ts, sink, state, source)
 
     def window_quantiles(self, state: metrics.MetricsState) -> dict[str, float]:
+        from diagnoser.engines.sglang import metrics
+
         return metrics.window_quantiles(state)
 
     def ingest_server_info(self, info: dict[str, Any], sink: SignalSink, source: str, version: VersionRange) -> None:
