@@ -191,7 +191,7 @@ class Timeline:
             if s is None:
                 s = self.series[(signal, rank)] = Series()
             s.ts.extend(ts)
-            s.values.extend(float(v) for v in values)
+            s.values.extend(map(float, values))  # map: no generator frame per point
             s.sources.extend(sources)
             return
         for t, v, src in zip(ts, values, sources, strict=True):
