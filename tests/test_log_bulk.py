@@ -114,6 +114,26 @@ def test_parallel_workers_equal_reference_on_real_logs(data_dir: Path, path: Pat
     assert ref["report"]["lines_recognized"] > 0
 
 
+def _fails(block: bytes) -> dict[str, Any]:
+    raise MemoryError("worker out of memory")
+
+
+def test_parallel_falls_back_to_reading_here(generated: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that fails on a chunk, or a pool that cannot start, costs speed, not results."""
+    import multiprocessing
+
+    from diagnoser.sources import logs as logsrc
+
+    monkeypatch.setattr(logsrc, "_worker_parse", _fails)  # forked workers inherit the patch
+    _assert_same(generated, 65536, workers=2)
+
+    def no_fork(method: str) -> Any:
+        raise OSError("fork is not available here")
+
+    monkeypatch.setattr(multiprocessing, "get_context", no_fork)
+    _assert_same(generated, 65536, workers=2)
+
+
 def test_parallel_is_chosen_only_for_big_regular_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 

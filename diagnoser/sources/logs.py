@@ -123,9 +123,17 @@ class LogReader:
         import multiprocessing
         from collections import deque
 
-        ctx = multiprocessing.get_context("fork")
         pending: deque[tuple[bytes | None, Any]] = deque()
-        with ctx.Pool(workers, initializer=_worker_init) as pool:
+        try:
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+        except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
+            for block in _blocks(stream, chunk):
+                if block is None:
+                    self._count_junk_line()
+                else:
+                    self._feed_block(bulk, block)
+            return
+        with pool:
             for block in _blocks(stream, chunk):
                 pending.append((block, None if block is None else pool.apply_async(_worker_parse, (block,))))
                 while len(pending) > 2 * workers:
@@ -138,8 +146,8 @@ class LogReader:
             self._count_junk_line()
             return
         try:
-            parsed = result.get()
-        except Exception:  # a worker that died (memory, signal): parse this chunk here instead
+            parsed = result.get(timeout=WORKER_TIMEOUT)
+        except Exception:  # a worker that failed or died (memory, signal): parse this chunk here instead
             parsed = bulk.block_parser.parse(block)
         n = parsed["n"]
         first = self.line_no + 1
@@ -161,6 +169,7 @@ class LogReader:
 
 
 PARALLEL_MIN = 64 * 1024 * 1024  # files at least this big are parsed by worker processes
+WORKER_TIMEOUT = 300.0  # a chunk takes seconds; past this its worker is presumed dead
 
 
 def _auto_workers(stream: Any) -> int:
