@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "kv-full-retract" / "server.log"
 # never needed by a one-engine --once --log pass (HTTP, web, exporter, TOML without --config, fleet maths)
 OFF_PATH = ("pandas", "httpx", "fastapi", "uvicorn", "prometheus_client", "jinja2", "tomllib", "statistics", "json",
-            "diagnoser.fleet", "diagnoser.sources.http", "diagnoser.web", "diagnoser.engines.sglang.metrics")
+            "diagnoser.fleet", "diagnoser.sources.http", "diagnoser.web", "diagnoser.engines.sglang.metrics",
+            "diagnoser.engines.sglang.logfast", "multiprocessing")  # a small log is read line by line
 
 
 def test_once_log_keeps_unneeded_modules_off_the_start_up_path(tmp_path: Path) -> None:
