@@ -8,6 +8,7 @@ per rule from a TOML file or the CLI.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -103,13 +104,19 @@ def fast_summary(values: list[float]) -> dict[str, Any]:
 def _np_summary(arr: Any) -> dict[str, Any]:
     import numpy as np
 
-    arr = arr[~np.isnan(arr)]
-    if not arr.size:
+    nan = np.isnan(arr)
+    if nan.any():
+        arr = arr[~nan]
+    n = int(arr.size)
+    if not n:
         return summarize([])
     srt = np.sort(arr)
-    p50, p95 = np_quantile(srt, 0.5), np_quantile(srt, 0.95)
-    return {"last": float(arr[-1]), "mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max()),
-            "p50": float(p50), "p95": float(p95), "n": int(arr.size)}
+    # ndarray.mean is this sum over n (same pairwise sum, same division); min and max are the sorted
+    # ends, except for a zero (the ends do not say which of 0.0 and -0.0 min()/max() would give)
+    lo, hi = float(srt[0]), float(srt[-1])
+    return {"last": float(arr[-1]), "mean": float(np.add.reduce(arr) / n),
+            "min": lo if lo else float(arr.min()), "max": hi if hi else float(arr.max()),
+            "p50": np_quantile(srt, 0.5), "p95": np_quantile(srt, 0.95), "n": n}
 
 
 def np_quantile(sorted_arr: Any, q: float) -> float:
@@ -216,7 +223,7 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
         if at in ("max", "min"):
 
             vals = _column(ctx, signal, rank, "values")
-            k = _arg_extreme(vals, at)
+            k = _arg_extreme(ctx, vals, at)
             if k is not None:
                 idx = k
         src = s.sources[idx]
@@ -275,8 +282,11 @@ def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | N
             import numpy as np
 
             ts, vs = raw_arrays(ctx, signal, rank)
-            ok = ~np.isnan(vs)
-            ctx.memo[key] = (ts, vs) if ok.all() else (ts[ok], vs[ok])
+            if _has_nan(ctx, vs):
+                ok = ~np.isnan(vs)
+                ctx.memo[key] = (ts[ok], vs[ok])
+            else:
+                ctx.memo[key] = (ts, vs)
     return ctx.memo[key]  # type: ignore[no-any-return]
 
 
@@ -303,21 +313,26 @@ def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max"
         return ""
 
     vals = _column(ctx, signal, rank, "values")
-    k = _arg_extreme(vals, at)
+    k = _arg_extreme(ctx, vals, at)
     return s.sources[-1] if k is None else s.sources[k]
 
 
-def _arg_extreme(vals: Any, at: str) -> int | None:
+def _arg_extreme(ctx: RuleContext, vals: Any, at: str) -> int | None:
     """numpy's nanargmax/nanargmin (the first extreme, NaNs skipped; None when all are NaN), without
-    their copy when there is no NaN."""
+    their copy when there is no NaN; memoised for the pass (several rules cite the same peak)."""
+    key = ("arg_extreme", id(vals), at)  # vals is a column array held by the memo for the whole pass
+    if key in ctx.memo:
+        return ctx.memo[key]  # type: ignore[no-any-return]
     import numpy as np
 
-    nan = np.isnan(vals)
-    if not nan.any():
-        return int(vals.argmax() if at == "max" else vals.argmin()) if len(vals) else None
-    if nan.all():
-        return None
-    return int(np.nanargmax(vals) if at == "max" else np.nanargmin(vals))
+    if not _has_nan(ctx, vals):
+        k = int(vals.argmax() if at == "max" else vals.argmin()) if len(vals) else None
+    elif np.isnan(vals).all():
+        k = None
+    else:
+        k = int(np.nanargmax(vals) if at == "max" else np.nanargmin(vals))
+    ctx.memo[key] = k
+    return k
 
 
 def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]:
@@ -344,33 +359,66 @@ def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
         if s is None:
             hit = np.zeros(0)
         elif name == "ts":
-            hit = to_array(s.ts)
-            same = ctx.memo.setdefault("ts_cols", {}).setdefault((len(hit), s.ts[0], s.ts[-1]), [])
-            for arr in same:  # comparing the arrays costs far less than comparing the lists of floats
-                if np.array_equal(arr, hit):
-                    hit = arr
-                    break
-            else:
-                same.append(hit)
+            hit = _shared_ts(ctx, s.ts)
         else:
             hit = to_array(getattr(s, name))
         ctx.memo[key] = hit
     return hit
 
 
-def to_array(values: list[float]) -> Any:
-    """A list of floats as a float64 numpy array, the same as ``np.fromiter(values, float)`` (tested on
-    the real windows) at about a third of its cost: ``struct.pack_into`` unboxes the floats in one C
-    loop straight into the array's buffer."""
+def _has_nan(ctx: RuleContext, arr: Any) -> bool:
+    """Whether a column array of the pass holds a NaN, checked once per array."""
+    key = ("has_nan", id(arr))  # the array lives in the memo for the whole pass, so its id is stable
+    hit = ctx.memo.get(key)
+    if hit is None:
+        import numpy as np
+
+        hit = ctx.memo[key] = bool(np.isnan(arr).any())
+    return hit  # type: ignore[no-any-return]
+
+
+def _shared_ts(ctx: RuleContext, col: list[float]) -> Any:
+    """A time column as an array, the same array object as an equal column already converted this pass.
+
+    Equality is exact either way; only the method is chosen by cost: lists whose floats are the same
+    objects (the bulk log reader and a scrape share one float per time stamp) compare at C speed by
+    identity, while lists of distinct floats compare faster as arrays."""
     import numpy as np
 
-    n = len(values)
-    out = np.empty(n, dtype=float)
+    same = ctx.memo.setdefault("ts_cols", {}).setdefault((len(col), col[0], col[-1]), [])
+    n = len(col)
+    probe = range(0, n, max(1, n // 8))
+    arr = None
+    for other, other_arr in same:
+        if all(other[i] is col[i] for i in probe):  # shared floats: compare the lists
+            if other == col:
+                return other_arr
+            continue
+        if arr is None:
+            arr = to_array(col)
+        if np.array_equal(other_arr, arr):
+            return other_arr
+    arr = to_array(col) if arr is None else arr
+    same.append((col, arr))
+    return arr
+
+
+def to_array(values: list[float]) -> Any:
+    """A list of floats as a float64 numpy array, the same as ``np.fromiter(values, float)`` bit for bit
+    (tested on the real windows) at about 40 % of its cost: ``struct`` unboxes the floats in one C loop
+    into a bytes object that numpy then uses without a copy. The array is read-only, as the pass's
+    columns are meant to be."""
+    import numpy as np
+
     try:
-        _struct.pack_into(f"{n}d", out, 0, *values)
+        return np.frombuffer(_packer(len(values)).pack(*values), dtype=float)
     except _struct.error:  # not all numbers: the library path says which
-        return np.fromiter(values, dtype=float, count=n)
-    return out
+        return np.fromiter(values, dtype=float, count=len(values))
+
+
+@functools.lru_cache(maxsize=64)
+def _packer(n: int) -> _struct.Struct:
+    return _struct.Struct(f"{n}d")
 
 
 def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
@@ -421,14 +469,15 @@ def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
         import numpy as np
 
         step = ts[1:] - ts[:-1] if len(ts) >= 2 else None
-        if step is None or bool((step > 0).all()):
+        rises = step > 0 if step is not None else None
+        if rises is None or bool(rises.all()):
             hit = ("increasing", None, None)
         elif bool((step >= 0).all()):
             last = np.empty(len(ts), dtype=bool)
-            last[:-1] = step > 0
+            last[:-1] = rises
             last[-1] = True
             run = np.zeros(len(ts), dtype=np.intp)
-            np.cumsum(step > 0, out=run[1:])
+            np.cumsum(rises, out=run[1:])
             hit = ("ordered", last, run)
         else:
             hit = ("unordered", None, None)
@@ -465,11 +514,10 @@ def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
         w = aligned(ctx, a, b, rank)
         s = ctx.series(a, rank)
         sources = s.sources if s is not None else []
-        ok = ~np.isnan(va) & ~np.isnan(w) if len(ta) else None
-        if ok is not None and ok.all():  # every point joined: the arrays themselves (read-only use)
-            hit = Pairs(ta, va, w, np.arange(len(ta)), sources)
+        if len(ta) and not _has_nan(ctx, va) and not np.isnan(w).any():
+            hit = Pairs(ta, va, w, np.arange(len(ta)), sources)  # every point joined: the arrays themselves (read-only use)
         else:
-            idx = np.nonzero(ok)[0] if ok is not None else np.zeros(0, dtype=int)
+            idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0] if len(ta) else np.zeros(0, dtype=int)
             hit = Pairs(ta[idx], va[idx], w[idx] if len(ta) else np.zeros(0), idx, sources)
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]

@@ -100,3 +100,27 @@ def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
             assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == want
     # the real windows exercise every path: series read on the same lines, log times repeating within a second
     assert paths.get("same-times", 0) >= 10 and paths.get("ordered", 0) >= 10, paths
+
+
+def test_np_summary_is_numpy_on_every_real_series(windows: list[Timeline]) -> None:
+    """The pass's summary (sum over n, sorted ends, quantiles on the sorted array) against numpy's
+    mean/min/max/percentile, to the last bit, on every real series and its busy (> 0) part."""
+    from diagnoser.rules.base import _np_summary
+
+    n = 0
+    for tl in windows:
+        for s in tl.series.values():
+            vals = np.fromiter(s.values, dtype=float, count=len(s))
+            for arr in (vals, vals[vals > 0]):
+                ok = arr[~np.isnan(arr)]
+                got = _np_summary(arr)
+                if not ok.size:
+                    assert got["n"] == 0
+                    continue
+                want = {"last": float(ok[-1]), "mean": float(ok.mean()), "min": float(ok.min()), "max": float(ok.max()),
+                        "p50": float(np.percentile(ok, 50)), "p95": float(np.percentile(ok, 95)), "n": int(ok.size)}
+                assert got == want, (tl.target, s.sources[0])
+                n += 1
+    assert n > 200
+    with_zero = np.array([0.0, -0.0, 3.0, math.nan] * 20)  # the sorted ends cannot tell 0.0 from -0.0
+    assert math.copysign(1, _np_summary(with_zero)["min"]) == math.copysign(1, float(with_zero[~np.isnan(with_zero)].min()))
