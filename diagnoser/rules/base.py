@@ -65,9 +65,15 @@ class RuleContext:
 
     def span(self) -> tuple[float | None, float | None]:
         """:meth:`Timeline.span`, computed once for the pass."""
-        if "span" not in self.memo:
-            self.memo["span"] = self.timeline.span()
-        return self.memo["span"]  # type: ignore[no-any-return]
+        hit = self.memo.get("span")
+        if hit is None:
+            # Timeline.span's sequential min/max over the same values in the same order, in C loops
+            tl = self.timeline
+            live = [s.ts for s in tl.series.values() if s.ts]
+            ets = [e.ts for e in tl.events]
+            firsts = [ts[0] for ts in live] + ets
+            hit = self.memo["span"] = (min(firsts), max([ts[-1] for ts in live] + ets)) if firsts else (None, None)
+        return hit  # type: ignore[no-any-return]
 
     def events_of(self, *kinds: str) -> list[Any]:
         """:meth:`Timeline.events_of`, memoised for the pass (callers must not mutate the list)."""
@@ -84,12 +90,17 @@ class RuleContext:
         return [e for e in self.timeline.events if e.kind in kinds]  # several kinds: keep their order
 
     def window_text(self) -> str:
-        start, end = self.span()
-        if start is None or end is None:
-            return ""
-        if self.timeline.untimed:
-            return "the lines read (no timestamps)"
-        return f"{end - start:.0f} s"
+        hit = self.memo.get("window_text")
+        if hit is None:
+            start, end = self.span()
+            if start is None or end is None:
+                hit = ""
+            elif self.timeline.untimed:
+                hit = "the lines read (no timestamps)"
+            else:
+                hit = f"{end - start:.0f} s"
+            self.memo["window_text"] = hit
+        return hit  # type: ignore[no-any-return]
 
 
 def fast_summary(values: list[float]) -> dict[str, Any]:

@@ -98,6 +98,7 @@ def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
             assert sa is not None
             want: list[Any] = [(t, v, w, src) for t, v, w, src in zip(sa.ts, sa.values, ref, sa.sources, strict=True) if v == v and w == w]
             assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == want
+        assert ctx.span() == tl.span() and ctx.window_text() == f"{tl.span()[1] - tl.span()[0]:.0f} s"  # type: ignore[operator]
     # the real windows exercise every path: series read on the same lines, log times repeating within a second
     assert paths.get("same-times", 0) >= 10 and paths.get("ordered", 0) >= 10, paths
 
