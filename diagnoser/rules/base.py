@@ -479,16 +479,15 @@ def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
     if hit is None:
         import numpy as np
 
-        step = ts[1:] - ts[:-1] if len(ts) >= 2 else None
-        rises = step > 0 if step is not None else None
-        if rises is None or bool(rises.all()):
+        # few numpy calls: on the short series of a small window their overhead is most of the cost
+        step = np.subtract(ts[1:], ts[:-1]) if len(ts) >= 2 else None
+        low = np.minimum.reduce(step) if step is not None else None  # NaN if any step is NaN
+        if low is None or low > 0:
             hit = ("increasing", None, None)
-        elif bool((step >= 0).all()):
-            last = np.empty(len(ts), dtype=bool)
-            last[:-1] = rises
-            last[-1] = True
-            run = np.zeros(len(ts), dtype=np.intp)
-            np.cumsum(rises, out=run[1:])
+        elif low >= 0:
+            rises = step > 0
+            last = np.concatenate((rises, (True,)))
+            run = np.concatenate(((0,), np.cumsum(rises, dtype=np.intp)))
             hit = ("ordered", last, run)
         else:
             hit = ("unordered", None, None)
