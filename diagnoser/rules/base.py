@@ -457,7 +457,7 @@ def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
             uniq, uval = ctx.memo[ukey]
             a_order, a_last, a_run = (order, last, run) if ta is tb else _time_runs(ctx, ta)
             if ta is tb and order == "increasing":  # read at the same moments (see _column): no search
-                ctx.memo[key] = vb.copy()
+                ctx.memo[key] = vb  # a read-only column (to_array), shared as the time column is
             elif ta is tb and order == "ordered":
                 ctx.memo[key] = uval[run]
             elif a_order == "ordered":  # search each distinct time of a once (log times repeat within a second)
