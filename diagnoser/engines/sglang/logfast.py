@@ -479,13 +479,24 @@ class BulkReader:
             t_ = list(_pick(ts, srows))
             s_ = list(_pick(srcs_all, srows))
             if theirs:
-                # two runs sorted by line: a stable sort of the rows merges them in C
-                idx = srows + [p[0] for p in theirs]
-                t_ += [p[1] for p in theirs]
-                v_ = vals + [p[2] for p in theirs]
-                s_ += [p[3] for p in theirs]
-                perm = sorted(range(len(idx)), key=idx.__getitem__)
-                t_, vals, s_ = (list(map(x.__getitem__, perm)) for x in (t_, v_, s_))
+                # the (few) reference points go between the bulk points by line: slices copied in C
+                t2: list[float] = []
+                v2: list[float] = []
+                s2: list[str] = []
+                lo = 0
+                for row, t, v, src in theirs:  # recorded in line order; no bulk row is a reference row
+                    cut = bisect_left(srows, row, lo)
+                    t2 += t_[lo:cut]
+                    v2 += vals[lo:cut]
+                    s2 += s_[lo:cut]
+                    t2.append(t)
+                    v2.append(v)
+                    s2.append(src)
+                    lo = cut
+                t2 += t_[lo:]
+                v2 += vals[lo:]
+                s2 += s_[lo:]
+                t_, vals, s_ = t2, v2, s2
             _extend(sink, signal, rank, t_, vals, s_)
 
 
