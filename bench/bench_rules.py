@@ -7,7 +7,12 @@ scrape through :meth:`MetricsTarget.ingest_text`, the log through the adapter's 
 catalogue runs over it with :func:`diagnoser.evaluate.evaluate`. Both are timed in the same run (median
 of several rounds) and printed side by side with their ratio.
 
-Run: ``.venv/bin/python bench/bench_rules.py`` (exits 1 if a rule pass is above 2 ms).
+Run: ``.venv/bin/python bench/bench_rules.py [--instructions]`` (exits 1 if a rule pass is above 2 ms).
+
+CPU time on a shared machine is noisy (other processes slow the caches and the SMT sibling), so
+``--instructions`` also counts the instructions of one rule pass per window under valgrind (callgrind,
+split at ``os.getppid()`` markers between the windows; the reading is outside the counted parts): a
+noise-free figure to compare two versions of the rules with.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,17 +70,56 @@ def cpu_ms(fn, reps: int) -> tuple[float, float]:  # type: ignore[no-untyped-def
     return min(rounds), statistics.median(rounds)
 
 
+def _scrapes(run: str) -> list[tuple[float, str]]:
+    files = sorted(glob.glob(os.path.join(run, "metrics", "*.prom")))
+    return [(float(re.search(r"_(\d+\.\d+)\.prom$", f).group(1)), Path(f).read_text()) for f in files]  # type: ignore[union-attr]
+
+
+def marked_passes(runs: list[str], reps: int) -> None:
+    """Under callgrind: each window's ``reps`` rule passes between two ``os.getppid()`` markers."""
+    tls = [read_window(r, _scrapes(r)) for r in runs]
+    for tl in tls:
+        evaluate([tl], ADAPTER)  # warm: imports and first-call caches of Python itself
+    for tl in tls:
+        os.getppid()
+        for _ in range(reps):
+            evaluate([tl], ADAPTER)
+    os.getppid()
+
+
+def instructions(reps: int = 5) -> list[float] | None:
+    """Instructions of one rule pass per window (callgrind), or None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if not valgrind:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        r = subprocess.run([valgrind, "--tool=callgrind", "--dump-before=os_getppid", f"--callgrind-out-file={out}",
+                            sys.executable, __file__, "--marked-passes", str(reps)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        totals = []
+        for part in sorted(glob.glob(out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1])):
+            with open(part) as fh:
+                totals.append(next(int(line.split()[1]) for line in fh if line.startswith(("totals:", "summary:"))))
+    # part k holds what ran before the k-th marker: part 1 is the start-up and the reading, then one per
+    # window (what runs after the last marker goes to the unnumbered file)
+    return [t / reps for t in totals[1:]] if len(totals) > 1 else None
+
+
 def main() -> int:
     runs = sorted(glob.glob(str(DATA / "sglang-cpu-real" / "*")))
     if not runs:
         print(f"no cpu-real runs under {DATA}; set DIAGNOSER_SHARED")
         return 2
+    if sys.argv[1:2] == ["--marked-passes"]:
+        marked_passes(runs, int(sys.argv[2]))
+        return 0
     print("CPU ms per call, best of 7 rounds (median in brackets)")
     print(f"{'run':28} {'scrapes':>7} {'log lines':>9} {'points':>7} {'read ms':>16} {'rules ms':>14} {'rules/read':>10} {'findings':>8}")
     worst = 0.0
     for run in runs:
-        files = sorted(glob.glob(os.path.join(run, "metrics", "*.prom")))
-        scrapes = [(float(re.search(r"_(\d+\.\d+)\.prom$", f).group(1)), Path(f).read_text()) for f in files]  # type: ignore[union-attr]
+        scrapes = _scrapes(run)
         lines = sum(1 for _ in open(os.path.join(run, "server.log"), "rb"))
         tl = read_window(run, scrapes)
         points = sum(len(s) for s in tl.series.values())
@@ -81,6 +128,12 @@ def main() -> int:
         n = len(evaluate([tl], ADAPTER).findings)
         worst = max(worst, rules_ms)
         print(f"{os.path.basename(run):28} {len(scrapes):>7} {lines:>9} {points:>7} {read_ms:>7.1f} ({read_med:>6.1f}) {rules_ms:>5.2f} ({rules_med:>5.2f}) {rules_ms / read_ms:>10.4f} {n:>8}")
+    if "--instructions" in sys.argv[1:]:
+        counts = instructions()
+        if counts is None or len(counts) != len(runs):
+            print("instructions: valgrind not found (or it failed); skipped")
+        else:
+            print("instructions per rule pass (callgrind): " + ", ".join(f"{os.path.basename(r)} {c / 1e6:.2f} M" for r, c in zip(runs, counts, strict=True)))
     ok = worst <= TARGET_MS
     print(f"worst rule pass {worst:.2f} ms (target <= {TARGET_MS} ms): {'OK' if ok else 'ABOVE TARGET'}")
     return 0 if ok else 1
