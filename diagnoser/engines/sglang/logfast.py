@@ -36,7 +36,7 @@ import re
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, epoch_day
@@ -191,7 +191,7 @@ class BlockParser:
                 kinds_t[kind] = (list(compress(range(n), marker)), dict(zip(names, zip(*map(ig(*(_G[g] for g in names)), sub), strict=True), strict=True)))
         del tuples
         if len(kinds_t) > 1:
-            bulk_rows = sorted(r for rows, _ in kinds_t.values() for r in rows)
+            bulk_rows = sorted(chain.from_iterable(rows for rows, _ in kinds_t.values()))
         else:
             bulk_rows = next(iter(kinds_t.values()))[0] if kinds_t else []
         out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows}
