@@ -57,7 +57,7 @@ Sample = tuple[str, dict[str, str], float]  # (name without the sglang prefix, l
 @functools.cache
 def _fast_re() -> re.Pattern[str]:
     """The grammar of a wanted sample line (compiled on first use: log-only runs never pay for it).
-    :func:`fast_samples` applies it to each new line shape; :func:`fast_samples_regex` runs it over the
+    :func:`fast_samples` reads each new label text with it; :func:`fast_samples_regex` runs it over the
     whole text (the first fast path, kept as a reference in the tests)."""
     names = "|".join(sorted((re.escape(n) for n in WANTED), key=len, reverse=True))
     return re.compile(
@@ -66,12 +66,38 @@ def _fast_re() -> re.Pattern[str]:
     )
 
 
+def _trie(words: Iterable[str]) -> str:
+    """A regex alternation of ``words`` factored by common prefixes (the regex engine tries the branches
+    of an alternation one by one; a trie tries one character per level)."""
+    root: dict[str, Any] = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if "" in node and alts:
+            alts.append("")
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")" if alts else ""
+
+    return emit(root)
+
+
+@functools.cache
+def _scan_re() -> re.Pattern[str]:
+    """Finds the wanted lines after a newline: a literal prefix (searched in C), the wanted names as a
+    trie, then loosely the label text (to the brace before the value) and the value."""
+    return re.compile(r"\nsglang[:_](" + _trie(WANTED) + r")(?:\{([^\n]*)\})?[ \t]+([^ \t\n]+)")
+
+
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE_RE = re.compile(r"\\(.)")
-_VALUE_RE = re.compile(r"[ \t]+([^ \t\n]+)")
-# label text (between the braces) → label dict, for the label sets of wanted lines seen so far. A server
-# repeats the same label sets every scrape, so the label regex runs once per series, not once per scrape.
-# The dicts are shared between scrapes and targets (read-only); the cache is cleared when it reaches the cap.
+# label text (between the braces) → label dict, for the label texts of wanted lines that the full grammar
+# has read. A server repeats the same label sets every scrape, so the grammar runs once per series, not
+# once per scrape. The dicts are shared between scrapes and targets (read-only); the cache is cleared
+# when it reaches the cap.
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
 LABEL_CACHE_MAX = 50_000
 
@@ -91,54 +117,48 @@ def normalise(name: str) -> str | None:
     return None
 
 
-def fast_samples(text: str) -> list[Sample]:
-    """The wanted samples of an exposition (no HELP/TYPE, no unmapped family), line by line.
+def _grammar_line(line: str, out: list[Sample]) -> None:
+    """Read one line with the full grammar; cache its label text when the grammar read it whole."""
+    m = _fast_re().match(line)
+    if m is None:
+        return
+    name, lab, val = m.groups()
+    if lab:
+        labels = _labels(lab)
+        if len(_LABEL_CACHE) >= LABEL_CACHE_MAX:
+            _LABEL_CACHE.clear()
+        _LABEL_CACHE[lab] = labels
+    else:
+        labels = {}
+    try:
+        out.append((name, labels, float(val)))
+    except ValueError:
+        pass
 
-    A line is read only when its name (after ``sglang:``/``sglang_``, up to ``{`` or a blank) is wanted.
-    Its label text is looked up among the label texts already read with the full line grammar
-    (:func:`_fast_re`); a new one (a new series, or an odd line) is read with that grammar, so every
-    sample is the grammar's. Label dicts are shared between scrapes: do not mutate them."""
+
+def fast_samples(text: str) -> list[Sample]:
+    """The wanted samples of an exposition (no HELP/TYPE, no unmapped family), equal to the full line
+    grammar (:func:`_fast_re`) sample for sample.
+
+    One regex (:func:`_scan_re`) finds the wanted lines; a line whose label text the grammar has read
+    before (it sits in the cache) needs nothing more: a valid label text has no unquoted brace, so the
+    grammar would end it at the same brace and read the same value. Any other line (a new series, an odd
+    line) is read with the grammar itself. Label dicts are shared between scrapes: do not mutate them."""
     out: list[Sample] = []
     append = out.append
-    wanted = WANTED
-    cache = _LABEL_CACHE
-    value_at = _VALUE_RE.match
-    line_re = _fast_re()
-    for line in text.split("\n"):
-        if not line.startswith("sglang"):
-            continue
-        b = line.find("{")
-        if b != -1:
-            name = line[7:b]
-        else:
-            parts = line[7:].split(None, 1)
-            name = parts[0] if parts else ""
-        if name not in wanted:
-            if b == -1 or (" " not in name and "\t" not in name):
-                continue  # not wanted, or a blank before "{" (then the grammar below decides)
-        elif b != -1 and line[6] in ":_":
-            e = line.rfind("}")
-            labels = cache.get(line[b + 1:e])
-            if labels is not None:  # a label text the grammar read before: only the value is new
-                v = value_at(line, e + 1)
-                if v is not None:
-                    try:
-                        append((name, labels, float(v.group(1))))
-                    except ValueError:
-                        pass
-                continue
-        m = line_re.match(line)
-        if m is None:
-            continue
+    get = _LABEL_CACHE.get
+    if text.startswith("sglang"):  # the first line has no newline before it
+        _grammar_line(text.split("\n", 1)[0], out)
+    for m in _scan_re().finditer(text):
         name, lab, val = m.groups()
-        if lab:
-            labels = _labels(lab)
-            if m.end(2) == line.rfind("}"):  # the label text runs to the last brace: cacheable
-                if len(cache) >= LABEL_CACHE_MAX:
-                    cache.clear()
-                cache[lab] = labels
+        if lab is None:
+            labels: dict[str, str] | None = {}
         else:
-            labels = {}
+            labels = get(lab)
+            if labels is None:
+                end = text.find("\n", m.end())
+                _grammar_line(text[m.start() + 1:end if end != -1 else len(text)], out)
+                continue
         try:
             append((name, labels, float(val)))
         except ValueError:
