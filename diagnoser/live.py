@@ -31,7 +31,7 @@ from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, evaluate
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
-from diagnoser.sources.http import DEFAULT_MAX_BYTES, fetch, make_client, make_target_client
+from diagnoser.sources.http import DEFAULT_MAX_BYTES, PlainTarget, fetch, make_client
 from diagnoser.sources.logs import LogFollower, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.sources.serverinfo import fetch_config
@@ -249,9 +249,9 @@ class LiveMonitor:
         logs = list(logs or [])
         for u in urls:
             mt = MetricsTarget(u, adapter)
-            # a pool per target (see sources/http.py); a client passed in (auth headers, a test transport)
-            # serves every target
-            own = make_target_client(timeout=timeout) if self._own_client else None
+            # a connection per target over http.client, httpx for https and redirects (see sources/http.py);
+            # a client passed in (auth headers, a test transport) serves every target
+            own = PlainTarget(timeout=timeout) if self._own_client else None
             self.targets.append(LiveTarget(mt.report.source, Timeline(target=mt.report.source), metrics=mt, client=own))
         for path in logs:
             if len(urls) == 1:

@@ -270,22 +270,26 @@ def test_serve_replay_plays_a_recorded_run(data_dir: Path, tmp_path: Path) -> No
 
 
 def test_each_target_polls_through_its_own_client(data_dir: Path) -> None:
-    """A pool per target (httpcore scans a whole pool per request); a client passed in serves all targets."""
+    """A connection per target (http.client for plain http; httpcore would scan a whole shared pool per
+    request); a client passed in serves all targets."""
     import httpx
+
+    from diagnoser.sources.http import PlainTarget
 
     with SampleServer(data_dir, "long-queue") as a, SampleServer(data_dir, "kv-full-retract") as b:
         m = LiveMonitor(ADAPTER, [a.url, b.url], [], interval=1.0, for_seconds=0)
         try:
             clients = [t.client for t in m.targets]
-            assert all(isinstance(c, httpx.Client) for c in clients) and clients[0] is not clients[1]
-            assert all(c.headers["accept-encoding"] == "identity" for c in clients)
+            assert all(isinstance(c, PlainTarget) for c in clients) and clients[0] is not clients[1]
+            assert all(c.headers["Accept-Encoding"] == "identity" for c in clients)
             for _ in range(2):
                 m.tick()
             assert [t.up for t in m.targets] == [True, True] and a.requests >= 2 and b.requests >= 2
             assert all(t.timeline.get("running_reqs") is not None for t in m.targets)
+            assert all(len(c._conns) == 1 for c in clients)  # one kept-alive connection each
         finally:
             m.close()
-        assert all(c.is_closed for c in clients)
+        assert all(c.fallback.is_closed and not c._conns for c in clients)
         shared = httpx.Client()
         m2 = LiveMonitor(ADAPTER, [a.url, b.url], [], interval=1.0, client=shared)
         try:
