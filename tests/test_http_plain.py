@@ -3,6 +3,7 @@ over real loopback servers: the same answers and the same one-sentence errors, c
 
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 import time
@@ -47,6 +48,7 @@ def server(data_dir: Path):  # type: ignore[no-untyped-def]
         "/moved": (302, "text/plain", b"", {"Location": "/metrics"}),
         "/slow": (200, "text/plain", b"late\n", {}),
         "/q?x=1": (200, "text/plain", b"query kept\n", {}),
+        "/gz": (200, "text/plain", gzip.compress(text), {"Content-Encoding": "gzip"}),
     }
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.handle_error = lambda *a: None  # type: ignore[method-assign]  # a client that cut its socket (the keep-alive test)
@@ -69,13 +71,13 @@ def both(url: str, max_bytes: int = 32 * 1024 * 1024, timeout: float = 5.0) -> t
         ref.close()
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/page", "/secret", "/boom", "/missing/metrics", "/moved", "/q?x=1"])
+@pytest.mark.parametrize("path", ["/metrics", "/page", "/secret", "/boom", "/missing/metrics", "/moved", "/q?x=1", "/gz"])
 def test_same_answer_as_httpx(server: tuple[str, bytes], path: str) -> None:
     base, text = server
     a, b = both(base + path)
     assert (a.ok, a.status, a.text, a.error, a.truncated) == (b.ok, b.status, b.text, b.error, b.truncated)
     assert a.content_type.split(";")[0] == b.content_type.split(";")[0]
-    if path in ("/metrics", "/moved"):
+    if path in ("/metrics", "/moved", "/gz"):  # /gz: gzipped although identity was asked for
         assert a.ok and a.text == text.decode()  # the redirect is followed (by the httpx fallback)
     if path == "/page":
         assert looks_like_html(a) and looks_like_html(b)

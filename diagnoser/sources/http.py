@@ -20,6 +20,7 @@ import http.client
 import ssl
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -220,6 +221,13 @@ class PlainTarget:
             if 300 <= resp.status < 400 and resp.getheader("location"):
                 conn.close()
                 return None  # a redirect: httpx follows it
+            enc = (resp.getheader("content-encoding") or "").strip().lower()
+            if enc in ("gzip", "deflate"):  # asked for identity, but a server may compress anyway
+                try:
+                    body = zlib.decompressobj(zlib.MAX_WBITS | 32).decompress(body, max_bytes + 1)
+                except zlib.error:
+                    conn.close()
+                    return Fetched(url, False, error=f"{shown} sent a {enc} body that does not decompress. Check the server or a proxy in between.")
             truncated = len(body) > max_bytes
             if truncated or resp.will_close:
                 conn.close()
