@@ -110,15 +110,36 @@ def _truthy(v: Any) -> bool:
     return bool(v)
 
 
+def _configured_pools(tl: Timeline) -> tuple[bool, int, int]:
+    """(DP attention on, DP size, independent KV pools) from the config: one pool per DP rank with DP
+    attention or --dp-size, each of ``max_total_tokens``."""
+    attn_dp = int(_num(tl.cfg("attn_dp_size")) or 0)
+    dp_attention = _truthy(tl.cfg("enable_dp_attention")) or attn_dp > 1
+    dp = int(attn_dp if attn_dp > 1 else (_num(tl.cfg("dp_size")) or 1))
+    return dp_attention, dp, max(1, dp if (dp_attention or dp > 1) else 1)
+
+
+def _reporting_dp_ranks(tl: Timeline) -> int:
+    """DP ranks that report separately in the input (``dp0``, ``dp1/pp1`` …): the highest index + 1 when
+    more than one does, else 0."""
+    ranks = {r.split("/")[0] for r in tl.ranks("running_reqs") if r.startswith("dp")}
+    idx = [int(r[2:]) for r in ranks if r[2:].isdigit()]
+    return max(idx) + 1 if len(ranks) > 1 and idx else 0
+
+
+def pool_count(tl: Timeline) -> int:
+    """Independent KV pools of ``max_total_tokens`` each (the pool size is per rank, while the aggregate
+    running/queued/used series sum the ranks): the configured DP, else the DP ranks seen reporting."""
+    configured = _configured_pools(tl)[2]
+    return configured if configured > 1 else max(1, _reporting_dp_ranks(tl))
+
+
 def pool_from_timeline(tl: Timeline, shape: ModelShape | None = None) -> PoolFacts:
     """Read the pool and the memory split from a target's config facts (engine numbers first)."""
     cfg, src = tl.cfg, tl.cfg_source
     p = PoolFacts(shape=shape)
     p.tp = int(_num(cfg("tp_size")) or 1)
-    attn_dp = int(_num(cfg("attn_dp_size")) or 0)
-    p.dp_attention = _truthy(cfg("enable_dp_attention")) or attn_dp > 1
-    p.dp = int(attn_dp if attn_dp > 1 else (_num(cfg("dp_size")) or 1))
-    p.pools = max(1, p.dp if (p.dp_attention or p.dp > 1) else 1)
+    p.dp_attention, p.dp, p.pools = _configured_pools(tl)
     p.kv_cache_dtype = str(cfg("kv_cache_dtype") or "auto")
     p.page_size = int(_num(cfg("page_size")) or 1)
     p.context_len = _int(cfg("context_len"))
@@ -147,9 +168,9 @@ def pool_from_timeline(tl: Timeline, shape: ModelShape | None = None) -> PoolFac
     if p.headroom_gib is None and _num(cfg("avail_mem_after_graph_gb")) is not None:
         p.headroom_gib = _num(cfg("avail_mem_after_graph_gb"))
         p.headroom_source = src("avail_mem_after_graph_gb")
-    dp_ranks = sorted({r.split("/")[0] for r in tl.ranks("running_reqs") if r.startswith("dp")})
-    if len(dp_ranks) > 1 and p.pools == 1:
-        p.dp = p.pools = max(int(r[2:]) for r in dp_ranks if r[2:].isdigit()) + 1
+    reporting = _reporting_dp_ranks(tl)
+    if reporting > 1 and p.pools == 1:
+        p.dp = p.pools = reporting
         p.notes.append(f"DP ranks up to DP{p.dp - 1} report separately in the input: {p.dp} pools assumed, one per rank")
     if p.pool_tokens is None:
         est = _pool_from_usage(tl, [r for r in tl.ranks("used_tokens") if r.startswith("dp")] or [""])

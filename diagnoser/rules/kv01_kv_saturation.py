@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnoser.capacity.pool import pool_count
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
@@ -109,17 +110,11 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
 
 
 def dp_ranks(ctx: RuleContext) -> int:
-    """How many DP ranks share the load: each has its own pool of ``max_total_tokens`` (the pool size is
-    per rank, while aggregate running/queued/used series sum the ranks). Counted from the per-rank
-    series, else from ``dp_size``/``attn_dp_size`` under DP."""
-    seen = max((len([r for r in ctx.timeline.ranks(sig) if r.startswith("dp") and "pp" not in r]) for sig in ("running_reqs", "used_tokens")), default=0)
-    if seen:
-        return seen
-    for name in ("attn_dp_size", "arg.attn_dp_size", "dp_size", "arg.dp_size"):
-        v = ctx.cfg(name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and v > 1:
-            return int(v)
-    return 1
+    """Independent pools of ``max_total_tokens`` (one per DP rank under DP), as the capacity model counts
+    them; memoised for the pass."""
+    if "pools" not in ctx.memo:
+        ctx.memo["pools"] = pool_count(ctx.timeline)
+    return ctx.memo["pools"]  # type: ignore[no-any-return]
 
 
 def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, float]:
