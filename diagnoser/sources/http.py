@@ -145,6 +145,10 @@ def _cannot_connect(shown: str, refused: bool) -> str:
     return f"Could not connect to {shown} ({reason}). Check that SGLang is running and that host and port are right."
 
 
+def _failed(shown: str, e: BaseException) -> str:
+    return f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server."
+
+
 class PlainTarget:
     """Scrapes one target over plain http with ``http.client`` and one kept-alive connection per host.
 
@@ -214,10 +218,10 @@ class PlainTarget:
                 conn.close()
                 if reused and attempt == 0:
                     continue  # the server closed the kept-alive socket meanwhile: once more on a new one
-                return Fetched(url, False, error=f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server.")
+                return Fetched(url, False, error=_failed(shown, e))
             except (http.client.HTTPException, OSError) as e:
                 conn.close()
-                return Fetched(url, False, error=f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server.")
+                return Fetched(url, False, error=_failed(shown, e))
             if 300 <= resp.status < 400 and resp.getheader("location"):
                 conn.close()
                 return None  # a redirect: httpx follows it
@@ -267,7 +271,7 @@ def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str =
     except httpx.UnsupportedProtocol:
         return Fetched(url, False, error=f"{shown} is not an http(s) URL. Pass something like http://127.0.0.1:30000.")
     except httpx.HTTPError as e:
-        return Fetched(url, False, error=f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server.")
+        return Fetched(url, False, error=_failed(shown, e))
     return _finish(url, status, body, ctype, elapsed, truncated, what)
 
 
