@@ -108,14 +108,17 @@ class LogReader:
             if workers > 0 and hasattr(bulk, "block_parser"):
                 self._read_parallel(bulk, stream, chunk, workers)
             else:
-                for block in _blocks(stream, chunk):
-                    if block is None:
-                        self._count_junk_line()
-                    else:
-                        self._feed_block(bulk, block)
+                self._read_serial(bulk, stream, chunk)
         finally:
             if gc_was_on:
                 gc.enable()
+
+    def _read_serial(self, bulk: Any, stream: Any, chunk: int) -> None:
+        for block in _blocks(stream, chunk):
+            if block is None:
+                self._count_junk_line()
+            else:
+                self._feed_block(bulk, block)
 
     def _read_parallel(self, bulk: Any, stream: Any, chunk: int, workers: int) -> None:
         """Chunks parsed by a pool of forked workers (:meth:`BlockParser.parse` is a pure function of the
@@ -127,11 +130,7 @@ class LogReader:
         try:
             pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
         except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
-            for block in _blocks(stream, chunk):
-                if block is None:
-                    self._count_junk_line()
-                else:
-                    self._feed_block(bulk, block)
+            self._read_serial(bulk, stream, chunk)
             return
         with pool:
             for block in _blocks(stream, chunk):
