@@ -67,12 +67,7 @@ class RuleContext:
         """:meth:`Timeline.span`, computed once for the pass."""
         hit = self.memo.get("span")
         if hit is None:
-            # Timeline.span's sequential min/max over the same values in the same order, in C loops
-            tl = self.timeline
-            live = [s.ts for s in tl.series.values() if s.ts]
-            ets = [e.ts for e in tl.events]
-            firsts = [ts[0] for ts in live] + ets
-            hit = self.memo["span"] = (min(firsts), max([ts[-1] for ts in live] + ets)) if firsts else (None, None)
+            hit = self.memo["span"] = self.timeline.span()
         return hit  # type: ignore[no-any-return]
 
     def events_of(self, *kinds: str) -> list[Any]:

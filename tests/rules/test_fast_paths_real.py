@@ -99,8 +99,22 @@ def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
             want: list[Any] = [(t, v, w, src) for t, v, w, src in zip(sa.ts, sa.values, ref, sa.sources, strict=True) if v == v and w == w]
             assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == want
         assert ctx.span() == tl.span() and ctx.window_text() == f"{tl.span()[1] - tl.span()[0]:.0f} s"  # type: ignore[operator]
+        assert tl.span() == _ref_span(tl)
     # the real windows exercise every path: series read on the same lines, log times repeating within a second
     assert paths.get("same-times", 0) >= 10 and paths.get("ordered", 0) >= 10, paths
+
+
+def _ref_span(tl: Timeline) -> tuple[float | None, float | None]:
+    """Timeline.span compared point by point, the reference for its built-in min/max version."""
+    start = end = None
+    for s in tl.series.values():
+        if s.ts:
+            start = s.ts[0] if start is None else min(start, s.ts[0])
+            end = s.ts[-1] if end is None else max(end, s.ts[-1])
+    for e in tl.events:
+        start = e.ts if start is None else min(start, e.ts)
+        end = e.ts if end is None else max(end, e.ts)
+    return start, end
 
 
 def test_np_summary_is_numpy_on_every_real_series(windows: list[Timeline]) -> None:
