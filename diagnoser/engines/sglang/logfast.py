@@ -10,7 +10,7 @@ the tuple's index is the line's), then turns whole columns of numbers into signa
 
 The work is split in two so that it can run in worker processes (:mod:`diagnoser.sources.logs`):
 
-* :func:`parse_block` — a pure function of the chunk's bytes (no parser state): columns of points per
+* :meth:`BlockParser.parse` — a pure function of the chunk's bytes (no parser state): columns of points per
   series as row numbers and values, the time of every row, counts, the lines the bulk regex did not
   take, and the first row of each line *shape* the worker has not reported before;
 * :meth:`BulkReader.apply` — in the reading process, in chunk order: version hints for new shapes,
