@@ -99,6 +99,7 @@ class LogReader:
             return
         if workers is None:
             workers = _auto_workers(stream)
+        start = _offset(stream, len(head)) if workers > 0 else None
         stream = _Prepend(head, stream)
         bulk = bulk_factory()
         # the bulk reader makes millions of short-lived tuples; the cyclic GC would rescan them all
@@ -106,7 +107,7 @@ class LogReader:
         gc.disable()
         try:
             if workers > 0 and hasattr(bulk, "block_parser"):
-                self._read_parallel(bulk, stream, chunk, workers)
+                self._read_parallel(bulk, stream, chunk, workers, start)
             else:
                 self._read_serial(bulk, stream, chunk)
         finally:
@@ -120,33 +121,55 @@ class LogReader:
             else:
                 self._feed_block(bulk, block)
 
-    def _read_parallel(self, bulk: Any, stream: Any, chunk: int, workers: int) -> None:
+    def _read_parallel(self, bulk: Any, stream: Any, chunk: int, workers: int, start: int | None = None) -> None:
         """Chunks parsed by a pool of forked workers (:meth:`BlockParser.parse` is a pure function of the
-        bytes), applied here in file order; at most two chunks per worker are in flight."""
+        bytes), applied here in file order; at most two chunks per worker are in flight.
+
+        A regular file is memory-mapped before the workers start, so each worker reads its own chunk
+        from the mapping (``start`` is where the unread part begins); only the results travel
+        between processes. Any other stream is read here and its chunks are sent to the workers.
+        """
         import multiprocessing
         from collections import deque
 
-        pending: deque[tuple[bytes | None, Any]] = deque()
+        global _MAP
+        mapped = _map(stream.stream) if start is not None else None
+        if mapped is not None:
+            _MAP = mapped
+            jobs: Iterator[Any] = _ranges(mapped, start or 0, len(mapped), chunk)
+        else:
+            jobs = _blocks(stream, chunk)
+        pending: deque[tuple[Any, Any]] = deque()
         try:
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
-        except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
-            self._read_serial(bulk, stream, chunk)
-            return
-        with pool:
-            for block in _blocks(stream, chunk):
-                pending.append((block, None if block is None else pool.apply_async(_worker_parse, (block,))))
-                while len(pending) > 2 * workers:
+            try:
+                pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+            except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
+                for job in jobs:
+                    self._apply_done(bulk, job, None)
+                return
+            with pool:
+                for job in jobs:
+                    fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
+                    pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
+                    while len(pending) > 2 * workers:
+                        self._apply_done(bulk, *pending.popleft())
+                while pending:
                     self._apply_done(bulk, *pending.popleft())
-            while pending:
-                self._apply_done(bulk, *pending.popleft())
+        finally:
+            if mapped is not None:
+                _MAP = None
+                mapped.close()
 
-    def _apply_done(self, bulk: Any, block: bytes | None, result: Any) -> None:
-        if block is None:
+    def _apply_done(self, bulk: Any, job: bytes | tuple[int, int] | None, result: Any) -> None:
+        if job is None:
             self._count_junk_line()
             return
         try:
+            if result is None:
+                raise LookupError("no worker")
             parsed = result.get(timeout=WORKER_TIMEOUT)
-        except Exception:  # a worker that failed or died (memory, signal): parse this chunk here instead
+        except Exception:  # no pool, or a worker that failed or died (memory, signal): parse this chunk here
+            block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
             parsed = bulk.block_parser.parse(block)
         n = parsed["n"]
         first = self.line_no + 1
@@ -192,6 +215,7 @@ def _auto_workers(stream: Any) -> int:
 
 
 _WORKER: Any = None
+_MAP: Any = None  # the memory-mapped file being read in parallel (inherited by the forked workers)
 
 
 def _worker_init() -> None:
@@ -204,6 +228,28 @@ def _worker_init() -> None:
 
 def _worker_parse(block: bytes) -> dict[str, Any]:
     return _WORKER.parse(block)
+
+
+def _worker_parse_range(job: tuple[int, int]) -> dict[str, Any]:
+    return _WORKER.parse(_MAP[job[0] : job[1]])
+
+
+def _offset(stream: Any, already: int) -> int | None:
+    """Where in the file the unread part begins (``already`` bytes were read ahead), or None."""
+    try:
+        return int(stream.tell()) - already
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def _map(stream: Any) -> Any:
+    """A read-only memory map of a regular file, or None (not a file, empty, or mmap refused)."""
+    import mmap
+
+    try:
+        return mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
 
 
 def _blocks(stream: Any, chunk: int) -> Iterator[bytes | None]:
@@ -237,6 +283,25 @@ def _blocks(stream: Any, chunk: int) -> Iterator[bytes | None]:
         yield None
     elif rest:
         yield rest
+
+
+def _ranges(mm: Any, pos: int, end: int, chunk: int) -> Iterator[tuple[int, int] | None]:
+    """:func:`_blocks` over a memory map: (start, end) of whole lines, about ``chunk`` bytes at a time
+    (no final newline), and ``None`` for each line of :data:`MAX_LINE` bytes or more that does not
+    fit in a chunk (junk either way, never copied)."""
+    while pos < end:
+        if end - pos <= chunk:
+            yield (pos, end - 1 if mm[end - 1] == 10 else end)
+            return
+        cut = mm.rfind(b"\n", pos, pos + chunk)
+        if cut < 0:  # the first line is longer than a chunk
+            nl = mm.find(b"\n", pos + chunk, end)
+            stop = end if nl < 0 else nl
+            yield None if stop - pos >= MAX_LINE else (pos, stop)
+            pos = stop + 1
+            continue
+        yield (pos, cut)
+        pos = cut + 1
 
 
 def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import operator
 import re
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
 from itertools import chain, compress, repeat
@@ -58,7 +57,9 @@ _N = rb"\d{1,30}"
 _F = rb"\d{1,30}\.\d{1,30}"
 _DECODE = (
     rb"(?P<dec>Decode) batch(?:(?P<d_hdr>\. |, )| \[\d{1,30}\], )"
-    rb"#running-req: (?P<d_run>N), #token: (?P<d_tok>N), token usage: (?P<d_use>F), "
+    rb"#running-req: (?P<d_run>N), (?:#token: (?P<d_tok>N), token usage: (?P<d_use>F)|"
+    # hybrid SWA models (0.4.10+): a full and a sliding-window pool; token usage is the larger (§2.1)
+    rb"#full token: (?P<d_ftok>N), full token usage: (?P<d_fuse>F), #swa token: \d{1,30}, swa token usage: (?P<d_suse>F)), "
     rb"(?:accept len: (?P<d_alen>F), |)(?:accept rate: (?P<d_arate>F), |)"
     rb"(?:(?P<d_glab>cuda|cpu|npu) graph: (?P<d_graph>True|False), |)"
     rb"gen throughput \(token/s\): (?P<d_gen>F), #queue-req: (?P<d_queue>N)(?P<d_trail>, |,|)"
@@ -94,8 +95,11 @@ _FLOAT = float
 # (group, canonical signal, optional) per kind — the same mapping as the reference field tables
 DECODE_COLS: tuple[tuple[str, str, bool], ...] = (
     ("d_run", "running_reqs", False),
-    ("d_tok", "used_tokens", False),
-    ("d_use", "token_usage", False),
+    ("d_tok", "used_tokens", True),
+    ("d_ftok", "used_tokens", True),
+    ("d_use", "token_usage", True),
+    ("d_fuse", "full_token_usage", True),
+    ("d_suse", "swa_token_usage", True),
     ("d_alen", "spec_accept_len", True),
     ("d_arate", "spec_accept_rate", True),
     ("d_graph", "cuda_graph", True),
@@ -115,7 +119,7 @@ PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
 )
 # what the reference parser's version hints look at, per kind (with the rank tag names and whether the
 # stamp has milliseconds): header form, trailing comma, graph label, which optional fields are present
-_DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate"))
+_DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate", "d_fuse"))
 _PREFILL_SHAPE = (("p_hdr", "p_trail", "p_glab"), ("p_hit", "p_pend", "p_in"))
 _BOOL = {b"True": 1.0, b"False": 0.0}
 # the groups read from every row, and per kind of line (one pass over the rows each)
@@ -126,19 +130,26 @@ _KIND_GROUPS: dict[str, tuple[str, ...]] = {
     "access": ("status", "method", "path", "tags", "frac"),
 }
 # groups with few distinct values (counts of requests, 2-decimal ratios): each converted once per value
-_FEW = frozenset({"d_run", "d_use", "d_alen", "d_arate", "d_queue", "p_seq", "p_hit", "p_use", "p_run", "p_queue"})
-
-
-def _pick(col: tuple[Any, ...], rows: list[int]) -> tuple[Any, ...]:
-    if len(rows) == 1:
-        return (col[rows[0]],)
-    return operator.itemgetter(*rows)(col) if rows else ()
+_FEW = frozenset({"d_run", "d_use", "d_fuse", "d_suse", "d_alen", "d_arate", "d_queue", "p_seq", "p_hit", "p_use", "p_run", "p_queue"})
 
 
 def _stamp(stamp: bytes) -> int:
     """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
     day = epoch_day(int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]))
     return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
+
+
+def _add_run(series: dict[tuple[str, str], tuple[list[int], list[float]]], key: tuple[str, str], rows: list[int], vals: list[float]) -> None:
+    """Add points to a series of the block; a second run (decode and prefill lines both give it, or
+    two fields do) is merged with the first by row."""
+    prev = series.get(key)
+    if prev is None:
+        series[key] = (rows, vals)
+        return
+    r2 = prev[0] + rows
+    v2 = prev[1] + vals
+    perm = sorted(range(len(r2)), key=r2.__getitem__)
+    series[key] = (list(map(r2.__getitem__, perm)), list(map(v2.__getitem__, perm)))
 
 
 class BlockParser:
@@ -177,7 +188,15 @@ class BlockParser:
         return vals
 
     def parse(self, block: bytes) -> dict[str, Any]:
-        """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); rows are 0-based."""
+        """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); rows are 0-based.
+        Through the compiled scanner when it is built (:mod:`diagnoser.engines.sglang.logscan`), else
+        through :meth:`parse_re`; both give the same points."""
+        if SCAN is not None:
+            return SCAN.parse(self, block)
+        return self.parse_re(block)
+
+    def parse_re(self, block: bytes) -> dict[str, Any]:
+        """:meth:`parse` with the bulk regex alone (the reference for the compiled scanner)."""
         tuples = BLOCK_RE.findall(block)
         n = len(tuples)
         ig = operator.itemgetter
@@ -265,15 +284,10 @@ class BlockParser:
                         fvals = self._floats_of(vals, g in _FEW)
                         if g == "p_hit":
                             fvals = [v / 100.0 for v in fvals]
-                    key = (signal, rank)
-                    prev = series.get(key)
-                    if prev is None:
-                        series[key] = (srows, fvals)
-                    else:  # decode and prefill lines both give it: merge the two runs by row
-                        r2 = prev[0] + srows
-                        v2 = prev[1] + fvals
-                        perm = sorted(range(len(r2)), key=r2.__getitem__)
-                        series[key] = (list(map(r2.__getitem__, perm)), list(map(v2.__getitem__, perm)))
+                    _add_run(series, (signal, rank), srows, fvals)
+                    if g == "d_suse":  # hybrid lines: token_usage is the larger of the two pools' usage
+                        full = self._floats_of(list(filter(None, rc["d_fuse"])), True)
+                        _add_run(series, ("token_usage", rank), srows, list(map(max, full, fvals)))
         out["series"] = series
 
         paths: dict[str, int] = {}
@@ -385,10 +399,11 @@ class BulkReader:
 
     def apply(self, parsed: dict[str, Any], first_line_no: int, fallback: Callable[[bytes, int], bool | None]) -> int:
         """The stateful half: hints, reference lines, merge, sink writes (chunks in file order)."""
+        import numpy as np
+
         parser = self.parser
-        n = parsed["n"]
-        rows: list[int] = parsed["bulk_rows"]
-        ts: list[float] = parsed.get("ts", [])
+        rows = np.asarray(parsed["bulk_rows"], dtype=np.int64)
+        ts = np.asarray(parsed.get("ts", ()), dtype=np.float64)
         # the first line of each shape not seen before: the reference parser applies its hints
         hint_lines: dict[int, bytes] = {}
         for key, row, raw in parsed.get("shapes", ()):
@@ -403,17 +418,17 @@ class BulkReader:
         recognized = len(rows)
         sink = parser.sink
         rec = _Recorder(sink)
+        last_state = -1
         if refs:
             trig = TRIGGER_BYTES_RE
+            before = np.searchsorted(rows, np.fromiter((L for L, _ in refs), dtype=np.int64, count=len(refs))) - 1
             parser.sink = rec
-            last_state = -1
             try:
-                for L, raw in refs:
-                    b = bisect_left(rows, L) - 1
+                for (L, raw), b in zip(refs, before.tolist(), strict=True):
                     if b >= 0:
                         parser.saw_date = True
                         if rows[b] > last_state:
-                            parser.last_ts = ts[rows[b]]
+                            parser.last_ts = float(ts[rows[b]])
                     rec.cur = L
                     if L in hint_lines:
                         self._hints_only(raw, first_line_no + L)
@@ -426,12 +441,10 @@ class BulkReader:
                         recognized += 1
             finally:
                 parser.sink = sink
-        else:
-            last_state = -1
-        if rows:
+        if len(rows):
             parser.saw_date = True
             if rows[-1] > last_state:
-                parser.last_ts = ts[rows[-1]]
+                parser.last_ts = float(ts[rows[-1]])
             for kind, c in parsed["kinds"].items():
                 parser.kinds[kind] += c
             for code, c in parsed["status"].items():
@@ -442,8 +455,8 @@ class BulkReader:
             if last >= 0:
                 line_no = first_line_no + last
                 if parser.access_last is None or parser.access_last[1] < line_no:
-                    parser.access_last = (ts[last], line_no)
-        self._emit(parsed["series"], n, ts, first_line_no, rec)
+                    parser.access_last = (float(ts[last]), line_no)
+        self._emit(parsed["series"], ts, first_line_no, rec)
         self.bulk_lines += len(rows)
         return recognized
 
@@ -460,44 +473,44 @@ class BulkReader:
             p.sink = sink
             p.kinds, p.status_codes, p.access_paths, p.access_last, p.untimed_lines = saved
 
-    def _emit(self, series: dict[tuple[str, str], tuple[list[int], list[float]]], n: int, ts: list[float], first_line_no: int, rec: _Recorder) -> None:
-        """Write each series' points (bulk rows merged with the reference lines' points, in line order)."""
+    def _emit(self, series: dict[tuple[str, str], tuple[Any, Any]], ts: Any, first_line_no: int, rec: _Recorder) -> None:
+        """Write each series' points (bulk rows merged with the reference lines' points, in line order):
+        whole columns when the sink takes them (``Timeline.add_columns``), else lists."""
+        import numpy as np
+
         sink = self.parser.sink
-        srcs_all: list[str] = []
-        if series:
-            name = self.parser.source_name.replace("%", "%%")
-            srcs_all = list(map((name + ":%d").__mod__, range(first_line_no, first_line_no + n)))
+        name = self.parser.source_name
+        columns = getattr(sink, "add_columns", None)
         for key in sorted(set(series) | set(rec.points)):
             signal, rank = key
             mine = series.get(key)
-            theirs = rec.points.get(key)
+            theirs = rec.points.get(key, [])
             if mine is None:
-                assert theirs is not None
-                _extend(sink, signal, rank, [t[1] for t in theirs], [t[2] for t in theirs], [t[3] for t in theirs])
-                continue
-            srows, vals = mine
-            t_ = list(_pick(ts, srows))
-            s_ = list(_pick(srcs_all, srows))
+                srows = np.zeros(0, dtype=np.int64)
+                t_ = vals = np.zeros(0, dtype=np.float64)
+            else:
+                srows = np.asarray(mine[0], dtype=np.int64)
+                vals = np.asarray(mine[1], dtype=np.float64)
+                t_ = ts[srows]
+            lines = srows + first_line_no
+            odd: list[str] | None = None  # sources of reference points not of the form "name:line"
             if theirs:
-                # the (few) reference points go between the bulk points by line: slices copied in C
-                t2: list[float] = []
-                v2: list[float] = []
-                s2: list[str] = []
-                lo = 0
-                for row, t, v, src in theirs:  # recorded in line order; no bulk row is a reference row
-                    cut = bisect_left(srows, row, lo)
-                    t2 += t_[lo:cut]
-                    v2 += vals[lo:cut]
-                    s2 += s_[lo:cut]
-                    t2.append(t)
-                    v2.append(v)
-                    s2.append(src)
-                    lo = cut
-                t2 += t_[lo:]
-                v2 += vals[lo:]
-                s2 += s_[lo:]
-                t_, vals, s_ = t2, v2, s2
-            _extend(sink, signal, rank, t_, vals, s_)
+                # the (few) reference points go between the bulk points by line (no bulk row is a reference row)
+                at = np.searchsorted(srows, [p[0] for p in theirs])
+                t_ = np.insert(t_, at, [p[1] for p in theirs])
+                vals = np.insert(vals, at, [p[2] for p in theirs])
+                lines = np.insert(lines, at, [first_line_no + p[0] for p in theirs])
+                if any(p[3] != f"{name}:{first_line_no + p[0]}" for p in theirs):
+                    odd = [f"{name}:{k}" for k in lines.tolist()]
+                    for i, p in zip((at + np.arange(len(theirs))).tolist(), theirs, strict=True):
+                        odd[i] = p[3]
+            if not len(t_):
+                continue
+            if columns is not None and odd is None:
+                columns(signal, rank, t_, vals, name, lines)
+                continue
+            srcs = odd if odd is not None else [f"{name}:{k}" for k in lines.tolist()]
+            _extend(sink, signal, rank, t_.tolist(), vals.tolist(), srcs)
 
 
 class _NullSink:
@@ -512,3 +525,18 @@ class _NullSink:
 
 
 _NULL_SINK = _NullSink()
+
+
+def _load_scan() -> Any:
+    """The compiled scanner's glue (:mod:`logscan`) when ``_scan`` is built and not switched off with
+    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything)."""
+    import os
+
+    if os.environ.get("DIAGNOSER_NO_SCAN", "").strip() not in ("", "0"):
+        return None
+    from diagnoser.engines.sglang import logscan
+
+    return logscan if logscan.AVAILABLE else None
+
+
+SCAN = _load_scan()
