@@ -31,7 +31,7 @@ def _real_logs() -> list[Path]:
 def _state(tl: Timeline, reader: LogReader) -> dict[str, Any]:
     p = reader.parser
     return {
-        "series": {k: (list(s.ts), list(s.values), list(s.sources)) for k, s in sorted(tl.series.items())},
+        "series": {k: (s.ts.tolist(), s.values.tolist(), s.sources.tolist()) for k, s in sorted(tl.series.items())},
         "events": [(e.kind, e.ts, e.line_no, e.source, e.fields, e.rank) for e in tl.events],
         "config": {k: (f.value, f.source) for k, f in tl.config.items()},
         "version": (p.version.low, p.version.high, p.version.exact, p.version.reasons),
@@ -212,3 +212,52 @@ def test_bulk_is_used_for_files(tmp_path: Path, generated: bytes) -> None:
     assert bulk.bulk_lines > 0.8 * len(lines)
     assert calls["n"] < 0.15 * len(lines)
     assert recognized > 0.9 * len(lines)
+
+
+def _bulk_file(path: Path, chunk: int, workers: int) -> dict[str, Any]:
+    tl = Timeline(target="t")
+    rd = open_log_reader(ADAPTER, tl, "server.log")
+    with open(path, "rb") as fh:
+        rd.feed_stream(fh, chunk=chunk, bulk_min=0, workers=workers)
+    finish_report(ADAPTER, rd)
+    return _state(tl, rd)
+
+
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_parallel_workers_read_a_file_through_a_memory_map(tmp_path: Path, generated: bytes, final_newline: bool) -> None:
+    """A regular file is memory-mapped and each worker reads its own chunk (no chunk travels through a
+    pipe): same result as the reference, with lines longer than a chunk (kept when shorter than the
+    64 KiB junk limit, counted as junk when longer) and with or without a final newline."""
+    from diagnoser.sources import logs as logsrc
+
+    lines = generated.split(b"\n")[:6000]
+    lines[100] = b"[2026-11-29 09:32:06] Cache flushed successfully! " + b"z" * 9000  # longer than a chunk
+    lines[2000] = b"y" * 70000  # over the junk limit
+    lines[4000] = lines[4001] = b""
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    path = tmp_path / "server.log"
+    path.write_bytes(data)
+    ref = _reference(data)
+    calls: list[int] = []
+    real = logsrc._ranges
+    logsrc_ranges = lambda *a: (calls.append(1), real(*a))[1]  # noqa: E731
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(logsrc, "_ranges", logsrc_ranges)
+    try:
+        got = _bulk_file(path, 4096, workers=2)
+    finally:
+        monkey.undo()
+    assert calls, "the memory-mapped path was not taken"
+    for key in ref:
+        assert got[key] == ref[key], f"memory-mapped parallel read differs from the reference in {key!r}"
+    assert ref["report"]["errors"] == 1
+
+
+def test_regex_path_alone_equals_reference(generated: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the compiled scanner (not built, or DIAGNOSER_NO_SCAN=1) the bulk regex path reads
+    everything, with the same result."""
+    from diagnoser.engines.sglang import logfast
+
+    monkeypatch.setattr(logfast, "SCAN", None)
+    ref = _assert_same(generated, 65536)
+    assert ref["kinds"]["decode"] > 1000
