@@ -99,77 +99,70 @@ class LogReader:
             return
         if workers is None:
             workers = _auto_workers(stream)
-        start = _offset(stream, len(head)) if workers > 0 else None
-        stream = _Prepend(head, stream)
         bulk = bulk_factory()
-        # the bulk reader makes millions of short-lived tuples; the cyclic GC would rescan them all
+        # a regular file is memory-mapped: chunks are cut from the mapping without copying them around,
+        # and worker processes (forked after the mapping) read their own chunks from it
+        start = _offset(stream, len(head)) if hasattr(bulk, "block_parser") else None
+        mapped = _map(stream) if start is not None else None
+        jobs: Iterator[Any] = _ranges(mapped, start or 0, len(mapped), chunk) if mapped is not None else _blocks(_Prepend(head, stream), chunk)
+        # the bulk reader makes millions of short-lived objects; the cyclic GC would rescan them all
         gc_was_on = gc.isenabled()
         gc.disable()
+        global _MAP
+        _MAP = mapped
         try:
             if workers > 0 and hasattr(bulk, "block_parser"):
-                self._read_parallel(bulk, stream, chunk, workers, start)
+                self._read_parallel(bulk, jobs, workers)
             else:
-                self._read_serial(bulk, stream, chunk)
+                for job in jobs:
+                    self._apply_done(bulk, job, None)
         finally:
+            _MAP = None
+            if mapped is not None:
+                mapped.close()
             if gc_was_on:
                 gc.enable()
 
-    def _read_serial(self, bulk: Any, stream: Any, chunk: int) -> None:
-        for block in _blocks(stream, chunk):
-            if block is None:
-                self._count_junk_line()
-            else:
-                self._feed_block(bulk, block)
-
-    def _read_parallel(self, bulk: Any, stream: Any, chunk: int, workers: int, start: int | None = None) -> None:
+    def _read_parallel(self, bulk: Any, jobs: Iterator[Any], workers: int) -> None:
         """Chunks parsed by a pool of forked workers (:meth:`BlockParser.parse` is a pure function of the
-        bytes), applied here in file order; at most two chunks per worker are in flight.
-
-        A regular file is memory-mapped before the workers start, so each worker reads its own chunk
-        from the mapping (``start`` is where the unread part begins); only the results travel
-        between processes. Any other stream is read here and its chunks are sent to the workers.
-        """
+        bytes), applied here in file order; at most two chunks per worker are in flight. A chunk of a
+        memory-mapped file travels as its (start, end) only."""
         import multiprocessing
         from collections import deque
 
-        global _MAP
-        mapped = _map(stream.stream) if start is not None else None
-        if mapped is not None:
-            _MAP = mapped
-            jobs: Iterator[Any] = _ranges(mapped, start or 0, len(mapped), chunk)
-        else:
-            jobs = _blocks(stream, chunk)
         pending: deque[tuple[Any, Any]] = deque()
         try:
-            try:
-                pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
-            except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
-                for job in jobs:
-                    self._apply_done(bulk, job, None)
-                return
-            with pool:
-                for job in jobs:
-                    fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
-                    pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
-                    while len(pending) > 2 * workers:
-                        self._apply_done(bulk, *pending.popleft())
-                while pending:
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+        except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
+            for job in jobs:
+                self._apply_done(bulk, job, None)
+            return
+        with pool:
+            for job in jobs:
+                fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
+                pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
+                while len(pending) > 2 * workers:
                     self._apply_done(bulk, *pending.popleft())
-        finally:
-            if mapped is not None:
-                _MAP = None
-                mapped.close()
+            while pending:
+                self._apply_done(bulk, *pending.popleft())
 
     def _apply_done(self, bulk: Any, job: bytes | tuple[int, int] | None, result: Any) -> None:
+        """Apply one chunk in file order: ``job`` is its bytes, its (start, end) in the mapped file, or
+        None for an over-long line (junk); ``result`` the worker's pending parse, or None to parse here."""
         if job is None:
             self._count_junk_line()
             return
+        block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]] if result is None else b""
+        if not hasattr(bulk, "block_parser"):  # a bulk reader without the two halves
+            self._feed_block(bulk, block)
+            return
         try:
             if result is None:
-                raise LookupError("no worker")
+                raise LookupError("parse here")
             parsed = result.get(timeout=WORKER_TIMEOUT)
-        except Exception:  # no pool, or a worker that failed or died (memory, signal): parse this chunk here
-            block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
+        except Exception:  # here by choice, or a worker that failed or died (memory, signal)
+            if not block:
+                block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
             parsed = bulk.block_parser.parse(block)
         n = parsed["n"]
         first = self.line_no + 1

@@ -70,6 +70,8 @@ from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
 from diagnoser.model import LogEvent, SignalSink
 
+_FACTS_RE = re.compile(r"(\w+)=([\d.]+)")
+
 
 class SGLangLogParser:
     """Stateful line parser: one per log source (it keeps the version hints and the last timestamp).
@@ -579,7 +581,7 @@ class SGLangLogParser:
     def _summary(self, msg: str, ts: float, src: str, line_no: int) -> bool:
         if not _SUMMARY_RE.search(msg):
             return False
-        facts = dict(re.findall(r"(\w+)=([\d.]+)", msg))
+        facts = dict(_FACTS_RE.findall(msg))
         sink = self.sink
         mapping = {
             "max_total_num_tokens": "max_total_tokens",

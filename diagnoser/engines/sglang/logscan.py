@@ -166,10 +166,12 @@ def _shapes(code: int, name: str, rows: Any, bits: Any, tag: Any, tag_info: list
             before: set[tuple[Any, ...]], found: dict[tuple[Any, ...], int]) -> None:
     """The first row of each line shape (the regex path's key: ``BlockParser._shapes``) not reported
     before this block."""
-    combo = (bits[rows].astype(np.int64) << 16) | (tag[rows].astype(np.int64) & 0xFFFF)
-    uniq, first = np.unique(combo, return_index=True)
+    combo = (bits[rows].astype(np.int64) << 16) | tag[rows].astype(np.int64)
+    # usually one shape per block (the first row), else sorted without the row order (cheaper);
+    # the first row is looked up only for shapes not reported before
+    uniq = [int(combo[0])] if (combo == combo[0]).all() else np.unique(combo).tolist()
     opts = _TABLES[code][2] if code != _ACCESS else ()
-    for c, i in zip(uniq.tolist(), first.tolist(), strict=True):
+    for c in uniq:
         b, t = c >> 16, c & 0xFFFF
         names = tag_info[t][1]
         frac = bool(b & _FRAC)
@@ -179,6 +181,6 @@ def _shapes(code: int, name: str, rows: Any, bits: Any, tag: Any, tag_info: list
             key = (name, _HDR[b & 3], _TRAIL[(b >> 2) & 3], _GLAB[(b >> 4) & 3], *(bool(b >> o & 1) for o in opts), names, frac)
         if key in before:
             continue
-        r = int(rows[i])
+        r = int(rows[int(np.argmax(combo == c))])
         if r < found.get(key, 1 << 62):
             found[key] = r
