@@ -54,7 +54,7 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
     if "max_total_tokens" not in tl.config:
         s = tl.get("max_total_tokens")
         if s is not None:
-            tl.set_config("max_total_tokens", int(s.values[-1]), s.sources[-1])
+            tl.set_config("max_total_tokens", int(float(s.values[-1])), s.sources[-1])
     if "max_total_tokens" not in tl.config and "kv_pool_tokens_log" in tl.config:
         f = tl.config["kv_pool_tokens_log"]
         tl.set_config("max_total_tokens", f.value, f.source)

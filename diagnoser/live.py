@@ -113,17 +113,15 @@ class Snapshot:
 
 def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
     """Drop points older than ``oldest`` and keep at most ``max_points`` per series. Returns the count dropped."""
-    import bisect
-
     dropped = 0
     for key in list(tl.series):
         s = tl.series[key]
-        cut = bisect.bisect_left(s.ts, oldest)
-        cut = max(cut, len(s.ts) - max_points)
+        cut = int(s.ts.searchsorted(oldest, "left"))
+        cut = max(cut, len(s) - max_points)
         if cut > 0:
-            del s.ts[:cut], s.values[:cut], s.sources[:cut]
+            s.drop_before(cut)
             dropped += cut
-        if not s.ts:
+        if not len(s):
             del tl.series[key]
     if tl.events:
         cut = 0
@@ -139,26 +137,22 @@ def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
 def compact(tl: Timeline, start: float, end: float, step: float, blank_until: float, blank_from: float) -> None:
     """Bound what old history costs: thin ``[start, end)`` to one point per ``step`` seconds, and drop the
     per-point source text of points in ``[blank_from, blank_until)`` (rules cite only the recent window)."""
-    import bisect
-
     for s in tl.series.values():
         if end > start and step > 0:
-            lo, hi = bisect.bisect_left(s.ts, start), bisect.bisect_left(s.ts, end)
+            ts = s.ts
+            lo, hi = int(ts.searchsorted(start, "left")), int(ts.searchsorted(end, "left"))
             if hi > lo:
                 keep: list[int] = []
-                last = s.ts[lo - 1] if lo > 0 else -math.inf  # the range continues the one thinned last tick
-                for i in range(lo, hi):
-                    if s.ts[i] - last >= step:
+                last = float(ts[lo - 1]) if lo > 0 else -math.inf  # the range continues the one thinned last tick
+                for i, t in enumerate(ts[lo:hi].tolist(), lo):
+                    if t - last >= step:
                         keep.append(i)
-                        last = s.ts[i]
+                        last = t
                 if len(keep) < hi - lo:
-                    s.ts[lo:hi] = [s.ts[i] for i in keep]
-                    s.values[lo:hi] = [s.values[i] for i in keep]
-                    s.sources[lo:hi] = ["" for _ in keep]
+                    s.thin(lo, hi, keep)
         if blank_until > blank_from:
-            lo, hi = bisect.bisect_left(s.ts, blank_from), bisect.bisect_left(s.ts, blank_until)
-            for i in range(lo, hi):
-                s.sources[i] = ""
+            ts = s.ts
+            s.blank_sources(int(ts.searchsorted(blank_from, "left")), int(ts.searchsorted(blank_until, "left")))
 
 
 def _reaggregate(tl: Timeline) -> None:
@@ -382,7 +376,7 @@ class LiveMonitor:
                     rng.merge(fol.reader.parser.version)
                 finalize(t.timeline, rng)
                 win = t.timeline.window(ref - self.window_s, ref) if due else None
-                latest = {name: s.values[-1] for (name, rank), s in t.timeline.series.items() if not rank and s.values}
+                latest = {name: float(s.values[-1]) for (name, rank), s in t.timeline.series.items() if not rank and len(s)}
                 cfg = dict(t.timeline.config)
                 span = (ref - self.window_s, ref) if win is None else win.span()
             if t.is_url and up is False:
@@ -468,7 +462,7 @@ class LiveMonitor:
             parts = {name: t.timeline.series.get((name, "")) for name in signals}
             cut = {name: s.slice(start, end) for name, s in parts.items() if s is not None}
         for name, s in cut.items():
-            out[name] = downsample(s.ts, s.values, max_points)
+            out[name] = downsample(s.ts.tolist(), s.values.tolist(), max_points)
         return out
 
     # -- loop ----------------------------------------------------------------------------------

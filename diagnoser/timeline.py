@@ -8,19 +8,23 @@ Per-rank series are kept apart under a rank key (``dp0``, ``dp1``, ``pp1`` …; 
 scheduler). The aggregate series (rank ``""``) is derived with a per-signal rule: counts and rates are
 summed across ranks, ratios never are (token usage takes the worst rank, rates of hits are averaged).
 
-Storage is columnar lists for fast ingestion; :meth:`Timeline.to_frame` gives the pandas view
-(``ts, signal, rank, value, source``) for analysis and fits. Window statistics are computed in pure
-Python (tested against pandas) so that ``diagnose --once --log`` starts without importing pandas.
+Storage is columnar: each series keeps float64 numpy columns (times, values) and its sources as label
+ids plus line numbers (:class:`Sources`), written in place by the scrape, line and bulk-column writers
+(:meth:`Timeline.add`, :meth:`Timeline.add_many`, :meth:`Timeline.add_columns`), so the rules read
+arrays without converting anything. :meth:`Timeline.to_frame` gives the pandas view
+(``ts, signal, rank, value, source``) for analysis and fits; window statistics are computed with numpy
+(tested against pandas) so that ``diagnose --once --log`` starts without importing pandas.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
-from typing import Any
+from typing import Any, overload
+
+import numpy as np
 
 from diagnoser.model import ConfigFact, InputReport, LogEvent, iso  # noqa: F401  (iso re-exported)
 
@@ -67,93 +71,407 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
 }
 
 
-@dataclass(slots=True)
-class Series:
-    ts: list[float] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)
+_FLOAT = np.dtype(np.float64)
+_MIN_CAP = 16
 
-    def append(self, ts: float, value: float, source: str) -> None:
-        if self.ts and ts < self.ts[-1]:
-            # keep time order; out-of-order points (multi-source) are inserted in place
-            i = len(self.ts)
-            while i > 0 and self.ts[i - 1] > ts:
-                i -= 1
-            self.ts.insert(i, ts)
-            self.values.insert(i, value)
-            self.sources.insert(i, source)
-            return
-        self.ts.append(ts)
-        self.values.append(value)
-        self.sources.append(source)
+
+def _encode(src: str) -> tuple[str, int]:
+    """``"server.log:1842"`` → ``("server.log", 1842)``; anything whose text would not come back
+    exactly from ``f"{label}:{line}"`` (no suffix, a leading zero, a sign, non-ASCII digits) → ``(src, -1)``."""
+    label, sep, num = src.rpartition(":")
+    if sep and num.isdecimal() and num.isascii() and (num[0] != "0" or len(num) == 1) and len(num) < 19:
+        return label, int(num)
+    return src, -1
+
+
+class Sources(Sequence[str]):
+    """The sources of a series' points, read-only: a label table plus, per point, an int32 label id and
+    an int64 line number (-1: no ``:N`` suffix). ``"server.log:1842"`` is stored as label
+    ``"server.log"`` and line 1842 and formatted only when read, so no str is kept per log point."""
+
+    __slots__ = ("_labels", "_lab", "_line")
+
+    def __init__(self, labels: list[str], lab: np.ndarray, line: np.ndarray) -> None:
+        self._labels = labels
+        self._lab = lab
+        self._line = line
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self._lab)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sources: ...
+
+    def __getitem__(self, i: int | slice) -> str | Sources:
+        if isinstance(i, slice):
+            return Sources(self._labels, self._lab[i], self._line[i])
+        k = operator.index(i)
+        label = self._labels[self._lab[k]]
+        n = int(self._line[k])
+        return label if n < 0 else f"{label}:{n}"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[str]:
+        labels = self._labels
+        return [labels[a] if n < 0 else f"{labels[a]}:{n}" for a, n in zip(self._lab.tolist(), self._line.tolist(), strict=True)]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sources):
+            return self.tolist() == other.tolist()
+        if isinstance(other, list | tuple):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Sources({self.tolist()!r})"
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class Series:
+    """One signal's points in time order: float64 columns ``ts`` and ``values`` and their ``sources``.
+
+    The columns live in numpy buffers with amortised growth: appending in time order writes in place
+    past the filled part, so the read-only views handed out earlier (``ts``, ``values``, ``sources``,
+    :meth:`slice`) never change under their holders; an out-of-order point, :meth:`thin` and a shrink
+    build new buffers. Only :meth:`blank_sources` writes in place (it blanks the source text of old
+    points, which views of those points then show blank too)."""
+
+    __slots__ = ("_t", "_v", "_lab", "_line", "_lo", "_hi", "_labels", "_ids", "_owner", "_views", "_exposed")
+
+    def __init__(self, ts: Any = None, values: Any = None, sources: Any = None) -> None:
+        t = np.array(ts if ts is not None else (), dtype=_FLOAT)
+        v = np.array(values if values is not None else (), dtype=_FLOAT)
+        if t.ndim != 1 or v.shape != t.shape:
+            raise ValueError(f"a series needs as many values as times (got {v.size} and {t.size})")
+        self._labels: list[str] = []
+        self._ids: dict[str, int] = {}
+        lab, line = self._encode_many(sources if sources is not None else [""] * len(t), len(t))
+        self._t, self._v, self._lab, self._line = t, v, lab, line
+        self._lo, self._hi = 0, len(t)
+        self._owner = True
+        self._views: tuple[np.ndarray, np.ndarray, Sources] | None = None
+        self._exposed = False  # views of the current buffers were handed out: never shift them in place
+
+    # -- reading -------------------------------------------------------------------------------
+    def _view(self) -> tuple[np.ndarray, np.ndarray, Sources]:
+        hit = self._views
+        if hit is None:
+            self._exposed = True
+            lo, hi = self._lo, self._hi
+            hit = self._views = (_readonly(self._t[lo:hi]), _readonly(self._v[lo:hi]),
+                                 Sources(self._labels, _readonly(self._lab[lo:hi]), _readonly(self._line[lo:hi])))
+        return hit
+
+    @property
+    def ts(self) -> np.ndarray:
+        return self._view()[0]
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._view()[1]
+
+    @property
+    def sources(self) -> Sources:
+        return self._view()[2]
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Series):
+            return NotImplemented
+        return (np.array_equal(self.ts, other.ts) and np.array_equal(self.values, other.values, equal_nan=True)
+                and self.sources == other.sources)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Series(ts={self.ts.tolist()!r}, values={self.values.tolist()!r}, sources={self.sources.tolist()!r})"
 
     def slice(self, start: float | None, end: float | None) -> Series:
-        lo = 0 if start is None else _bisect_left(self.ts, start)
-        hi = len(self.ts) if end is None else _bisect_right(self.ts, end)
-        return Series(self.ts[lo:hi], self.values[lo:hi], self.sources[lo:hi])
+        """The points in ``[start, end]``: a view (no copy) on this series' buffers."""
+        ts = self.ts
+        lo = 0 if start is None else int(ts.searchsorted(start, "left"))
+        hi = len(ts) if end is None else int(ts.searchsorted(end, "right"))
+        if lo == 0 and hi == len(ts):
+            lo_abs, hi_abs = self._lo, self._hi
+        else:
+            lo_abs, hi_abs = self._lo + lo, self._lo + max(lo, hi)
+        out = Series.__new__(Series)
+        out._t, out._v, out._lab, out._line = self._t, self._v, self._lab, self._line
+        out._lo, out._hi = lo_abs, hi_abs
+        out._labels, out._ids = self._labels, self._ids
+        out._owner = False  # writing to it first copies (it must never write into this series' buffers)
+        out._views = None
+        out._exposed = True
+        self._exposed = True
+        return out
 
-    def finite(self) -> list[float]:
-        return [v for v in self.values if not math.isnan(v)]
+    def first_ts(self) -> float:
+        return float(self._t[self._lo])
+
+    def last_ts(self) -> float:
+        return float(self._t[self._hi - 1])
+
+    @classmethod
+    def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
+        """A series owning these columns (``lab`` indexes ``labels``)."""
+        out = cls()
+        out._t, out._v = ts, values
+        out._lab, out._line = np.asarray(lab, dtype=np.int32), np.asarray(line, dtype=np.int64)
+        out._labels = list(labels)
+        out._ids = {}
+        for i, label in enumerate(out._labels):
+            out._ids.setdefault(label, i)
+        out._lo, out._hi = 0, len(ts)
+        return out
+
+    def finite(self) -> np.ndarray:
+        v = self.values
+        return v[~np.isnan(v)]
 
     def last_source(self) -> str:
-        return self.sources[-1] if self.sources else ""
+        return self.sources[-1] if len(self) else ""
 
     def argmax(self) -> int:
-        best, idx = -math.inf, -1
-        for i, v in enumerate(self.values):
-            if not math.isnan(v) and v > best:
-                best, idx = v, i
-        return idx
+        """Index of the first largest value, NaNs skipped; -1 when there is none."""
+        return self._arg(np.nanargmax)
 
     def argmin(self) -> int:
-        best, idx = math.inf, -1
-        for i, v in enumerate(self.values):
-            if not math.isnan(v) and v < best:
-                best, idx = v, i
-        return idx
+        return self._arg(np.nanargmin)
+
+    def _arg(self, fn: Any) -> int:
+        v = self.values
+        if not len(v) or np.isnan(v).all():
+            return -1
+        return int(fn(v))
+
+    # -- writing -------------------------------------------------------------------------------
+    def _intern(self, label: str) -> int:
+        i = self._ids.get(label)
+        if i is None:
+            i = self._ids[label] = len(self._labels)
+            self._labels.append(label)
+        return i
+
+    def _encode_many(self, sources: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(sources) != n:
+            raise ValueError(f"a series needs as many sources as times (got {len(sources)} and {n})")
+        if isinstance(sources, Sources):
+            remap = np.fromiter(map(self._intern, sources._labels), dtype=np.int32, count=len(sources._labels))
+            return (remap[sources._lab] if n else np.zeros(0, np.int32)), np.array(sources._line, dtype=np.int64)
+        ids, labels = self._ids, self._labels
+        lab: list[int] = []
+        line: list[int] = []
+        for src in sources:
+            label, sep, num = src.rpartition(":")
+            if sep and num.isdecimal() and num.isascii() and (num[0] != "0" or len(num) == 1) and len(num) < 19:
+                line.append(int(num))
+            else:
+                label = src
+                line.append(-1)
+            i = ids.get(label)
+            if i is None:
+                i = ids[label] = len(labels)
+                labels.append(label)
+            lab.append(i)
+        return np.array(lab, dtype=np.int32), np.array(line, dtype=np.int64)
+
+    def _realloc(self, extra: int) -> None:
+        """New buffers holding the filled part with room for ``extra`` more points (at most half the
+        filled part again as slack); the label table is rebuilt when most of its labels are dead."""
+        lo, hi = self._lo, self._hi
+        n = hi - lo
+        cap = max(_MIN_CAP, n + extra + (n + extra) // 2)
+        t = np.empty(cap, _FLOAT)
+        v = np.empty(cap, _FLOAT)
+        lab = np.empty(cap, np.int32)
+        line = np.empty(cap, np.int64)
+        t[:n] = self._t[lo:hi]
+        v[:n] = self._v[lo:hi]
+        lab[:n] = self._lab[lo:hi]
+        line[:n] = self._line[lo:hi]
+        if len(self._labels) > 2 * n + 64:  # e.g. scrape sources of points since dropped or blanked
+            used, inv = np.unique(lab[:n], return_inverse=True)
+            self._labels = [self._labels[i] for i in used.tolist()]
+            self._ids = {label: i for i, label in enumerate(self._labels)}
+            lab[:n] = inv
+        elif not self._owner:
+            self._labels = list(self._labels)
+            self._ids = dict(self._ids)
+        self._t, self._v, self._lab, self._line = t, v, lab, line
+        self._lo, self._hi = 0, n
+        self._owner = True
+        self._views = None
+        self._exposed = False
+
+    def _room(self, k: int) -> None:
+        if not self._owner or self._hi + k > len(self._t):
+            self._realloc(k)
+
+    def append(self, ts: float, value: float, source: str) -> None:
+        hi = self._hi
+        t = self._t
+        if hi == len(t) or not self._owner:
+            self._realloc(1)
+            hi, t = self._hi, self._t
+        label, sep, num = source.rpartition(":")  # _encode, inlined (the per-point scrape and line path)
+        if sep and num.isdecimal() and num.isascii() and (num[0] != "0" or len(num) == 1) and len(num) < 19:
+            line = int(num)
+        else:
+            label, line = source, -1
+        i = self._ids.get(label)
+        if i is None:
+            i = self._intern(label)
+        if hi > self._lo and ts < t.item(hi - 1):
+            # keep time order: an out-of-order point (multi-source) goes after the points at or before
+            # its time; the tail moves up in place, or into new buffers when views of them are out
+            if self._exposed:
+                self._insert(np.array([ts], _FLOAT), np.array([value], _FLOAT), np.array([i], np.int32), np.array([line], np.int64))
+                return
+            pos = self._lo + int(t[self._lo:hi].searchsorted(ts, "right"))
+            for col in (t, self._v, self._lab, self._line):
+                col[pos + 1:hi + 1] = col[pos:hi]
+            self._hi = hi + 1
+            hi = pos
+        else:
+            self._hi = hi + 1
+        t[hi] = ts
+        self._v[hi] = value
+        self._lab[hi] = i
+        self._line[hi] = line
+        self._views = None
+
+    def merge_columns(self, ts: np.ndarray, values: np.ndarray, lab: np.ndarray, line: np.ndarray) -> None:
+        """Add columns (label ids from this series' table): written in place when they are in time order
+        after the series' last point, else merged (:meth:`_insert`)."""
+        k = len(ts)
+        if not k:
+            return
+        if (self._hi > self._lo and ts[0] < self._t[self._hi - 1]) or (k > 1 and not (ts[1:] >= ts[:-1]).all()):
+            self._insert(ts, values, lab, line)
+            return
+        self._room(k)
+        hi = self._hi
+        self._t[hi:hi + k] = ts
+        self._v[hi:hi + k] = values
+        self._lab[hi:hi + k] = lab
+        self._line[hi:hi + k] = line
+        self._hi = hi + k
+        self._views = None
+
+    def _insert(self, ts: np.ndarray, values: np.ndarray, lab: np.ndarray, line: np.ndarray) -> None:
+        """Merge points into new buffers, as inserting them one by one after every point at or before
+        their time would (a stable sort of the old points followed by the new ones)."""
+        lo, hi = self._lo, self._hi
+        t = np.concatenate((self._t[lo:hi], ts))
+        order = np.argsort(t, kind="stable")
+        self._t = t[order]
+        self._v = np.concatenate((self._v[lo:hi], values))[order]
+        self._lab = np.concatenate((self._lab[lo:hi], lab))[order]
+        self._line = np.concatenate((self._line[lo:hi], line))[order]
+        self._lo, self._hi = 0, len(t)
+        if not self._owner:
+            self._labels, self._ids = list(self._labels), dict(self._ids)
+            self._owner = True
+        self._views = None
+        self._exposed = False
+
+    def drop_before(self, i: int) -> None:
+        """Drop the first ``i`` points (earlier views keep them); the buffers shrink when mostly dead."""
+        if i <= 0:
+            return
+        self._lo = min(self._lo + i, self._hi)
+        self._views = None
+        n = self._hi - self._lo
+        if self._lo > n + _MIN_CAP or 4 * n + _MIN_CAP < len(self._t):
+            self._realloc(0)
+
+    def thin(self, lo: int, hi: int, keep: np.ndarray) -> None:
+        """Keep only the points at positions ``keep`` (sorted, within ``[lo, hi)``) of the range
+        ``[lo, hi)``, with their sources blanked (new buffers)."""
+        a, b = self._lo + lo, self._lo + hi
+        k = self._lo + np.asarray(keep, dtype=np.intp)
+        blank = self._intern("")
+        parts = [(self._t[self._lo:a], self._t[k], self._t[b:self._hi]),
+                 (self._v[self._lo:a], self._v[k], self._v[b:self._hi]),
+                 (self._lab[self._lo:a], np.full(len(k), blank, np.int32), self._lab[b:self._hi]),
+                 (self._line[self._lo:a], np.full(len(k), -1, np.int64), self._line[b:self._hi])]
+        self._t, self._v, self._lab, self._line = (np.concatenate(p) for p in parts)
+        self._lo, self._hi = 0, len(self._t)
+        if not self._owner:
+            self._labels, self._ids = list(self._labels), dict(self._ids)
+            self._owner = True
+        self._views = None
+        self._exposed = False
+
+    def blank_sources(self, lo: int, hi: int) -> None:
+        """Blank the source text of points ``[lo, hi)`` in place (old points no rule cites any more)."""
+        if hi <= lo:
+            return
+        if not self._owner:
+            self._realloc(0)
+        blank = self._intern("")
+        self._lab[self._lo + lo:self._lo + hi] = blank
+        self._line[self._lo + lo:self._lo + hi] = -1
+        self._views = None
 
 
-def _bisect_left(a: list[float], x: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(a, x)
-
-
-def _bisect_right(a: list[float], x: float) -> int:
-    import bisect
-
-    return bisect.bisect_right(a, x)
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
+def quantile(sorted_values: Sequence[float] | np.ndarray, q: float) -> float:
     """Linear-interpolated quantile (same as numpy's default / pandas' ``quantile``)."""
     n = len(sorted_values)
     if n == 0:
         return math.nan
     if n == 1:
-        return sorted_values[0]
+        return sorted_values[0]  # type: ignore[return-value]
     pos = (n - 1) * q
     lo = int(math.floor(pos))
     hi = min(lo + 1, n - 1)
     frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    a, b = sorted_values[lo], sorted_values[hi]
+    return a + (b - a) * frac  # type: ignore[no-any-return]
 
 
-def summarize(values: Iterable[float]) -> dict[str, Any]:
+_EMPTY_SUMMARY = {"last": None, "mean": None, "min": None, "max": None, "p50": None, "p95": None, "n": 0}
+
+
+def summarize(values: Iterable[float] | np.ndarray) -> dict[str, Any]:
+    """last, mean, min, max, p50, p95 and n of the non-NaN values. A numpy column is summarised with
+    numpy (NaN filter, stable sort) but the same arithmetic as the list path: the mean is Python's
+    left-to-right ``sum`` and the quantiles :func:`quantile`, so both give the same numbers to the bit."""
+    if isinstance(values, np.ndarray):
+        if len(values) < 64:
+            values = values.tolist()
+        else:
+            arr = values[~np.isnan(values)]
+            n = len(arr)
+            if not n:
+                return dict(_EMPTY_SUMMARY)
+            s = np.sort(arr, kind="stable")  # stable: of 0.0 and -0.0, the ends are the ones sorted() gives
+            return {"last": float(arr[-1]), "mean": sum(arr.tolist()) / n, "min": float(s[0]), "max": float(s[-1]),
+                    "p50": float(quantile(s, 0.5)), "p95": float(quantile(s, 0.95)), "n": n}
     vals = [v for v in values if not math.isnan(v)]
     if not vals:
-        return {"last": None, "mean": None, "min": None, "max": None, "p50": None, "p95": None, "n": 0}
-    s = sorted(vals)
+        return dict(_EMPTY_SUMMARY)
+    s2 = sorted(vals)
     return {
         "last": vals[-1],
         "mean": sum(vals) / len(vals),
-        "min": s[0],
-        "max": s[-1],
-        "p50": quantile(s, 0.5),
-        "p95": quantile(s, 0.95),
+        "min": s2[0],
+        "max": s2[-1],
+        "p50": quantile(s2, 0.5),
+        "p95": quantile(s2, 0.95),
         "n": len(vals),
     }
 
@@ -180,22 +498,39 @@ class Timeline:
             s = self.series[key] = Series()
         s.append(ts, float(value), source)
 
-    def add_many(self, signal: str, ts: list[float], values: list[float], sources: list[str], rank: str = "") -> None:
-        """Append columns of points; one ``extend`` per column when they follow the series in time order
-        (the bulk log reader's case), else point by point."""
-        if not ts:
+    def add_many(self, signal: str, ts: Any, values: Any, sources: Any, rank: str = "") -> None:
+        """Add columns of points (lists or arrays; ``sources`` a list of str or a :class:`Sources`): one
+        write per column when they follow the series in time order (the bulk log reader's case), else
+        merged as adding them one by one would (each after the points at or before its time)."""
+        n = len(ts)
+        if not n:
             return
         s = self.series.get((signal, rank))
-        in_order = all(map(operator.le, ts, islice(ts, 1, None)))
-        if in_order and (s is None or not s.ts or s.ts[-1] <= ts[0]):
-            if s is None:
-                s = self.series[(signal, rank)] = Series()
-            s.ts.extend(ts)
-            s.values.extend(map(float, values))  # map: no generator frame per point
-            s.sources.extend(sources)
+        if s is None:
+            s = self.series[(signal, rank)] = Series()
+        t = np.asarray(ts, dtype=np.float64)
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != t.shape:
+            raise ValueError(f"add_many needs as many values as times (got {len(v)} and {n})")
+        lab, line = s._encode_many(sources, n)
+        s.merge_columns(t, v, lab, line)
+
+    def add_columns(self, signal: str, rank: str, ts: np.ndarray, values: np.ndarray, source_name: str, line_nos: np.ndarray) -> None:
+        """Add whole columns read from one source (the bulk log reader): float64 ``ts`` (time order) and
+        ``values``, int64 ``line_nos`` (each >= 0); point i's source is ``f"{source_name}:{line_nos[i]}"``,
+        stored as one label and the line numbers (no str, no Python float per point)."""
+        n = len(ts)
+        if not n:
             return
-        for t, v, src in zip(ts, values, sources, strict=True):
-            self.add(signal, t, v, src, rank)
+        s = self.series.get((signal, rank))
+        if s is None:
+            s = self.series[(signal, rank)] = Series()
+        t = np.asarray(ts, dtype=np.float64)
+        v = np.asarray(values, dtype=np.float64)
+        line = np.asarray(line_nos, dtype=np.int64)
+        if v.shape != t.shape or line.shape != t.shape:
+            raise ValueError(f"add_columns needs columns of one length (got {len(t)}, {len(v)} and {len(line)})")
+        s.merge_columns(t, v, np.full(n, s._intern(source_name), np.int32), line)
 
     def add_event(self, event: LogEvent) -> None:
         self.events.append(event)
@@ -233,12 +568,12 @@ class Timeline:
     def span(self) -> tuple[float | None, float | None]:
         """(first, last) time over every series and event; (None, None) when empty. Built-in min/max
         over the firsts and lasts (C loops; same values, same order as comparing them one by one)."""
-        live = [s.ts for s in self.series.values() if s.ts]
+        live = [s for s in self.series.values() if len(s)]
         ets = [e.ts for e in self.events]
-        firsts = [ts[0] for ts in live] + ets
+        firsts = [s.first_ts() for s in live] + ets
         if not firsts:
             return None, None
-        return min(firsts), max([ts[-1] for ts in live] + ets)
+        return min(firsts), max([s.last_ts() for s in live] + ets)
 
     def events_of(self, *kinds: str) -> list[LogEvent]:
         return [e for e in self.events if e.kind in kinds]
@@ -265,7 +600,7 @@ class Timeline:
 
     def iter_points(self) -> Iterator[tuple[float, str, str, float, str]]:
         for (signal, rank), s in self.series.items():
-            for t, v, src in zip(s.ts, s.values, s.sources, strict=True):
+            for t, v, src in zip(s.ts.tolist(), s.values.tolist(), s.sources.tolist(), strict=True):
                 yield t, signal, rank, v, src
 
     def to_frame(self) -> Any:
@@ -299,20 +634,26 @@ class Timeline:
             if (name, "") in self.series or not ranks:
                 continue
             how = SIGNALS.get(name, ("", "mean", ""))[1]
-            pts: list[tuple[float, str, float, str]] = []
-            for r in ranks:
-                s = self.series[(name, r)]
-                pts.extend((t, r, v, src) for t, v, src in zip(s.ts, s.values, s.sources, strict=True))
-            pts.sort(key=lambda p: p[0])
-            latest: dict[str, float] = {}
-            out = Series()
-            i = 0
-            while i < len(pts):
-                t = pts[i][0]
-                srcs = []
-                while i < len(pts) and pts[i][0] == t:
-                    latest[pts[i][1]] = pts[i][2]
-                    srcs.append(pts[i][3])
+            parts = [self.series[(name, r)] for r in ranks]
+            labels: list[str] = []
+            labs = []
+            for s in parts:  # one label table for all ranks: each rank's ids shifted past the ones before
+                labs.append(s.sources._lab + len(labels))
+                labels.extend(s._labels)
+            t_all = np.concatenate([s.ts for s in parts])
+            order = np.argsort(t_all, kind="stable")  # as a stable sort of the ranks' points, rank by rank
+            tl_ = t_all[order].tolist()
+            vl = np.concatenate([s.values for s in parts])[order].tolist()
+            rl = np.repeat(np.arange(len(parts)), [len(s) for s in parts])[order].tolist()
+            latest: dict[int, float] = {}
+            out_t: list[float] = []
+            out_v: list[float] = []
+            out_at: list[int] = []
+            i, n = 0, len(tl_)
+            while i < n:
+                t = tl_[i]
+                while i < n and tl_[i] == t:
+                    latest[rl[i]] = vl[i]
                     i += 1
                 vals = [v for v in latest.values() if not math.isnan(v)]
                 if not vals:
@@ -325,14 +666,18 @@ class Timeline:
                     agg = min(vals)
                 else:
                     agg = sum(vals) / len(vals)
-                out.append(t, agg, srcs[-1])
-            self.series[(name, "")] = out
+                out_t.append(t)
+                out_v.append(agg)
+                out_at.append(i - 1)  # the source of the last point read at t
+            pick = order[np.asarray(out_at, dtype=np.intp)]
+            self.series[(name, "")] = Series._from_columns(
+                np.asarray(out_t, dtype=np.float64), np.asarray(out_v, dtype=np.float64), labels,
+                np.concatenate(labs)[pick], np.concatenate([s.sources._line for s in parts])[pick])
 
     def merge(self, other: Timeline) -> None:
         """Fold another timeline of the same target into this one (e.g. a log and a scrape)."""
-        for key, s in other.series.items():
-            for t, v, src in zip(s.ts, s.values, s.sources, strict=True):
-                self.add(key[0], t, v, src, key[1])
+        for (signal, rank), s in other.series.items():
+            self.add_many(signal, s.ts, s.values, s.sources, rank)
         self.events.extend(other.events)
         self.events.sort(key=lambda e: (e.ts, e.line_no))
         for k, fact in other.config.items():

@@ -251,7 +251,7 @@ def test_write_source_round_trip_equals_the_directory(tmp_path: Path, data_dir: 
     b.apply_all()
     ca, cb = a.finish(), b.finish()
     ta, tb = ca.timelines[0], cb.timelines[0]
-    assert {k: (s.ts, s.values) for k, s in ta.series.items()} == {k: (s.ts, s.values) for k, s in tb.series.items()}
+    assert {k: (s.ts.tolist(), s.values.tolist()) for k, s in ta.series.items()} == {k: (s.ts.tolist(), s.values.tolist()) for k, s in tb.series.items()}
     assert [(e.kind, e.ts, e.line_no) for e in ta.events] == [(e.kind, e.ts, e.line_no) for e in tb.events]
     # thinning keeps the first and last scrape
     thin = write_source(src, str(tmp_path / "t.dgb"), every=3)

@@ -131,15 +131,15 @@ def test_targets_ranks_spellings_and_values() -> None:
     tls = {tl.target: tl for tl in col.timelines}
     assert sorted(tls) == ["a:30000", "b:30000"]
     a, b = tls["a:30000"], tls["b:30000"]
-    assert a.get("running_reqs").values == [4, 4, 5, 5, 5]
-    assert a.get("http_requests_active").values == [3, 3, 3, 3, 3]
-    assert a.get("ttft_seconds_p95").values == [0.39, 0.39, 0.39]
-    assert a.get("retracted_reqs").values == [0, 2, 0, 1]  # per-step increase; the drop counts from 0
-    assert a.get("retractions_total").values == [5, 5, 7, 7, 1]
+    assert a.get("running_reqs").values.tolist() == [4, 4, 5, 5, 5]
+    assert a.get("http_requests_active").values.tolist() == [3, 3, 3, 3, 3]
+    assert a.get("ttft_seconds_p95").values.tolist() == [0.39, 0.39, 0.39]
+    assert a.get("retracted_reqs").values.tolist() == [0, 2, 0, 1]  # per-step increase; the drop counts from 0
+    assert a.get("retractions_total").values.tolist() == [5, 5, 7, 7, 1]
     assert a.cfg("max_total_tokens") == 65536
-    assert b.get("running_reqs", "dp0").values == [1, 2, 3, 4]
-    assert b.get("running_reqs", "dp1").values == [10] * 5
-    assert b.get("running_reqs").values[:4] == [11, 12, 13, 14]  # aggregate = sum over DP ranks
+    assert b.get("running_reqs", "dp0").values.tolist() == [1, 2, 3, 4]
+    assert b.get("running_reqs", "dp1").values.tolist() == [10] * 5
+    assert b.get("running_reqs").values[:4].tolist() == [11, 12, 13, 14]  # aggregate = sum over DP ranks
     assert a.meta["spelling"] == ["sglang:"] and b.meta["spelling"] == ["sglang_"]
     assert a.version == ">=0.5.23" and b.version != ">=0.5.23"
     # one query per signal; nothing per target
@@ -162,7 +162,7 @@ def test_failed_query_is_reported_per_signal_and_the_rest_goes_on() -> None:
     assert any("1 target(s) have no queue_reqs" in m and "b:30000" in m for m in msgs)
     tls = {tl.target: tl for tl in col.timelines}
     assert tls["b:30000"].meta["missing_signals"] == ["queue_reqs", "token_usage"]
-    assert tls["a:30000"].get("running_reqs").values == [1] * 5
+    assert tls["a:30000"].get("running_reqs").values.tolist() == [1] * 5
     assert col.fleet["failed_queries"].keys() == {"token_usage"}
 
 
@@ -266,5 +266,5 @@ def test_partial_response_warning_is_reported() -> None:
                                      "data": {"resultType": "matrix", "result": [matrix(A, [3, 3, 3, 3, 3])]}})
     fake = FakeProm(series, {}, fail={"sglang[:_](num_running_reqs|": warn})
     col = collect(fake)
-    assert col.timelines[0].get("running_reqs").values == [3] * 5
+    assert col.timelines[0].get("running_reqs").values.tolist() == [3] * 5
     assert any("Prometheus warned on" in m and "partial response: store eu-2 unreachable" in m for m in col.inputs[0].messages)

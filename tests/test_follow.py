@@ -35,7 +35,7 @@ def _follower(path: Path, from_start: bool = True) -> tuple[Timeline, LogFollowe
 
 def _decode_values(tl: Timeline) -> list[float]:
     s = tl.get("gen_throughput_tps")
-    return list(s.values) if s else []
+    return s.values.tolist() if s else []
 
 
 def _expected_gen(lines: list[bytes]) -> list[float]:
@@ -135,7 +135,7 @@ def test_read_from_stdin_stream_matches_file(data_dir: Path) -> None:
     rb = read_log(ADAPTER, b, "-", stream=io.BytesIO(path.read_bytes()))
     assert rb.report.source == "-" and rb.parser.source_name == "stdin"
     assert (ra.report.lines_read, ra.report.lines_recognized) == (rb.report.lines_read, rb.report.lines_recognized) == (596, 468)
-    assert a.get("running_reqs").values == b.get("running_reqs").values
+    assert a.get("running_reqs").values.tolist() == b.get("running_reqs").values.tolist()
     assert b.get("running_reqs").sources[0].startswith("stdin:")
 
 

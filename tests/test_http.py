@@ -101,7 +101,7 @@ def test_exposition_cut_mid_line_keeps_complete_lines(real_text: str) -> None:
     cut = real_text[: real_text.index("sglang:num_queue_reqs{") + 30]  # ends inside a label set
     ok, t, tl = scrape(lambda r: httpx.Response(200, text=cut))
     assert ok
-    assert tl.get("running_reqs").values == [44.0]  # the complete line before the cut
+    assert tl.get("running_reqs").values.tolist() == [44.0]  # the complete line before the cut
     assert tl.get("queue_reqs") is None  # the broken line is not guessed at
     assert any("cut off mid-line" in m for m in t.report.messages)
 
@@ -112,7 +112,7 @@ def test_binary_junk_is_skipped_and_counted(real_text: str) -> None:
     mixed = "".join(lines[:200]) + junk + "".join(lines[200:])
     ok, t, tl = scrape(lambda r: httpx.Response(200, content=mixed.encode("utf-8")))
     assert ok, t.last_error
-    assert tl.get("running_reqs").values == [44.0] and tl.get("token_usage").values == [1.0]
+    assert tl.get("running_reqs").values.tolist() == [44.0] and tl.get("token_usage").values.tolist() == [1.0]
     assert t.report.errors >= 1
     assert any("unreadable line" in m for m in t.report.messages)
 
@@ -128,7 +128,7 @@ def test_size_cap_cuts_and_uses_the_rest(real_text: str) -> None:
     ok, t, tl = scrape(lambda r: httpx.Response(200, text=real_text), max_bytes=cap)
     assert ok
     assert any(f"exceeded {cap} bytes" in m for m in t.report.messages)
-    assert tl.get("running_reqs").values == [44.0]  # the complete lines before the cap were read
+    assert tl.get("running_reqs").values.tolist() == [44.0]  # the complete lines before the cap were read
 
 
 def test_library_salvage_counts_bad_lines(real_text: str) -> None:
@@ -174,7 +174,7 @@ def test_collect_once_uses_one_pool_and_keeps_the_good_target(real_text: str) ->
     assert {"10.0.0.1", "10.0.0.2"} <= set(hosts)  # both targets went through the one client
     assert col.usable()
     good, bad = col.timelines
-    assert good.get("running_reqs").values == [44.0, 44.0, 44.0]
+    assert good.get("running_reqs").values.tolist() == [44.0, 44.0, 44.0]
     assert not bad.series and "connection refused" in col.unreachable[bad.target]
     assert any("connection refused" in e for e in col.errors)
 

@@ -319,7 +319,7 @@ def test_format(case: dict[str, Any]) -> None:
         name, rank = key if isinstance(key, tuple) else (key, "")
         s = tl.get(name, rank)
         assert s is not None, f"signal {name}[{rank}] missing"
-        assert s.values == [pytest.approx(float(want))], f"{name}[{rank}]"
+        assert s.values.tolist() == [pytest.approx(float(want))], f"{name}[{rank}]"
         assert s.sources == ["server.log:1"]
         if "ts" in case:
             from diagnoser.model import iso

@@ -127,7 +127,7 @@ def test_underscore_spelling_reads_the_same() -> None:
     text = (METRICS_DIR / "sglang-0.5.23_collector_metrics.prom").read_text()
     a, _ = ingest([(1.0, text)])
     b, _ = ingest([(1.0, text.replace("sglang:", "sglang_"))])
-    assert {k: s.values for k, s in a.series.items()} == {k: s.values for k, s in b.series.items()}
+    assert {k: s.values.tolist() for k, s in a.series.items()} == {k: s.values.tolist() for k, s in b.series.items()}
     assert b.version == ">=0.5.23"
 
 
@@ -210,7 +210,7 @@ def test_cpu_real_sequence_matches_its_timeline(run: str) -> None:
     checked = 0
     for col, sig in cols.items():
         s = tl.get(sig)
-        by_ts = {round(ts - t0, 1): v for ts, v in zip(s.ts, s.values, strict=True)} if s else {}
+        by_ts = {round(ts - t0, 1): v for ts, v in zip(s.ts.tolist(), s.values.tolist(), strict=True)} if s else {}
         for row in rows:
             if row[col] == "":
                 continue
@@ -239,7 +239,7 @@ def test_kv_full_retract_sequence_signals() -> None:
     st = tl.stats("retracted_reqs")
     rr = tl.get("retracted_reqs")
     assert sum(rr.values) == 9  # README: 9 retractions, counter 9
-    assert len(set(rr.ts)) == len(rr.ts) == len(files)  # one reading per scrape: gauge first, then counter
+    assert len(set(rr.ts.tolist())) == len(rr.ts) == len(files)  # one reading per scrape: gauge first, then counter
     assert st["max"] >= 1
     assert max(tl.get("token_usage").values) == pytest.approx(0.96)
     # prefill tokens from prefill_effective_tokens_total{mode}: sums over the window match the counter
@@ -301,8 +301,8 @@ def test_fast_and_reference_paths_give_identical_signals(run: str) -> None:
     texts = [(file_ts(p), p.read_text()) for p in scrape_files(run)]
     a, ta = ingest(texts, fast=True)
     b, tb = ingest(texts, fast=False)
-    pa = sorted((k, s.ts, s.values) for k, s in a.series.items())
-    pb = sorted((k, s.ts, s.values) for k, s in b.series.items())
+    pa = sorted((k, s.ts.tolist(), s.values.tolist()) for k, s in a.series.items())
+    pb = sorted((k, s.ts.tolist(), s.values.tolist()) for k, s in b.series.items())
     assert pa == pb
     assert {k: v.value for k, v in a.config.items()} == {k: v.value for k, v in b.config.items()}
     assert a.version == b.version

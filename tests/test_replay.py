@@ -24,7 +24,7 @@ from tests.conftest import DATA, need_shared
 
 
 def _series(tl: Timeline) -> dict:
-    return {k: (s.ts, s.values, s.sources) for k, s in tl.series.items()}
+    return {k: (s.ts.tolist(), s.values.tolist(), s.sources.tolist()) for k, s in tl.series.items()}
 
 
 def _cases() -> list[str]:
@@ -162,12 +162,12 @@ def test_replay_ingest_grows_with_the_feed(tmp_path: Path) -> None:
     for r in feed.due(4.5):
         ing.apply(r)
     col = ing.collection()
-    assert col.timelines[0].get("running_reqs").values == [0.0, 1.0, 2.0]
+    assert col.timelines[0].get("running_reqs").values.tolist() == [0.0, 1.0, 2.0]
     assert col.timelines[0].version == "0.5.23"
     for r in feed.due(100.0):
         ing.apply(r)
     col = ing.collection()
-    assert col.timelines[0].get("running_reqs").values == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert col.timelines[0].get("running_reqs").values.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
 def test_once_replay_bad_inputs_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,10 +70,10 @@ def test_aggregate_rules_sum_counts_never_ratios() -> None:
         tl.add("cache_hit_rate", float(ts), u1, "x", "dp1")
     tl.add("running_reqs", 0.0, 99, "x", "pp1")  # a later pipeline stage: shown apart, never added
     tl.aggregate_ranks()
-    assert tl.get("running_reqs").values == [40, 40]
-    assert tl.get("token_usage").values == [0.9, 0.7]
-    assert tl.get("cache_hit_rate").values == pytest.approx([0.7, 0.65])
-    assert tl.get("running_reqs", "pp1").values == [99]
+    assert tl.get("running_reqs").values.tolist() == [40, 40]
+    assert tl.get("token_usage").values.tolist() == [0.9, 0.7]
+    assert tl.get("cache_hit_rate").values.tolist() == pytest.approx([0.7, 0.65])
+    assert tl.get("running_reqs", "pp1").values.tolist() == [99]
     assert SIGNALS["token_usage"][1] == "max" and SIGNALS["running_reqs"][1] == "sum"
 
 

@@ -45,9 +45,9 @@ def _demand(tl: Timeline) -> float | None:
     run, queue = tl.get("running_reqs"), tl.get("queue_reqs")
     if run is None or queue is None:
         return None
-    by_key = {(t, s if "@" not in s else ""): v for t, v, s in zip(run.ts, run.values, run.sources, strict=True)}
+    by_key = {(t, s if "@" not in s else ""): v for t, v, s in zip(run.ts.tolist(), run.values.tolist(), run.sources.tolist(), strict=True)}
     best = None
-    for t, q, s in zip(queue.ts, queue.values, queue.sources, strict=True):
+    for t, q, s in zip(queue.ts.tolist(), queue.values.tolist(), queue.sources.tolist(), strict=True):
         r = by_key.get((t, s if "@" not in s else ""))
         if r is not None and r == r and q == q:
             best = r + q if best is None else max(best, r + q)
@@ -83,8 +83,8 @@ def workload_from_timeline(tl: Timeline, extras: dict[str, Any],
         w.tokens_source = "prompt + generation token counters / finished requests (mean only: p50 = p95)"
     if w.output_tokens_per_request is None and w.tokens_per_request:
         new, cached, seqs = (tl.get(s) for s in ("prefill_new_tokens", "prefill_cached_tokens", "prefill_new_seqs"))
-        if new is not None and seqs is not None and sum(seqs.values) > 0:
-            prompt = (sum(new.values) + (sum(cached.values) if cached is not None else 0)) / sum(seqs.values)
+        if new is not None and seqs is not None and sum(seqs.values.tolist()) > 0:
+            prompt = (sum(new.values.tolist()) + (sum(cached.values.tolist()) if cached is not None else 0)) / sum(seqs.values.tolist())
             w.output_tokens_per_request = max(1.0, w.tokens_per_request - prompt)
     w.progress = progress_from_timeline(tl, extras.get("job_requests"), w.output_tokens_per_request, w.gen_tps)
     return w

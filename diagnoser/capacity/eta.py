@@ -40,10 +40,10 @@ def progress_from_timeline(tl: Timeline, job_requests: int | None, output_tokens
     jp = JobProgress(job_requests=job_requests)
     counter = tl.get("requests_completed")
     if counter is not None and len(counter) >= 1:
-        first, last = counter.values[0], counter.values[-1]
+        first, last = float(counter.values[0]), float(counter.values[-1])
         jp.completed = int(max(0.0, last))
         jp.completed_source = f"{counter.sources[-1]} (requests_completed counter)"
-        span = counter.ts[-1] - counter.ts[0]
+        span = counter.last_ts() - counter.first_ts()
         if len(counter) >= 2 and span > 0 and last > first:
             jp.rate_rps = (last - first) / span
             jp.rate_source = f"requests_completed rose {last - first:.0f} in {span:.0f} s"

@@ -194,8 +194,8 @@ def _pool_from_usage(tl: Timeline, ranks: list[str]) -> tuple[int, str] | None:
         used, usage = tl.get("used_tokens", rank), tl.get("token_usage", rank)
         if used is None or usage is None:
             continue
-        by_src = dict(zip(usage.sources, usage.values, strict=True))
-        cands = [(by_src[src], u / by_src[src], src) for u, src in zip(used.values, used.sources, strict=True)
+        by_src = dict(zip(usage.sources.tolist(), usage.values.tolist(), strict=True))
+        cands = [(by_src[src], u / by_src[src], src) for u, src in zip(used.values.tolist(), used.sources.tolist(), strict=True)
                  if by_src.get(src, 0) >= 0.05]
         if cands:
             best.append(max(cands))

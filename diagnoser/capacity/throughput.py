@@ -118,11 +118,12 @@ def decode_points(tl: Timeline, rank: str = "") -> tuple[list[float], list[float
     gen = tl.get("gen_throughput_tps", rank)
     if run is None or gen is None:
         return [], []
-    by_src = {s: v for s, v in zip(run.sources, run.values, strict=True) if ":" in s and "@" not in s}
-    by_ts = dict(zip(run.ts, run.values, strict=True))
+    rv = run.values.tolist()
+    by_src = {s: v for s, v in zip(run.sources.tolist(), rv, strict=True) if ":" in s and "@" not in s}
+    by_ts = dict(zip(run.ts.tolist(), rv, strict=True))
     bs: list[float] = []
     xs: list[float] = []
-    for t, x, s in zip(gen.ts, gen.values, gen.sources, strict=True):
+    for t, x, s in zip(gen.ts.tolist(), gen.values.tolist(), gen.sources.tolist(), strict=True):
         b = by_src.get(s)
         if b is None:
             b = by_ts.get(t)

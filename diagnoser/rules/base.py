@@ -8,11 +8,9 @@ per rule from a TOML file or the CLI.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import re
-import struct as _struct
 import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -240,6 +238,7 @@ def _round(v: Any) -> Any:
     if isinstance(v, float):
         if v != v:  # NaN
             return None
+        v = float(v)  # a numpy float64 read from a column prints as a plain float
         return round(v, 4) if abs(v) < 100 else round(v, 1)
     return v
 
@@ -268,9 +267,9 @@ def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float,
     out: list[tuple[float, float, float, str]] = []
     if sa is not None and sb is not None:
         if len(sa) < 64 and len(sb) < 64:
-            bmap = dict(zip(sb.ts, sb.values, strict=True))
+            bmap = dict(zip(sb.ts.tolist(), sb.values.tolist(), strict=True))
             get = bmap.get
-            out = [(t, v, w, src) for t, v, src in zip(sa.ts, sa.values, sa.sources, strict=True)
+            out = [(t, v, w, src) for t, v, src in zip(sa.ts.tolist(), sa.values.tolist(), sa.sources.tolist(), strict=True)
                    if (w := get(t)) is not None and v == v and w == w]
         else:
             out = _joint_np(ctx, a, b, rank)
@@ -351,11 +350,11 @@ def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]
 
 
 def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
-    """One column of a series as a numpy array, converted once per pass (values alone serve the stats).
+    """One column of a series: the timeline's own read-only numpy column (nothing is converted).
 
     Series read from the same log lines or scrapes carry equal time columns: a time column equal to
-    one already converted in this pass is that same array (read-only use), which also lets
-    :func:`aligned` join them without a search."""
+    one already used in this pass is that same array (read-only use), which lets :func:`aligned` join
+    them without a search."""
     key = (name, signal, rank)
     hit = ctx.memo.get(key)
     if hit is None:
@@ -367,7 +366,7 @@ def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
         elif name == "ts":
             hit = _shared_ts(ctx, s.ts)
         else:
-            hit = to_array(getattr(s, name))
+            hit = getattr(s, name)
         ctx.memo[key] = hit
     return hit
 
@@ -383,48 +382,17 @@ def _has_nan(ctx: RuleContext, arr: Any) -> bool:
     return hit  # type: ignore[no-any-return]
 
 
-def _shared_ts(ctx: RuleContext, col: list[float]) -> Any:
-    """A time column as an array, the same array object as an equal column already converted this pass.
-
-    Equality is exact either way; only the method is chosen by cost: lists whose floats are the same
-    objects (the bulk log reader and a scrape share one float per time stamp) compare at C speed by
-    identity, while lists of distinct floats compare faster as arrays."""
+def _shared_ts(ctx: RuleContext, col: Any) -> Any:
+    """A time column, or the equal one (same length, ends and values) already used this pass."""
     import numpy as np
 
-    same = ctx.memo.setdefault("ts_cols", {}).setdefault((len(col), col[0], col[-1]), [])
     n = len(col)
-    probe = range(0, n, max(1, n // 8))
-    arr = None
-    for other, other_arr in same:
-        if all(other[i] is col[i] for i in probe):  # shared floats: compare the lists
-            if other == col:
-                return other_arr
-            continue
-        if arr is None:
-            arr = to_array(col)
-        if np.array_equal(other_arr, arr):
-            return other_arr
-    arr = to_array(col) if arr is None else arr
-    same.append((col, arr))
-    return arr
-
-
-def to_array(values: list[float]) -> Any:
-    """A list of floats as a float64 numpy array, the same as ``np.fromiter(values, float)`` bit for bit
-    (tested on the real windows) at about 40 % of its cost: ``struct`` unboxes the floats in one C loop
-    into a bytes object that numpy then uses without a copy. The array is read-only, as the pass's
-    columns are meant to be."""
-    import numpy as np
-
-    try:
-        return np.frombuffer(_packer(len(values)).pack(*values), dtype=float)
-    except _struct.error:  # not all numbers: the library path says which
-        return np.fromiter(values, dtype=float, count=len(values))
-
-
-@functools.lru_cache(maxsize=64)
-def _packer(n: int) -> _struct.Struct:
-    return _struct.Struct(f"{n}d")
+    same = ctx.memo.setdefault("ts_cols", {}).setdefault((n, float(col[0]), float(col[-1])) if n else (0,), [])
+    for other in same:
+        if np.array_equal(other, col):
+            return other
+    same.append(col)
+    return col
 
 
 def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
@@ -452,7 +420,7 @@ def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
             uniq, uval = ctx.memo[ukey]
             a_order, a_last, a_run = (order, last, run) if ta is tb else _time_runs(ctx, ta)
             if ta is tb and order == "increasing":  # read at the same moments (see _column): no search
-                ctx.memo[key] = vb  # a read-only column (to_array), shared as the time column is
+                ctx.memo[key] = vb  # a read-only column of the timeline, shared as the time column is
             elif ta is tb and order == "ordered":
                 ctx.memo[key] = uval[run]
             elif a_order == "ordered":  # search each distinct time of a once (log times repeat within a second)

@@ -49,7 +49,7 @@ def hit_rate(ctx: RuleContext, lo: int = 0, hi: int | None = None) -> tuple[floa
         return (cached / (cached + new) if cached + new > 0 else None), p.src(lo)
     s = ctx.series("cache_hit_rate")
     if s is not None and len(s):
-        return sum(s.values) / len(s), s.sources[0]
+        return sum(s.values.tolist()) / len(s), s.sources[0]
     return None, ""
 
 

@@ -93,7 +93,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
         evs = [e for e in evs if "pp" not in e.rank]  # later pipeline stages repeat stage 0's requests
     reqs = sum(int(e.fields.get("retracted_reqs", 1) or 1) for e in evs)
     tot = ctx.series("retractions_total")
-    counted = int(tot.values[-1] - tot.values[0]) if tot is not None and len(tot) >= 2 and tot.values[-1] > tot.values[0] else 0
+    counted = int(float(tot.values[-1]) - float(tot.values[0])) if tot is not None and len(tot) >= 2 and tot.values[-1] > tot.values[0] else 0
     out: tuple[int, int, str] = (0, 0, "")
     if evs and reqs >= counted:
         out = (len(evs), reqs, evs[0].source)
@@ -102,7 +102,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     else:
         rr = ctx.series("retracted_reqs")
         if rr is not None:
-            pos = [v for v in rr.values if v > 0]
+            pos = [v for v in rr.values.tolist() if v > 0]
             if pos:
                 out = (len(pos), int(sum(pos)), argmax_source(ctx, "retracted_reqs"))
     ctx.memo["retractions"] = out

@@ -73,7 +73,7 @@ class KVRetraction(Rule):
             f = first[0].fields
             evs.append(evidence("new_token_ratio", f"{f['new_token_ratio_before']} -> {f['new_token_ratio_after']}", None, "", first[0].source))
         elif ratio is not None:
-            evs.append(evidence("new_token_ratio", round(max(ratio.values), 3), None, ctx.window_text(), argmax_source(ctx, "new_token_ratio")))
+            evs.append(evidence("new_token_ratio", round(max(ratio.values.tolist()), 3), None, ctx.window_text(), argmax_source(ctx, "new_token_ratio")))
         when = f" over {minutes:.1f} min ({rate:.1f}/min)" if minutes else ""
         ranks = {e.rank for e in first}
         rank_txt = f", logged by {len(ranks)} ranks" if len(ranks) > 1 else ""

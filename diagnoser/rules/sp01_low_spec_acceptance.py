@@ -58,12 +58,12 @@ class LowSpecAcceptance(Rule):
         al_s = ctx.series("spec_accept_len")
         if al_s is None:
             return None
-        al = busy(al_s.values)
+        al = busy(al_s.values.tolist())
         if len(al) < t["min_points"]:
             return None
         mean_al = sum(al) / len(al)
         rate_s = ctx.series("spec_accept_rate")
-        rates = busy(rate_s.values) if rate_s is not None else []
+        rates = busy(rate_s.values.tolist()) if rate_s is not None else []
         mean_rate = sum(rates) / len(rates) if rates else None
         steps = ctx.cfg("speculative_num_steps", ctx.cfg("arg.speculative_num_steps"))
         draft_len = (int(steps) + 1) if isinstance(steps, int | float) and steps else None

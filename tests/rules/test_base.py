@@ -26,9 +26,9 @@ def _slow_joint(tl: Timeline) -> list[tuple[float, float, float, str]]:
     sa, sb = tl.get("a"), tl.get("b")
     assert sa is not None and sb is not None
     bmap = {}
-    for t, v in zip(sb.ts, sb.values, strict=True):
+    for t, v in zip(sb.ts.tolist(), sb.values.tolist(), strict=True):
         bmap[t] = v
-    return [(t, v, bmap[t], s) for t, v, s in zip(sa.ts, sa.values, sa.sources, strict=True) if t in bmap and v == v and bmap[t] == bmap[t]]
+    return [(t, v, bmap[t], s) for t, v, s in zip(sa.ts.tolist(), sa.values.tolist(), sa.sources.tolist(), strict=True) if t in bmap and v == v and bmap[t] == bmap[t]]
 
 
 def test_numpy_join_matches_the_python_join() -> None:

@@ -10,6 +10,7 @@ from diagnoser.rules.er01_oom import OOM
 from diagnoser.rules.pf01_prefill_stall import PrefillStall
 from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference
 from diagnoser.rules.sp01_low_spec_acceptance import LowSpecAcceptance
+from diagnoser.timeline import Series
 from tests.rules.helpers import run, window
 
 
@@ -71,12 +72,15 @@ def test_interference_needs_running_requests_and_no_decode_between() -> None:
     assert run(PrefillDecodeInterference, window(prefill_new_tokens=[33000] * 4, running_reqs=[0] * 4)) is None
     tl = window(prefill_new_tokens=[33000] * 4, running_reqs=[40] * 4)
     tl.add("gen_throughput_tps", tl.get("prefill_new_tokens").ts[1] + 0.5, 900.0, "server.log:2")  # type: ignore[union-attr]
-    tl.series[("gen_throughput_tps", "")].sources[0] = "server.log:2"
     # a decode line between lines 2 and 3 would split the run; line numbers decide, so shift the prefill sources
-    s = tl.series[("prefill_new_tokens", "")]
-    s.sources[:] = ["server.log:1", "server.log:3", "server.log:5", "server.log:7"]
-    tl.series[("running_reqs", "")].sources[:] = list(s.sources)
-    tl.series[("gen_throughput_tps", "")].sources[0] = "server.log:4"
+    # (series are read-only: each is rebuilt with the new sources)
+    def resourced(key: tuple[str, str], sources: list[str]) -> None:
+        old = tl.series[key]
+        tl.series[key] = Series(old.ts, old.values, sources)
+
+    resourced(("prefill_new_tokens", ""), ["server.log:1", "server.log:3", "server.log:5", "server.log:7"])
+    resourced(("running_reqs", ""), ["server.log:1", "server.log:3", "server.log:5", "server.log:7"])
+    resourced(("gen_throughput_tps", ""), ["server.log:4"])
     f = run(PrefillDecodeInterference, tl)
     assert f is None  # runs of 2 (lines 1,3) and 2 (lines 5,7)
 

@@ -1,7 +1,6 @@
 """The rule pass's fast paths against their references on the real cpu-real windows
 (../shared/data/sglang-cpu-real, every scrape plus the whole log, as ``bench/bench_rules.py`` reads them).
 
-* :func:`to_array` (``struct.pack_into``) against ``numpy.fromiter``, bit for bit, on every column.
 * :func:`aligned` / :func:`pairs` (shared time arrays, joins searched once per distinct time) against a
   plain dict join (the last reading at each time wins), on every pair of the signals the rules join.
 """
@@ -21,7 +20,7 @@ import pytest
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang import ADAPTER
 from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.rules.base import RuleContext, _time_runs, aligned, pairs, raw_arrays, to_array
+from diagnoser.rules.base import RuleContext, _time_runs, aligned, pairs, raw_arrays
 from diagnoser.sources.logs import read_log
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
@@ -54,30 +53,15 @@ def windows() -> list[Timeline]:
     return [_read(r) for r in runs]
 
 
-def test_to_array_is_fromiter_bit_for_bit(windows: list[Timeline]) -> None:
-    n = 0
-    for tl in windows:
-        for s in tl.series.values():
-            for col in (s.ts, s.values):
-                ref = np.fromiter(col, dtype=float, count=len(col))
-                got = to_array(col)
-                assert got.dtype == ref.dtype and got.tobytes() == ref.tobytes()
-                n += len(col)
-    assert n > 50_000
-    assert to_array([1, 2.5, math.nan, math.inf]).tobytes() == np.array([1.0, 2.5, math.nan, math.inf]).tobytes()
-    with pytest.raises(ValueError):  # not numbers: numpy's own error, as before
-        to_array([1.0, "x"])  # type: ignore[list-item]
-
-
 def _ref_aligned(tl: Timeline, base: str, other: str) -> list[float]:
     last: dict[float, float] = {}
     sb = tl.get(other)
     assert sb is not None
-    for t, v in zip(sb.ts, sb.values, strict=True):
+    for t, v in zip(sb.ts.tolist(), sb.values.tolist(), strict=True):
         last[t] = v
     sa = tl.get(base)
     assert sa is not None
-    return [last.get(t, math.nan) for t in sa.ts]
+    return [last.get(t, math.nan) for t in sa.ts.tolist()]
 
 
 def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
@@ -96,7 +80,7 @@ def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
             p = pairs(ctx, a, b)
             sa = tl.get(a)
             assert sa is not None
-            want: list[Any] = [(t, v, w, src) for t, v, w, src in zip(sa.ts, sa.values, ref, sa.sources, strict=True) if v == v and w == w]
+            want: list[Any] = [(t, v, w, src) for t, v, w, src in zip(sa.ts.tolist(), sa.values.tolist(), ref, sa.sources.tolist(), strict=True) if v == v and w == w]
             assert [(float(t), float(x), float(y), p.src(k)) for k, (t, x, y) in enumerate(zip(p.ts, p.a, p.b, strict=True))] == want
         assert ctx.span() == tl.span() and ctx.window_text() == f"{tl.span()[1] - tl.span()[0]:.0f} s"  # type: ignore[operator]
         assert tl.span() == _ref_span(tl)
@@ -108,9 +92,10 @@ def _ref_span(tl: Timeline) -> tuple[float | None, float | None]:
     """Timeline.span compared point by point, the reference for its built-in min/max version."""
     start = end = None
     for s in tl.series.values():
-        if s.ts:
-            start = s.ts[0] if start is None else min(start, s.ts[0])
-            end = s.ts[-1] if end is None else max(end, s.ts[-1])
+        if len(s):
+            first, last = float(s.ts[0]), float(s.ts[-1])
+            start = first if start is None else min(start, first)
+            end = last if end is None else max(end, last)
     for e in tl.events:
         start = e.ts if start is None else min(start, e.ts)
         end = e.ts if end is None else max(end, e.ts)
