@@ -73,6 +73,21 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
 
 _FLOAT = np.dtype(np.float64)
 _MIN_CAP = 16
+_I32_MAX = 2**31 - 1
+
+
+def _capacity(n: int) -> int:
+    """Buffer size for n points: an eighth more as room to grow (at least 16), as CPython's lists do."""
+    return n + max(_MIN_CAP, n // 8)
+
+
+def _narrow(line: np.ndarray) -> np.ndarray:
+    """Line numbers as int32 when they fit (4 bytes a point saved), else int64."""
+    if line.dtype == np.int32:
+        return line
+    if not len(line) or (int(line.max()) <= _I32_MAX and int(line.min()) >= -1):
+        return line.astype(np.int32)
+    return line.astype(np.int64)
 
 
 def _encode(src: str) -> tuple[str, int]:
@@ -86,7 +101,7 @@ def _encode(src: str) -> tuple[str, int]:
 
 class Sources(Sequence[str]):
     """The sources of a series' points, read-only: a label table plus, per point, an int32 label id and
-    an int64 line number (-1: no ``:N`` suffix). ``"server.log:1842"`` is stored as label
+    a line number (-1: no ``:N`` suffix; int32, widened to int64 past 2**31). ``"server.log:1842"`` is stored as label
     ``"server.log"`` and line 1842 and formatted only when read, so no str is kept per log point."""
 
     __slots__ = ("_labels", "_lab", "_line")
@@ -147,7 +162,7 @@ class Series:
     build new buffers. Only :meth:`blank_sources` writes in place (it blanks the source text of old
     points, which views of those points then show blank too)."""
 
-    __slots__ = ("_t", "_v", "_lab", "_line", "_lo", "_hi", "_labels", "_ids", "_owner", "_views", "_exposed")
+    __slots__ = ("_t", "_v", "_lab", "_line", "_lo", "_hi", "_labels", "_ids", "_owner", "_views", "_exposed", "_live_labels")
 
     def __init__(self, ts: Any = None, values: Any = None, sources: Any = None) -> None:
         t = np.array(ts if ts is not None else (), dtype=_FLOAT)
@@ -162,6 +177,7 @@ class Series:
         self._owner = True
         self._views: tuple[np.ndarray, np.ndarray, Sources] | None = None
         self._exposed = False  # views of the current buffers were handed out: never shift them in place
+        self._live_labels = 0  # labels in use at the last clean-up of the label table (_gc_labels)
 
     # -- reading -------------------------------------------------------------------------------
     def _view(self) -> tuple[np.ndarray, np.ndarray, Sources]:
@@ -215,6 +231,7 @@ class Series:
         out._owner = False  # writing to it first copies (it must never write into this series' buffers)
         out._views = None
         out._exposed = True
+        out._live_labels = self._live_labels
         self._exposed = True
         return out
 
@@ -229,7 +246,7 @@ class Series:
         """A series owning these columns (``lab`` indexes ``labels``)."""
         out = cls()
         out._t, out._v = ts, values
-        out._lab, out._line = np.asarray(lab, dtype=np.int32), np.asarray(line, dtype=np.int64)
+        out._lab, out._line = np.asarray(lab, dtype=np.int32), _narrow(np.asarray(line, dtype=np.int64))
         out._labels = list(labels)
         out._ids = {}
         for i, label in enumerate(out._labels):
@@ -270,7 +287,7 @@ class Series:
             raise ValueError(f"a series needs as many sources as times (got {len(sources)} and {n})")
         if isinstance(sources, Sources):
             remap = np.fromiter(map(self._intern, sources._labels), dtype=np.int32, count=len(sources._labels))
-            return (remap[sources._lab] if n else np.zeros(0, np.int32)), np.array(sources._line, dtype=np.int64)
+            return (remap[sources._lab] if n else np.zeros(0, np.int32)), _narrow(np.array(sources._line))
         ids, labels = self._ids, self._labels
         lab: list[int] = []
         line: list[int] = []
@@ -286,28 +303,23 @@ class Series:
                 i = ids[label] = len(labels)
                 labels.append(label)
             lab.append(i)
-        return np.array(lab, dtype=np.int32), np.array(line, dtype=np.int64)
+        return np.array(lab, dtype=np.int32), _narrow(np.array(line, dtype=np.int64))
 
     def _realloc(self, extra: int) -> None:
-        """New buffers holding the filled part with room for ``extra`` more points (at most half the
-        filled part again as slack); the label table is rebuilt when most of its labels are dead."""
+        """New buffers holding the filled part with room for ``extra`` more points plus an eighth of the
+        total as slack (amortised O(1) appends; a long-lived series holds at most ~1.125x its points)."""
         lo, hi = self._lo, self._hi
         n = hi - lo
-        cap = max(_MIN_CAP, n + extra + (n + extra) // 2)
+        cap = _capacity(n + extra)
         t = np.empty(cap, _FLOAT)
         v = np.empty(cap, _FLOAT)
         lab = np.empty(cap, np.int32)
-        line = np.empty(cap, np.int64)
+        line = np.empty(cap, self._line.dtype)
         t[:n] = self._t[lo:hi]
         v[:n] = self._v[lo:hi]
         lab[:n] = self._lab[lo:hi]
         line[:n] = self._line[lo:hi]
-        if len(self._labels) > 2 * n + 64:  # e.g. scrape sources of points since dropped or blanked
-            used, inv = np.unique(lab[:n], return_inverse=True)
-            self._labels = [self._labels[i] for i in used.tolist()]
-            self._ids = {label: i for i, label in enumerate(self._labels)}
-            lab[:n] = inv
-        elif not self._owner:
+        if not self._owner:
             self._labels = list(self._labels)
             self._ids = dict(self._ids)
         self._t, self._v, self._lab, self._line = t, v, lab, line
@@ -315,6 +327,23 @@ class Series:
         self._owner = True
         self._views = None
         self._exposed = False
+
+    def _gc_labels(self) -> None:
+        """Drop the labels no point uses any more (e.g. the scrape sources of points since dropped,
+        thinned or blanked) once the table has grown by a quarter since the last clean-up: amortised O(1) per label.
+        The label column is rebuilt into a new array, so views handed out earlier keep their labels. Only
+        called where no label id is pending (label ids encoded before a write would point at the old table)."""
+        if len(self._labels) <= self._live_labels + self._live_labels // 4 + 16:
+            return
+        lo, hi = self._lo, self._hi
+        used, inv = np.unique(self._lab[lo:hi], return_inverse=True)
+        labels = [self._labels[i] for i in used.tolist()]
+        lab = np.empty(len(self._lab), np.int32)
+        lab[lo:hi] = inv
+        self._lab, self._labels = lab, labels
+        self._ids = {label: i for i, label in enumerate(labels)}
+        self._live_labels = len(labels)
+        self._views = None
 
     def _room(self, k: int) -> None:
         if not self._owner or self._hi + k > len(self._t):
@@ -331,6 +360,8 @@ class Series:
             line = int(num)
         else:
             label, line = source, -1
+        if line > _I32_MAX and self._line.dtype != np.int64:
+            self._line = self._line.astype(np.int64)  # new buffer: views handed out keep theirs
         i = self._ids.get(label)
         if i is None:
             i = self._intern(label)
@@ -338,7 +369,7 @@ class Series:
             # keep time order: an out-of-order point (multi-source) goes after the points at or before
             # its time; the tail moves up in place, or into new buffers when views of them are out
             if self._exposed:
-                self._insert(np.array([ts], _FLOAT), np.array([value], _FLOAT), np.array([i], np.int32), np.array([line], np.int64))
+                self._insert(np.array([ts], _FLOAT), np.array([value], _FLOAT), np.array([i], np.int32), np.array([line], self._line.dtype))
                 return
             pos = self._lo + int(t[self._lo:hi].searchsorted(ts, "right"))
             for col in (t, self._v, self._lab, self._line):
@@ -359,6 +390,8 @@ class Series:
         k = len(ts)
         if not k:
             return
+        if line.dtype.itemsize > self._line.dtype.itemsize:
+            self._line = self._line.astype(line.dtype)  # line numbers past 2**31: a wider column (new buffer)
         if (self._hi > self._lo and ts[0] < self._t[self._hi - 1]) or (k > 1 and not (ts[1:] >= ts[:-1]).all()):
             self._insert(ts, values, lab, line)
             return
@@ -397,6 +430,7 @@ class Series:
         n = self._hi - self._lo
         if self._lo > n + _MIN_CAP or 4 * n + _MIN_CAP < len(self._t):
             self._realloc(0)
+        self._gc_labels()
 
     def thin(self, lo: int, hi: int, keep: np.ndarray) -> None:
         """Keep only the points at positions ``keep`` (sorted, within ``[lo, hi)``) of the range
@@ -404,17 +438,23 @@ class Series:
         a, b = self._lo + lo, self._lo + hi
         k = self._lo + np.asarray(keep, dtype=np.intp)
         blank = self._intern("")
-        parts = [(self._t[self._lo:a], self._t[k], self._t[b:self._hi]),
-                 (self._v[self._lo:a], self._v[k], self._v[b:self._hi]),
-                 (self._lab[self._lo:a], np.full(len(k), blank, np.int32), self._lab[b:self._hi]),
-                 (self._line[self._lo:a], np.full(len(k), -1, np.int64), self._line[b:self._hi])]
-        self._t, self._v, self._lab, self._line = (np.concatenate(p) for p in parts)
-        self._lo, self._hi = 0, len(self._t)
+        head, mid, tail = a - self._lo, len(k), self._hi - b
+        n = head + mid + tail
+        cols = []
+        for old, fill in ((self._t, None), (self._v, None), (self._lab, blank), (self._line, -1)):
+            new = np.empty(_capacity(n), old.dtype)  # with slack: the live loop appends right after
+            new[:head] = old[self._lo:a]
+            new[head:head + mid] = old[k] if fill is None else fill
+            new[head + mid:n] = old[b:self._hi]
+            cols.append(new)
+        self._t, self._v, self._lab, self._line = cols
+        self._lo, self._hi = 0, n
         if not self._owner:
             self._labels, self._ids = list(self._labels), dict(self._ids)
             self._owner = True
         self._views = None
         self._exposed = False
+        self._gc_labels()
 
     def blank_sources(self, lo: int, hi: int) -> None:
         """Blank the source text of points ``[lo, hi)`` in place (old points no rule cites any more)."""
@@ -426,6 +466,7 @@ class Series:
         self._lab[self._lo + lo:self._lo + hi] = blank
         self._line[self._lo + lo:self._lo + hi] = -1
         self._views = None
+        self._gc_labels()
 
 
 def quantile(sorted_values: Sequence[float] | np.ndarray, q: float) -> float:
@@ -527,7 +568,7 @@ class Timeline:
             s = self.series[(signal, rank)] = Series()
         t = np.asarray(ts, dtype=np.float64)
         v = np.asarray(values, dtype=np.float64)
-        line = np.asarray(line_nos, dtype=np.int64)
+        line = _narrow(np.asarray(line_nos, dtype=np.int64))
         if v.shape != t.shape or line.shape != t.shape:
             raise ValueError(f"add_columns needs columns of one length (got {len(t)}, {len(v)} and {len(line)})")
         s.merge_columns(t, v, np.full(n, s._intern(source_name), np.int32), line)
