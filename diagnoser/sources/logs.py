@@ -128,23 +128,37 @@ class LogReader:
         bytes), applied here in file order; at most two chunks per worker are in flight. A chunk of a
         memory-mapped file travels as its (start, end) only."""
         import multiprocessing
+        import shutil
+        import tempfile
         from collections import deque
 
+        global _RESULTS
+        # a chunk's result (a few MB of columns) is handed over in a file in memory (/dev/shm) rather than
+        # through the pool's pipe, which moves it several times slower; set before the workers fork
+        try:
+            _RESULTS = tempfile.mkdtemp(prefix="diagnoser-log-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        except OSError:
+            _RESULTS = None
         pending: deque[tuple[Any, Any]] = deque()
         try:
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
-        except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
-            for job in jobs:
-                self._apply_done(bulk, job, None)
-            return
-        with pool:
-            for job in jobs:
-                fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
-                pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
-                while len(pending) > 2 * workers:
+            try:
+                pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+            except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
+                for job in jobs:
+                    self._apply_done(bulk, job, None)
+                return
+            with pool:
+                for job in jobs:
+                    fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
+                    pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
+                    while len(pending) > 2 * workers:
+                        self._apply_done(bulk, *pending.popleft())
+                while pending:
                     self._apply_done(bulk, *pending.popleft())
-            while pending:
-                self._apply_done(bulk, *pending.popleft())
+        finally:
+            if _RESULTS is not None:
+                shutil.rmtree(_RESULTS, ignore_errors=True)
+                _RESULTS = None
 
     def _apply_done(self, bulk: Any, job: bytes | tuple[int, int] | None, result: Any) -> None:
         """Apply one chunk in file order: ``job`` is its bytes, its (start, end) in the mapped file, or
@@ -159,7 +173,7 @@ class LogReader:
         try:
             if result is None:
                 raise LookupError("parse here")
-            parsed = result.get(timeout=WORKER_TIMEOUT)
+            parsed = _received(result.get(timeout=WORKER_TIMEOUT))
         except Exception:  # here by choice, or a worker that failed or died (memory, signal)
             if not block:
                 block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
@@ -209,6 +223,8 @@ def _auto_workers(stream: Any) -> int:
 
 _WORKER: Any = None
 _MAP: Any = None  # the memory-mapped file being read in parallel (inherited by the forked workers)
+_RESULTS: str | None = None  # where workers hand their results over (inherited by the forked workers)
+_HANDED = 0  # results handed over by this worker
 
 
 def _worker_init() -> None:
@@ -219,12 +235,43 @@ def _worker_init() -> None:
     _WORKER = BlockParser()
 
 
-def _worker_parse(block: bytes) -> dict[str, Any]:
-    return _WORKER.parse(block)
+def _worker_parse(block: bytes) -> dict[str, Any] | str:
+    return _handed(_WORKER.parse(block))
 
 
-def _worker_parse_range(job: tuple[int, int]) -> dict[str, Any]:
-    return _WORKER.parse(_MAP[job[0] : job[1]])
+def _worker_parse_range(job: tuple[int, int]) -> dict[str, Any] | str:
+    return _handed(_WORKER.parse(_MAP[job[0] : job[1]]))
+
+
+def _handed(parsed: dict[str, Any]) -> dict[str, Any] | str:
+    """In a worker: the result written to a file in :data:`_RESULTS` (its path is returned), or the
+    result itself when that cannot be done (it then goes through the pool's pipe)."""
+    if _RESULTS is None:
+        return parsed
+    import pickle
+
+    global _HANDED
+    _HANDED += 1
+    path = os.path.join(_RESULTS, f"{os.getpid()}-{_HANDED}")
+    try:
+        with open(path, "wb") as fh:
+            pickle.dump(parsed, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    except OSError:
+        return parsed
+    return path
+
+
+def _received(result: dict[str, Any] | str) -> dict[str, Any]:
+    """In the reading process: a worker's result, read back (and removed) when it came as a file."""
+    if not isinstance(result, str):
+        return result
+    import pickle
+
+    try:
+        with open(result, "rb") as fh:
+            return pickle.load(fh)  # written by our own worker a moment ago
+    finally:
+        os.unlink(result)
 
 
 def _offset(stream: Any, already: int) -> int | None:
