@@ -10,7 +10,7 @@ run) and the ratio. ``--reference`` also times the line-by-line reference parser
 Exit 0 when backfill reaches 1 M lines/s (the issue's target).
 
 Method: ``read_log`` as ``diagnose --log`` calls it. A file this big is parsed by forked worker processes
-(one per CPU, ``diagnoser.sources.logs._auto_workers``; ``--workers 0`` forces the single-process path)
+(one per other CPU, ``diagnoser.sources.logs._auto_workers``; ``--workers 0`` forces the single-process path)
 while the reading process applies their results in file order, so CPU time is reported for the reading
 process and for the workers separately. On a shared machine wall time is noisy: the CPU figures (and
 ``valgrind --tool=callgrind`` instruction counts) are the steadier comparison.

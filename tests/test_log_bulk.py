@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +150,14 @@ def test_parallel_is_chosen_only_for_big_regular_files(tmp_path: Path, monkeypat
     with open(big, "wb") as fh:
         fh.truncate(logsrc.PARALLEL_MIN)
     with open(big, "rb") as fh:
-        assert logsrc._auto_workers(fh) == (min(os.cpu_count() or 1, 4) if (os.cpu_count() or 1) >= 2 else 0)
+        cpus = logsrc._cpus()
+        assert logsrc._auto_workers(fh) == (min(cpus - 1, 3) if cpus >= 2 else 0)
+    monkeypatch.setattr(logsrc, "_cpus", lambda: 8)
+    with open(big, "rb") as fh:
+        assert logsrc._auto_workers(fh) == 3
+    monkeypatch.setattr(logsrc, "_cpus", lambda: 1)
+    with open(big, "rb") as fh:
+        assert logsrc._auto_workers(fh) == 0
 
 
 def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None:

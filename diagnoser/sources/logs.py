@@ -86,7 +86,7 @@ class LogReader:
         (exactly the same result as :meth:`feed_lines`, several times faster).
 
         ``workers``: processes that parse chunks in parallel (the reading process applies their results
-        in file order). ``None`` picks: one per CPU for a regular file of at least ``PARALLEL_MIN``
+        in file order). ``None`` picks: one per other CPU (up to 3) for a regular file of at least ``PARALLEL_MIN``
         bytes read from a single-threaded process (fork is only safe there), else none.
         """
         bulk_factory = getattr(self.parser, "bulk", None)
@@ -207,7 +207,7 @@ def _auto_workers(stream: Any) -> int:
     env = os.environ.get("DIAGNOSER_LOG_WORKERS")
     if env is not None and env.strip().isdigit():
         return int(env)
-    cpus = os.cpu_count() or 1
+    cpus = _cpus()
     if cpus < 2 or threading.active_count() > 1 or sys.platform == "win32":
         return 0
     try:
@@ -218,7 +218,17 @@ def _auto_workers(stream: Any) -> int:
 
     if not stat.S_ISREG(st.st_mode) or st.st_size < PARALLEL_MIN:
         return 0
-    return min(cpus, 4)
+    # this process applies every chunk's result (in file order), which costs about as much as parsing
+    # one: one worker per other CPU, and more than three never pays (bench/bench_log_backfill.py)
+    return min(cpus - 1, 3)
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's share), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 _WORKER: Any = None
