@@ -32,7 +32,8 @@ class Collection:
 
 
 def finalize(tl: Timeline, version: VersionRange) -> None:
-    """Aggregate ranks, settle the version and derived config facts."""
+    """Sort the series, aggregate ranks, settle the version and derived config facts."""
+    tl.settle()
     tl.aggregate_ranks()
     v = tl.cfg("version")
     if v:

@@ -158,11 +158,12 @@ class Series:
 
     The columns live in numpy buffers with amortised growth: appending in time order writes in place
     past the filled part, so the read-only views handed out earlier (``ts``, ``values``, ``sources``,
-    :meth:`slice`) never change under their holders; an out-of-order point, :meth:`thin` and a shrink
-    build new buffers. Only :meth:`blank_sources` writes in place (it blanks the source text of old
-    points, which views of those points then show blank too)."""
+    :meth:`slice`) never change under their holders. A point older than the last is appended too and the
+    series is sorted before it is next read (in place, or into new buffers when views are out); merges,
+    :meth:`thin` and a shrink build new buffers. Only :meth:`blank_sources` writes in place (it blanks the
+    source text of old points, which views of those points then show blank too)."""
 
-    __slots__ = ("_t", "_v", "_lab", "_line", "_lo", "_hi", "_labels", "_ids", "_owner", "_views", "_exposed", "_live_labels")
+    __slots__ = ("_t", "_v", "_lab", "_line", "_lo", "_hi", "_labels", "_ids", "_owner", "_views", "_exposed", "_live_labels", "_unsorted")
 
     def __init__(self, ts: Any = None, values: Any = None, sources: Any = None) -> None:
         t = np.array(ts if ts is not None else (), dtype=_FLOAT)
@@ -178,11 +179,14 @@ class Series:
         self._views: tuple[np.ndarray, np.ndarray, Sources] | None = None
         self._exposed = False  # views of the current buffers were handed out: never shift them in place
         self._live_labels = 0  # labels in use at the last clean-up of the label table (_gc_labels)
+        self._unsorted = False  # an appended point is older than one before it: sorted on the next read
 
     # -- reading -------------------------------------------------------------------------------
     def _view(self) -> tuple[np.ndarray, np.ndarray, Sources]:
         hit = self._views
         if hit is None:
+            if self._unsorted:
+                self._settle()
             self._exposed = True
             lo, hi = self._lo, self._hi
             hit = self._views = (_readonly(self._t[lo:hi]), _readonly(self._v[lo:hi]),
@@ -217,6 +221,8 @@ class Series:
 
     def slice(self, start: float | None, end: float | None) -> Series:
         """The points in ``[start, end]``: a view (no copy) on this series' buffers."""
+        if self._unsorted:
+            self._settle()
         ts = self.ts
         lo = 0 if start is None else int(ts.searchsorted(start, "left"))
         hi = len(ts) if end is None else int(ts.searchsorted(end, "right"))
@@ -232,14 +238,19 @@ class Series:
         out._views = None
         out._exposed = True
         out._live_labels = self._live_labels
+        out._unsorted = False
         self._exposed = True
         return out
 
     def first_ts(self) -> float:
-        return float(self._t[self._lo])
+        if self._unsorted:
+            self._settle()
+        return self._t.item(self._lo)  # type: ignore[no-any-return]
 
     def last_ts(self) -> float:
-        return float(self._t[self._hi - 1])
+        if self._unsorted:
+            self._settle()
+        return self._t.item(self._hi - 1)  # type: ignore[no-any-return]
 
     @classmethod
     def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
@@ -345,6 +356,31 @@ class Series:
         self._live_labels = len(labels)
         self._views = None
 
+    def _settle(self) -> None:
+        """Sort the points appended out of time order: a stable sort by time of the points in arrival
+        order is what inserting each after the points at or before its time gives. In place, or into
+        new buffers when views of these are out."""
+        lo, hi = self._lo, self._hi
+        order = np.argsort(self._t[lo:hi], kind="stable")
+        if self._exposed or not self._owner:
+            n = hi - lo
+            cols = []
+            for old in (self._t, self._v, self._lab, self._line):
+                new = np.empty(_capacity(n), old.dtype)
+                new[:n] = old[lo:hi][order]
+                cols.append(new)
+            self._t, self._v, self._lab, self._line = cols
+            self._lo, self._hi = 0, n
+            if not self._owner:
+                self._labels, self._ids = list(self._labels), dict(self._ids)
+                self._owner = True
+            self._exposed = False
+        else:
+            for col in (self._t, self._v, self._lab, self._line):
+                col[lo:hi] = col[lo:hi][order]
+        self._unsorted = False
+        self._views = None
+
     def _room(self, k: int) -> None:
         if not self._owner or self._hi + k > len(self._t):
             self._realloc(k)
@@ -365,19 +401,12 @@ class Series:
         i = self._ids.get(label)
         if i is None:
             i = self._intern(label)
-        if hi > self._lo and ts < t.item(hi - 1):
-            # keep time order: an out-of-order point (multi-source) goes after the points at or before
-            # its time; the tail moves up in place, or into new buffers when views of them are out
-            if self._exposed:
-                self._insert(np.array([ts], _FLOAT), np.array([value], _FLOAT), np.array([i], np.int32), np.array([line], self._line.dtype))
-                return
-            pos = self._lo + int(t[self._lo:hi].searchsorted(ts, "right"))
-            for col in (t, self._v, self._lab, self._line):
-                col[pos + 1:hi + 1] = col[pos:hi]
-            self._hi = hi + 1
-            hi = pos
-        else:
-            self._hi = hi + 1
+        if not self._unsorted and hi > self._lo and ts < t.item(hi - 1):
+            # an out-of-order point (multi-source): appended all the same, and the series is sorted
+            # (stably, by time) before it is next read, which puts each point after the points at or
+            # before its time, as inserting it now would
+            self._unsorted = True
+        self._hi = hi + 1
         t[hi] = ts
         self._v[hi] = value
         self._lab[hi] = i
@@ -390,6 +419,8 @@ class Series:
         k = len(ts)
         if not k:
             return
+        if self._unsorted:
+            self._settle()
         if line.dtype.itemsize > self._line.dtype.itemsize:
             self._line = self._line.astype(line.dtype)  # line numbers past 2**31: a wider column (new buffer)
         if (self._hi > self._lo and ts[0] < self._t[self._hi - 1]) or (k > 1 and not (ts[1:] >= ts[:-1]).all()):
@@ -425,6 +456,8 @@ class Series:
         """Drop the first ``i`` points (earlier views keep them); the buffers shrink when mostly dead."""
         if i <= 0:
             return
+        if self._unsorted:
+            self._settle()
         self._lo = min(self._lo + i, self._hi)
         self._views = None
         n = self._hi - self._lo
@@ -435,6 +468,8 @@ class Series:
     def thin(self, lo: int, hi: int, keep: np.ndarray) -> None:
         """Keep only the points at positions ``keep`` (sorted, within ``[lo, hi)``) of the range
         ``[lo, hi)``, with their sources blanked (new buffers)."""
+        if self._unsorted:
+            self._settle()
         a, b = self._lo + lo, self._lo + hi
         k = self._lo + np.asarray(keep, dtype=np.intp)
         blank = self._intern("")
@@ -460,6 +495,8 @@ class Series:
         """Blank the source text of points ``[lo, hi)`` in place (old points no rule cites any more)."""
         if hi <= lo:
             return
+        if self._unsorted:
+            self._settle()
         if not self._owner:
             self._realloc(0)
         blank = self._intern("")
@@ -572,6 +609,13 @@ class Timeline:
         if v.shape != t.shape or line.shape != t.shape:
             raise ValueError(f"add_columns needs columns of one length (got {len(t)}, {len(v)} and {len(line)})")
         s.merge_columns(t, v, np.full(n, s._intern(source_name), np.int32), line)
+
+    def settle(self) -> None:
+        """Sort every series that took points out of time order (each does it on its next read anyway);
+        the readers call it when a read ends, so that reading, not the rule pass, pays for it."""
+        for s in self.series.values():
+            if s._unsorted:
+                s._settle()
 
     def add_event(self, event: LogEvent) -> None:
         self.events.append(event)

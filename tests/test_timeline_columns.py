@@ -216,3 +216,18 @@ def test_summaries_and_extremes_match_the_list_path(data_dir: Path) -> None:
     assert n > 50
     nan = Series([1.0, 2.0], [math.nan, math.nan], ["a:1", "a:2"])
     assert nan.argmax() == -1 and nan.argmin() == -1 and summarize(nan.values)["n"] == 0
+
+
+def test_points_appended_out_of_order_are_sorted_before_any_read() -> None:
+    tl = Timeline(target="t")
+    ref = ListSeries()
+    for t, v in ((5.0, 1.0), (7.0, 2.0), (6.0, 3.0), (7.0, 4.0), (1.0, 5.0), (6.0, 6.0)):
+        tl.add("queue_reqs", t, v, f"server.log:{int(v)}")
+        ref.append(t, v, f"server.log:{int(v)}")
+    s = tl.series[("queue_reqs", "")]
+    assert s._unsorted and tl.span() == (1.0, 7.0) and not s._unsorted  # the span read sorted it
+    assert _cols(s) == (ref.ts, ref.values, ref.sources)
+    tl.add("queue_reqs", 0.5, 7.0, "b:1")
+    ref.append(0.5, 7.0, "b:1")
+    tl.settle()  # what collect.finalize calls when a read ends
+    assert not s._unsorted and _cols(s) == (ref.ts, ref.values, ref.sources)
