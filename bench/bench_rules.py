@@ -4,7 +4,9 @@ rule pass ≤ 2 ms).
 For each real cpu-real run (../shared/data/sglang-cpu-real: ~20-30 /metrics scrapes taken every 2 s plus
 the full server log), the window is read once the way ``diagnose --once --replay`` reads it (every
 scrape through :meth:`MetricsTarget.ingest_text`, the log through the adapter's parser), then the whole
-catalogue runs over it with :func:`diagnoser.evaluate.evaluate`. Both are timed in the same run (median
+catalogue runs over it with :func:`diagnoser.evaluate.evaluate`. Reading writes the timeline's numpy
+columns (points that arrived out of time order are sorted by ``finalize``, inside the timed read), so
+the rule pass reads arrays and converts nothing; each read round builds a new timeline. Both are timed in the same run (median
 of several rounds) and printed side by side with their ratio.
 
 Run: ``.venv/bin/python bench/bench_rules.py [--instructions]`` (exits 1 if a rule pass is above 2 ms).
