@@ -254,12 +254,14 @@ class Series:
             lab.append(i)
         return np.array(lab, dtype=np.int32), _narrow(np.array(line, dtype=np.int64))
 
-    def _realloc(self, extra: int) -> None:
+    def _realloc(self, extra: int, bulk: bool = False) -> None:
         """New buffers holding the filled part with room for ``extra`` more points plus an eighth of the
-        total as slack (amortised O(1) appends; a long-lived series holds at most ~1.125x its points)."""
+        total as slack (amortised O(1) appends; a long-lived series holds at most ~1.125x its points).
+        Whole columns (``bulk``: a log backfill) get half of the total as slack: every growth copies the
+        whole series, and with an eighth a 1 GB backfill spent more time copying than reading."""
         lo, hi = self._lo, self._hi
         n = hi - lo
-        cap = _capacity(n + extra)
+        cap = _capacity(n + extra) if not bulk else n + extra + max(_MIN_CAP, (n + extra) // 2)
         t = np.empty(cap, _FLOAT)
         v = np.empty(cap, _FLOAT)
         lab = np.empty(cap, np.int32)
@@ -319,9 +321,9 @@ class Series:
         self._unsorted = False
         self._views = None
 
-    def _room(self, k: int) -> None:
+    def _room(self, k: int, bulk: bool = False) -> None:
         if not self._owner or self._hi + k > len(self._t):
-            self._realloc(k)
+            self._realloc(k, bulk)
 
     def append(self, ts: float, value: float, source: str) -> None:
         hi = self._hi
@@ -364,7 +366,7 @@ class Series:
         if (self._hi > self._lo and ts[0] < self._t[self._hi - 1]) or (k > 1 and not (ts[1:] >= ts[:-1]).all()):
             self._insert(ts, values, lab, line)
             return
-        self._room(k)
+        self._room(k, bulk=True)
         hi = self._hi
         self._t[hi:hi + k] = ts
         self._v[hi:hi + k] = values
