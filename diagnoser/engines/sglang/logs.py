@@ -93,6 +93,7 @@ class SGLangLogParser:
         self._day_cache: dict[str, int] = {}
         self._finished = False
         self._hints: set[str] = set()
+        self._hint_keys: set[tuple[bool, Version, str]] = set()
         self._shapes_hinted: set[tuple[Any, ...]] = set()
         self._lows: list[Version] = []
         self._highs: list[Version] = []
@@ -110,6 +111,10 @@ class SGLangLogParser:
         """Narrow the version range. The range is a pure function of the *set* of hints seen (order
         and repeats do not matter); conflicting hints mean a development build between two releases
         (e.g. main between 0.5.3 and 0.5.4), reported as that span."""
+        key = (lower, v, why)
+        if key in self._hint_keys:  # a repeated hint (most lines repeat one): no text to build
+            return
+        self._hint_keys.add(key)
         text = f"{'>=' if lower else '<='} {fmt(v)}: {why}"
         if text in self._hints:
             return
