@@ -133,6 +133,27 @@ def test_parallel_falls_back_to_reading_here(generated: bytes, monkeypatch: pyte
     _assert_same(generated, 65536, workers=2)
 
 
+def _hangs(block: bytes) -> dict[str, Any]:
+    import time
+
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+def test_a_hanging_worker_costs_one_timeout_not_the_read(generated: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stuck for good (a lock inherited through fork, say): after one timeout every chunk is
+    parsed in the reading process, with the same result."""
+    import time
+
+    from diagnoser.sources import logs as logsrc
+
+    monkeypatch.setattr(logsrc, "_worker_parse", _hangs)
+    monkeypatch.setattr(logsrc, "WORKER_TIMEOUT", 1.0)
+    t0 = time.monotonic()
+    _assert_same(generated, 65536, workers=2)
+    assert time.monotonic() - t0 < 30  # one timeout, not one per chunk (the log has ~25 chunks)
+
+
 def test_parallel_is_chosen_only_for_big_regular_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 

@@ -148,41 +148,46 @@ class LogReader:
                     self._apply_done(bulk, job, None)
                 return
             with pool:
+                ok = True  # after the first worker that fails or hangs, every chunk is parsed here
                 for job in jobs:
                     fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
-                    pending.append((job, None if job is None else pool.apply_async(fn, (job,))))
-                    while len(pending) > 2 * workers:
-                        self._apply_done(bulk, *pending.popleft())
+                    pending.append((job, pool.apply_async(fn, (job,)) if ok and job is not None else None))
+                    while pending and (len(pending) > 2 * workers or not ok):
+                        job_, res = pending.popleft()
+                        ok = self._apply_done(bulk, job_, res if ok else None) and ok
                 while pending:
-                    self._apply_done(bulk, *pending.popleft())
+                    job_, res = pending.popleft()
+                    ok = self._apply_done(bulk, job_, res if ok else None) and ok
         finally:
             if _RESULTS is not None:
                 shutil.rmtree(_RESULTS, ignore_errors=True)
                 _RESULTS = None
 
-    def _apply_done(self, bulk: Any, job: bytes | tuple[int, int] | None, result: Any) -> None:
+    def _apply_done(self, bulk: Any, job: bytes | tuple[int, int] | None, result: Any) -> bool:
         """Apply one chunk in file order: ``job`` is its bytes, its (start, end) in the mapped file, or
-        None for an over-long line (junk); ``result`` the worker's pending parse, or None to parse here."""
+        None for an over-long line (junk); ``result`` the worker's pending parse, or None to parse here.
+        False when the worker failed or hung (the chunk is then parsed here)."""
         if job is None:
             self._count_junk_line()
-            return
-        block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]] if result is None else b""
+            return True
         if not hasattr(bulk, "block_parser"):  # a bulk reader without the two halves
-            self._feed_block(bulk, block)
-            return
-        try:
-            if result is None:
-                raise LookupError("parse here")
-            parsed = _received(result.get(timeout=WORKER_TIMEOUT))
-        except Exception:  # here by choice, or a worker that failed or died (memory, signal)
-            if not block:
-                block = job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
-            parsed = bulk.block_parser.parse(block)
+            self._feed_block(bulk, job if isinstance(job, bytes) else _MAP[job[0] : job[1]])
+            return True
+        ok = True
+        parsed = None
+        if result is not None:
+            try:
+                parsed = _received(result.get(timeout=WORKER_TIMEOUT))
+            except Exception:  # a worker that failed, died (memory, signal) or hangs
+                ok = False
+        if parsed is None:
+            parsed = bulk.block_parser.parse(job if isinstance(job, bytes) else _MAP[job[0] : job[1]])
         n = parsed["n"]
         first = self.line_no + 1
         self.line_no += n
         self.report.lines_read += n
         self.report.lines_recognized += bulk.apply(parsed, first, self.feed_raw)
+        return ok
 
     def _count_junk_line(self) -> None:
         self.line_no += 1
@@ -198,7 +203,7 @@ class LogReader:
 
 
 PARALLEL_MIN = 64 * 1024 * 1024  # files at least this big are parsed by worker processes
-WORKER_TIMEOUT = 300.0  # a chunk takes seconds; past this its worker is presumed dead
+WORKER_TIMEOUT = 60.0  # a chunk takes well under a second; past this its worker is presumed stuck
 
 
 def _auto_workers(stream: Any) -> int:
