@@ -9,10 +9,11 @@ tracebacks, startup lines). Prints lines/s, the time of ``grep -c`` on the same 
 run) and the ratio. ``--reference`` also times the line-by-line reference parser on the first 20 MB.
 Exit 0 when backfill reaches 1 M lines/s (the issue's target).
 
-Method: ``read_log`` as ``diagnose --log`` calls it. A file this big is parsed by forked worker processes
-(one per other CPU, ``diagnoser.sources.logs._auto_workers``; ``--workers 0`` forces the single-process path)
-while the reading process applies their results in file order, so CPU time is reported for the reading
-process and for the workers separately. On a shared machine wall time is noisy: the CPU figures (and
+Method: ``read_log`` as ``diagnose --log`` calls it: the compiled scanner when it is built (set
+``DIAGNOSER_NO_SCAN=1`` to time the pure-Python regex path), the file memory-mapped. A file this big is
+parsed by forked worker processes (one per other CPU, ``diagnoser.sources.logs._auto_workers``;
+``--workers 0`` forces the single-process path) while the reading process applies their results in file
+order, so CPU time is reported for the reading process and for the workers separately. On a shared machine wall time is noisy: the CPU figures (and
 ``valgrind --tool=callgrind`` instruction counts) are the steadier comparison.
 """
 
@@ -143,7 +144,7 @@ def main() -> int:
     if args.workers is not None:
         os.environ["DIAGNOSER_LOG_WORKERS"] = str(args.workers)
 
-    from diagnoser.engines.sglang import ADAPTER
+    from diagnoser.engines.sglang import ADAPTER, logfast
     from diagnoser.sources.logs import _auto_workers, read_log
     from diagnoser.timeline import Timeline
 
@@ -174,6 +175,8 @@ def main() -> int:
         rep = box["r"].report  # type: ignore[attr-defined]
         lps = rep.lines_read / ours_s
         points = sum(len(s) for s in tl.series.values())
+        print(f"line scanner: {'compiled (C) + regex path for the rest' if logfast.SCAN else 'regex path only (pure Python)'}; "
+              f"{workers} worker process(es)")
         print(f"grep -c          {grep_s:8.2f} s   {n / grep_s:14,.0f} lines/s   (baseline)")
         print(f"diagnoser read   {ours_s:8.2f} s   {lps:14,.0f} lines/s   ratio to grep {ours_s / grep_s:.1f}x slower")
         print(f"  lines read {rep.lines_read:,}, recognised {rep.lines_recognized:,}, points {points:,}, errors {rep.errors}")
