@@ -10,7 +10,6 @@ scanner must then leave it to the regex path, never read it differently.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import pytest
 
 from diagnoser.engines.sglang import logfast, logscan
 from diagnoser.engines.sglang.logfast import BlockParser
-from tests.conftest import DATA, IN_CI, ROOT
+from tests.conftest import DATA, IN_CI
+from tests.test_log_bulk import _generator
 
 pytestmark = pytest.mark.skipif(not logscan.AVAILABLE and not IN_CI, reason="the C scanner is not built (no compiler at install)")
 
@@ -74,14 +74,6 @@ def test_scanner_equals_regex_path_on_real_logs(data_dir: Path, path: Path) -> N
     data = path.read_bytes()
     ref = _assert_same(data[:-1] if data.endswith(b"\n") else data)
     assert ref["n"] > 0
-
-
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_log_backfill", ROOT / "bench" / "bench_log_backfill.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_scanner_equals_regex_path_on_generated_log(tmp_path: Path) -> None:

@@ -137,11 +137,14 @@ class Timeline:
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, signal: str, ts: float, value: float, source: str, rank: str = "") -> None:
-        key = (signal, rank)
-        s = self.series.get(key)
+        self._series(signal, rank).append(ts, float(value), source)
+
+    def _series(self, signal: str, rank: str) -> Series:
+        """The series of (signal, rank), created empty when new."""
+        s = self.series.get((signal, rank))
         if s is None:
-            s = self.series[key] = Series()
-        s.append(ts, float(value), source)
+            s = self.series[(signal, rank)] = Series()
+        return s
 
     def add_many(self, signal: str, ts: Any, values: Any, sources: Any, rank: str = "") -> None:
         """Add columns of points (lists or arrays; ``sources`` a list of str or a :class:`Sources`): one
@@ -150,9 +153,7 @@ class Timeline:
         n = len(ts)
         if not n:
             return
-        s = self.series.get((signal, rank))
-        if s is None:
-            s = self.series[(signal, rank)] = Series()
+        s = self._series(signal, rank)
         t = np.asarray(ts, dtype=np.float64)
         v = np.asarray(values, dtype=np.float64)
         if v.shape != t.shape:
@@ -167,9 +168,7 @@ class Timeline:
         n = len(ts)
         if not n:
             return
-        s = self.series.get((signal, rank))
-        if s is None:
-            s = self.series[(signal, rank)] = Series()
+        s = self._series(signal, rank)
         t = np.asarray(ts, dtype=np.float64)
         v = np.asarray(values, dtype=np.float64)
         line = _narrow(np.asarray(line_nos, dtype=np.int64))

@@ -262,22 +262,13 @@ class Series:
         lo, hi = self._lo, self._hi
         n = hi - lo
         cap = _capacity(n + extra) if not bulk else n + extra + max(_MIN_CAP, (n + extra) // 2)
-        t = np.empty(cap, _FLOAT)
-        v = np.empty(cap, _FLOAT)
-        lab = np.empty(cap, np.int32)
-        line = np.empty(cap, self._line.dtype)
-        t[:n] = self._t[lo:hi]
-        v[:n] = self._v[lo:hi]
-        lab[:n] = self._lab[lo:hi]
-        line[:n] = self._line[lo:hi]
-        if not self._owner:
-            self._labels = list(self._labels)
-            self._ids = dict(self._ids)
-        self._t, self._v, self._lab, self._line = t, v, lab, line
-        self._lo, self._hi = 0, n
-        self._owner = True
+        cols = []
+        for old in (self._t, self._v, self._lab, self._line):
+            new = np.empty(cap, old.dtype)
+            new[:n] = old[lo:hi]
+            cols.append(new)
+        self._adopt(cols, n)
         self._views = None
-        self._exposed = False
 
     def _gc_labels(self) -> None:
         """Drop the labels no point uses any more (e.g. the scrape sources of points since dropped,
@@ -309,17 +300,22 @@ class Series:
                 new = np.empty(_capacity(n), old.dtype)
                 new[:n] = old[lo:hi][order]
                 cols.append(new)
-            self._t, self._v, self._lab, self._line = cols
-            self._lo, self._hi = 0, n
-            if not self._owner:
-                self._labels, self._ids = list(self._labels), dict(self._ids)
-                self._owner = True
-            self._exposed = False
+            self._adopt(cols, n)
         else:
             for col in (self._t, self._v, self._lab, self._line):
                 col[lo:hi] = col[lo:hi][order]
         self._unsorted = False
         self._views = None
+
+    def _adopt(self, cols: list[np.ndarray], n: int) -> None:
+        """Take new buffers (ts, values, label ids, line numbers) holding ``n`` points from 0: nothing
+        handed out views them yet, and the label table becomes this series' own."""
+        self._t, self._v, self._lab, self._line = cols
+        self._lo, self._hi = 0, n
+        if not self._owner:
+            self._labels, self._ids = list(self._labels), dict(self._ids)
+            self._owner = True
+        self._exposed = False
 
     def _room(self, k: int, bulk: bool = False) -> None:
         if not self._owner or self._hi + k > len(self._t):
@@ -422,13 +418,8 @@ class Series:
             new[head:head + mid] = old[k] if fill is None else fill
             new[head + mid:n] = old[b:self._hi]
             cols.append(new)
-        self._t, self._v, self._lab, self._line = cols
-        self._lo, self._hi = 0, n
-        if not self._owner:
-            self._labels, self._ids = list(self._labels), dict(self._ids)
-            self._owner = True
+        self._adopt(cols, n)
         self._views = None
-        self._exposed = False
         self._gc_labels()
 
     def blank_sources(self, lo: int, hi: int) -> None:
