@@ -116,8 +116,7 @@ def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
     dropped = 0
     for key in list(tl.series):
         s = tl.series[key]
-        cut = int(s.ts.searchsorted(oldest, "left"))
-        cut = max(cut, len(s) - max_points)
+        cut = max(s.search(oldest), len(s) - max_points)
         if cut > 0:
             s.drop_before(cut)
             dropped += cut
@@ -137,22 +136,25 @@ def trim(tl: Timeline, oldest: float, max_points: int, max_events: int) -> int:
 def compact(tl: Timeline, start: float, end: float, step: float, blank_until: float, blank_from: float) -> None:
     """Bound what old history costs: thin ``[start, end)`` to one point per ``step`` seconds, and drop the
     per-point source text of points in ``[blank_from, blank_until)`` (rules cite only the recent window)."""
+    thin_, blank = end > start and step > 0, blank_until > blank_from
     for s in tl.series.values():
-        if end > start and step > 0:
-            ts = s.ts
-            lo, hi = int(ts.searchsorted(start, "left")), int(ts.searchsorted(end, "left"))
+        if not len(s) or s.first_ts() >= max(end if thin_ else -math.inf, blank_until if blank else -math.inf):
+            continue  # nothing old enough yet
+        lo, hi, b_lo, b_hi = s.search_many([start, end, blank_from, blank_until])
+        if thin_:
             if hi > lo:
                 keep: list[int] = []
-                last = float(ts[lo - 1]) if lo > 0 else -math.inf  # the range continues the one thinned last tick
-                for i, t in enumerate(ts[lo:hi].tolist(), lo):
+                times = s.times(lo - 1 if lo > 0 else lo, hi)
+                last = times.pop(0) if lo > 0 else -math.inf  # the range continues the one thinned last tick
+                for i, t in enumerate(times, lo):
                     if t - last >= step:
                         keep.append(i)
                         last = t
                 if len(keep) < hi - lo:
                     s.thin(lo, hi, keep)
-        if blank_until > blank_from:
-            ts = s.ts
-            s.blank_sources(int(ts.searchsorted(blank_from, "left")), int(ts.searchsorted(blank_until, "left")))
+                    b_lo, b_hi = s.search_many([blank_from, blank_until])
+        if blank:
+            s.blank_sources(b_lo, b_hi)
 
 
 def _reaggregate(tl: Timeline) -> None:
@@ -376,7 +378,7 @@ class LiveMonitor:
                     rng.merge(fol.reader.parser.version)
                 finalize(t.timeline, rng)
                 win = t.timeline.window(ref - self.window_s, ref) if due else None
-                latest = {name: float(s.values[-1]) for (name, rank), s in t.timeline.series.items() if not rank and len(s)}
+                latest = {name: s.last_value() for (name, rank), s in t.timeline.series.items() if not rank and len(s)}
                 cfg = dict(t.timeline.config)
                 span = (ref - self.window_s, ref) if win is None else win.span()
             if t.is_url and up is False:

@@ -231,3 +231,17 @@ def test_points_appended_out_of_order_are_sorted_before_any_read() -> None:
     ref.append(0.5, 7.0, "b:1")
     tl.settle()  # what collect.finalize calls when a read ends
     assert not s._unsorted and _cols(s) == (ref.ts, ref.values, ref.sources)
+
+
+def test_search_equals_numpy_searchsorted() -> None:
+    """Series.search answers the ends without a search and the rest with numpy: the same positions as
+    numpy.searchsorted on the read view, both sides, equal times included."""
+    rnd = np.random.default_rng(3)
+    for n in (0, 1, 2, 5, 40):
+        ts = np.sort(rnd.integers(0, 20, n).astype(float))
+        s = Series(ts.tolist(), [1.0] * n, ["x"] * n)
+        for t in np.arange(-1.0, 21.5, 0.5).tolist():
+            for side in ("left", "right"):
+                assert s.search(t, side) == int(np.searchsorted(s.ts, t, side)), (n, t, side)
+        probe = [-1.0, 3.0, 7.5, 25.0]
+        assert s.search_many(probe) == np.searchsorted(s.ts, probe).tolist()

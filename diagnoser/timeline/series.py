@@ -159,12 +159,10 @@ class Series:
 
     def slice(self, start: float | None, end: float | None) -> Series:
         """The points in ``[start, end]``: a view (no copy) on this series' buffers."""
-        if self._unsorted:
-            self._settle()
-        ts = self.ts
-        lo = 0 if start is None else int(ts.searchsorted(start, "left"))
-        hi = len(ts) if end is None else int(ts.searchsorted(end, "right"))
-        if lo == 0 and hi == len(ts):
+        n = len(self)
+        lo = 0 if start is None else self.search(start, "left")
+        hi = n if end is None else self.search(end, "right")
+        if lo == 0 and hi == n:
             lo_abs, hi_abs = self._lo, self._hi
         else:
             lo_abs, hi_abs = self._lo + lo, self._lo + max(lo, hi)
@@ -189,6 +187,39 @@ class Series:
         if self._unsorted:
             self._settle()
         return self._t.item(self._hi - 1)  # type: ignore[no-any-return]
+
+    def last_value(self) -> float:
+        if self._unsorted:
+            self._settle()
+        return self._v.item(self._hi - 1)  # type: ignore[no-any-return]
+
+    def search(self, t: float, side: str = "left") -> int:
+        """Where ``t`` falls among the times (``numpy.searchsorted``), without building the read views:
+        the live loop asks this of every series on every tick, right after new points came in. A time
+        before the first point or after the last (the usual case there) is answered without a search."""
+        if self._unsorted:
+            self._settle()
+        lo, hi = self._lo, self._hi
+        if hi == lo:
+            return 0
+        first, last = self._t.item(lo), self._t.item(hi - 1)
+        if t < first or (t == first and side == "left"):
+            return 0
+        if t > last or (t == last and side == "right"):
+            return hi - lo
+        return int(self._t[lo:hi].searchsorted(t, side))  # type: ignore[call-overload]
+
+    def search_many(self, ts: list[float]) -> list[int]:
+        """:meth:`search` (left side) of several times in one numpy call."""
+        if self._unsorted:
+            self._settle()
+        return self._t[self._lo:self._hi].searchsorted(ts).tolist()  # type: ignore[no-any-return]
+
+    def times(self, lo: int, hi: int) -> list[float]:
+        """The times of points ``[lo, hi)`` as floats (no read views built)."""
+        if self._unsorted:
+            self._settle()
+        return self._t[self._lo + lo:self._lo + hi].tolist()  # type: ignore[no-any-return]
 
     @classmethod
     def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
