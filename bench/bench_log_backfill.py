@@ -175,7 +175,7 @@ def main() -> int:
         rep = box["r"].report  # type: ignore[attr-defined]
         lps = rep.lines_read / ours_s
         points = sum(len(s) for s in tl.series.values())
-        print(f"line scanner: {'compiled (C) + regex path for the rest' if logfast.SCAN else 'regex path only (pure Python)'}; "
+        print(f"line scanner: {'compiled (C) + regex path for the rest' if logfast.scanner() else 'regex path only (pure Python)'}; "
               f"{workers} worker process(es)")
         print(f"grep -c          {grep_s:8.2f} s   {n / grep_s:14,.0f} lines/s   (baseline)")
         print(f"diagnoser read   {ours_s:8.2f} s   {lps:14,.0f} lines/s   ratio to grep {ours_s / grep_s:.1f}x slower")

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not logscan.AVAILABLE and not IN_CI, reason="the
 def test_the_scanner_is_built_and_used_in_ci() -> None:
     # CI installs with a C compiler: the fast path must really be there (and the default), not skipped
     assert logscan.AVAILABLE, "diagnoser.engines.sglang._scan is not built: pip install -e . needs gcc and the Python headers"
-    assert logfast.SCAN is logscan
+    assert logfast.scanner() is logscan
 
 
 def _norm(out: dict[str, Any]) -> dict[str, Any]:
@@ -160,3 +160,16 @@ def test_scanner_numbers_are_the_exact_doubles_python_reads() -> None:
     assert len(ref["bulk_rows"]) == 3000
     got = _norm(logscan.parse(BlockParser(), "\n".join(lines).encode()))
     assert got["series"][("token_usage", "")][1][:5] == [float(line.split("token usage: ")[1].split(",")[0]) for line in lines[:5]]
+
+
+@pytest.mark.parametrize("first", ["logscan", "logfast"])
+def test_either_module_can_be_imported_first(first: str) -> None:
+    """logscan imports logfast, and logfast finds logscan on first use: no import cycle either way."""
+    import subprocess
+    import sys
+
+    code = (f"from diagnoser.engines.sglang import {first}\n"
+            "from diagnoser.engines.sglang import logfast, logscan\n"
+            "assert logfast.scanner() is logscan\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -191,8 +191,9 @@ class BlockParser:
         """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); rows are 0-based.
         Through the compiled scanner when it is built (:mod:`diagnoser.engines.sglang.logscan`), else
         through :meth:`parse_re`; both give the same points."""
-        if SCAN is not None:
-            return SCAN.parse(self, block)
+        scan = scanner()
+        if scan is not None:
+            return scan.parse(self, block)
         return self.parse_re(block)
 
     def parse_re(self, block: bytes) -> dict[str, Any]:
@@ -379,6 +380,7 @@ class BulkReader:
 
     def __init__(self, parser: SGLangLogParser) -> None:
         self.parser = parser
+        scanner()  # imported here, in the reading process, before any worker process forks
         self.block_parser = BlockParser()
         self.shapes: set[tuple[Any, ...]] = set()
         self.bulk_lines = 0
@@ -527,16 +529,20 @@ class _NullSink:
 _NULL_SINK = _NullSink()
 
 
-def _load_scan() -> Any:
+SCAN: Any = "unloaded"  # the compiled scanner's glue module once :func:`scanner` has looked, or None
+
+
+def scanner() -> Any:
     """The compiled scanner's glue (:mod:`logscan`) when ``_scan`` is built and not switched off with
-    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything)."""
-    import os
+    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything). Looked up on first use, not at
+    import, since :mod:`logscan` imports this module; :class:`BulkReader` looks before any worker forks."""
+    global SCAN
+    if isinstance(SCAN, str):
+        import os
 
-    if os.environ.get("DIAGNOSER_NO_SCAN", "").strip() not in ("", "0"):
-        return None
-    from diagnoser.engines.sglang import logscan
+        SCAN = None
+        if os.environ.get("DIAGNOSER_NO_SCAN", "").strip() in ("", "0"):
+            from diagnoser.engines.sglang import logscan
 
-    return logscan if logscan.AVAILABLE else None
-
-
-SCAN = _load_scan()
+            SCAN = logscan if logscan.AVAILABLE else None
+    return SCAN
