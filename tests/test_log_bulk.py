@@ -288,3 +288,27 @@ def test_regex_path_alone_equals_reference(generated: bytes, monkeypatch: pytest
     monkeypatch.setattr(logfast, "SCAN", None)
     ref = _assert_same(generated, 65536)
     assert ref["kinds"]["decode"] > 1000
+
+
+def _sigterm_disposition(_: int) -> str:
+    import signal
+
+    return "default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else "caught"
+
+
+def test_workers_end_even_when_the_reader_catches_sigterm(generated: bytes) -> None:
+    """A SIGTERM handler in the reading process (a library's, a test's) must not reach the forked
+    workers: the pool ends them with SIGTERM, and a worker that survives it can hang the read for good
+    (seen once in a full suite)."""
+    import multiprocessing
+    import signal
+
+    from diagnoser.sources import logs as logsrc
+
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        with multiprocessing.get_context("fork").Pool(1, initializer=logsrc._worker_init) as pool:
+            assert pool.apply(_sigterm_disposition, (0,)) == "default"
+        _assert_same(generated, 65536, workers=2)
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -244,8 +244,14 @@ _HANDED = 0  # results handed over by this worker
 
 def _worker_init() -> None:
     global _WORKER
+    import signal
+
     from diagnoser.engines.sglang.logfast import BlockParser
 
+    # a forked worker inherits the reading process's signal handlers: one for SIGTERM (any library's)
+    # would keep the pool's terminate() from ending it, and the reading process would wait forever
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reading process's to handle
     gc.disable()
     _WORKER = BlockParser()
 
