@@ -150,8 +150,7 @@ class LogReader:
             with pool:
                 ok = True  # after the first worker that fails or hangs, every chunk is parsed here
                 for job in jobs:
-                    fn = _worker_parse_range if isinstance(job, tuple) else _worker_parse
-                    pending.append((job, pool.apply_async(fn, (job,)) if ok and job is not None else None))
+                    pending.append((job, pool.apply_async(_worker_parse, (job,)) if ok and job is not None else None))
                     while pending and (len(pending) > 2 * workers or not ok):
                         job_, res = pending.popleft()
                         ok = self._apply_done(bulk, job_, res if ok else None) and ok
@@ -171,7 +170,7 @@ class LogReader:
             self._count_junk_line()
             return True
         if not hasattr(bulk, "block_parser"):  # a bulk reader without the two halves
-            self._feed_block(bulk, job if isinstance(job, bytes) else _MAP[job[0] : job[1]])
+            self._feed_block(bulk, _chunk(job))
             return True
         ok = True
         parsed = None
@@ -181,7 +180,7 @@ class LogReader:
             except Exception:  # a worker that failed, died (memory, signal) or hangs
                 ok = False
         if parsed is None:
-            parsed = bulk.block_parser.parse(job if isinstance(job, bytes) else _MAP[job[0] : job[1]])
+            parsed = bulk.block_parser.parse(_chunk(job))
         n = parsed["n"]
         first = self.line_no + 1
         self.line_no += n
@@ -256,12 +255,13 @@ def _worker_init() -> None:
     _WORKER = BlockParser()
 
 
-def _worker_parse(block: bytes) -> dict[str, Any] | str:
-    return _handed(_WORKER.parse(block))
+def _chunk(job: bytes | tuple[int, int]) -> bytes:
+    """A chunk's bytes: the job itself, or its (start, end) cut from the memory-mapped file."""
+    return job if isinstance(job, bytes) else _MAP[job[0] : job[1]]
 
 
-def _worker_parse_range(job: tuple[int, int]) -> dict[str, Any] | str:
-    return _handed(_WORKER.parse(_MAP[job[0] : job[1]]))
+def _worker_parse(job: bytes | tuple[int, int]) -> dict[str, Any] | str:
+    return _handed(_WORKER.parse(_chunk(job)))
 
 
 def _handed(parsed: dict[str, Any]) -> dict[str, Any] | str:
