@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.timeline import Series, Timeline, summarize
 
@@ -100,25 +102,24 @@ def fast_summary(values: list[float]) -> dict[str, Any]:
     """:func:`diagnoser.timeline.summarize` computed with numpy (same linear quantiles; tested equal)."""
     if len(values) < 64:
         return summarize(values)
-    import numpy as np
-
     return _np_summary(np.asarray(values, dtype=float))
 
 
 def _np_summary(arr: Any) -> dict[str, Any]:
-    import numpy as np
-
-    nan = np.isnan(arr)
-    if nan.any():
-        arr = arr[~nan]
+    total = np.add.reduce(arr)  # NaN when a NaN is in it (or both infinities): only then look for NaNs
+    if total != total:
+        nan = np.isnan(arr)
+        if nan.any():
+            arr = arr[~nan]
+            total = np.add.reduce(arr)
     n = int(arr.size)
     if not n:
         return summarize([])
     srt = np.sort(arr)
     # ndarray.mean is this sum over n (same pairwise sum, same division); min and max are the sorted
     # ends, except for a zero (the ends do not say which of 0.0 and -0.0 min()/max() would give)
-    lo, hi = float(srt[0]), float(srt[-1])
-    return {"last": float(arr[-1]), "mean": float(np.add.reduce(arr) / n),
+    lo, hi = srt.item(0), srt.item(-1)
+    return {"last": arr.item(-1), "mean": float(total) / n,
             "min": lo if lo else float(arr.min()), "max": hi if hi else float(arr.max()),
             "p50": np_quantile(srt, 0.5), "p95": np_quantile(srt, 0.95), "n": n}
 
@@ -133,7 +134,7 @@ def np_quantile(sorted_arr: Any, q: float) -> float:
         return float(sorted_arr[-1])
     lo = math.floor(v)
     g = v - lo
-    a, b = float(sorted_arr[lo]), float(sorted_arr[lo + 1])
+    a, b = sorted_arr.item(lo), sorted_arr.item(lo + 1)
     d = b - a
     return b - d * (1 - g) if g >= 0.5 else a + d * g
 
@@ -284,8 +285,6 @@ def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | N
         if ctx.series(signal, rank) is None:
             ctx.memo[key] = None
         else:
-            import numpy as np
-
             ts, vs = raw_arrays(ctx, signal, rank)
             if _has_nan(ctx, vs):
                 ok = ~np.isnan(vs)
@@ -328,8 +327,6 @@ def _arg_extreme(ctx: RuleContext, vals: Any, at: str) -> int | None:
     key = ("arg_extreme", id(vals), at)  # vals is a column array held by the memo for the whole pass
     if key in ctx.memo:
         return ctx.memo[key]  # type: ignore[no-any-return]
-    import numpy as np
-
     if not _has_nan(ctx, vals):
         k = int(vals.argmax() if at == "max" else vals.argmin()) if len(vals) else None
     elif np.isnan(vals).all():
@@ -358,8 +355,6 @@ def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
     key = (name, signal, rank)
     hit = ctx.memo.get(key)
     if hit is None:
-        import numpy as np
-
         s = ctx.series(signal, rank)
         if s is None:
             hit = np.zeros(0)
@@ -372,25 +367,25 @@ def _column(ctx: RuleContext, signal: str, rank: str, name: str) -> Any:
 
 
 def _has_nan(ctx: RuleContext, arr: Any) -> bool:
-    """Whether a column array of the pass holds a NaN, checked once per array."""
+    """Whether a column array of the pass holds a NaN, checked once per array: its sum is NaN when it
+    does (or when it holds both infinities: only then are the values tested one by one)."""
     key = ("has_nan", id(arr))  # the array lives in the memo for the whole pass, so its id is stable
     hit = ctx.memo.get(key)
     if hit is None:
-        import numpy as np
-
-        hit = ctx.memo[key] = bool(np.isnan(arr).any())
+        total = np.add.reduce(arr)
+        hit = ctx.memo[key] = total != total and bool(np.isnan(arr).any())
     return hit  # type: ignore[no-any-return]
 
 
 def _shared_ts(ctx: RuleContext, col: Any) -> Any:
-    """A time column, or the equal one (same length, ends and values) already used this pass."""
-    import numpy as np
-
+    """A time column, or the equal one (same length, ends and bytes) already used this pass."""
     n = len(col)
-    same = ctx.memo.setdefault("ts_cols", {}).setdefault((n, float(col[0]), float(col[-1])) if n else (0,), [])
-    for other in same:
-        if np.array_equal(other, col):
-            return other
+    same = ctx.memo.setdefault("ts_cols", {}).setdefault((n, col.item(0), col.item(-1)) if n else (0,), [])
+    if same:
+        raw = col.tobytes()  # one memcmp of two copies: cheaper than numpy's elementwise array_equal
+        for other in same:
+            if other.tobytes() == raw:
+                return other
     same.append(col)
     return col
 
@@ -398,60 +393,67 @@ def _shared_ts(ctx: RuleContext, col: Any) -> Any:
 def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
     """``other``'s value at each point of ``base`` (the last one read at that same time), NaN where none."""
     key = ("aligned", base, other, rank)
-    if key not in ctx.memo:
-        import numpy as np
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = _align(ctx, base, other, rank)
+    return hit[0]
 
-        ta, _ = raw_arrays(ctx, base, rank)
-        tb, vb = raw_arrays(ctx, other, rank)
-        if not len(tb) or not len(ta):
-            ctx.memo[key] = np.full(len(ta), np.nan)
+
+def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, bool]:
+    """(:func:`aligned`, whether it holds a NaN). Joins on the distinct times: the log prints many lines a
+    second, so a long log series has few distinct times, and the per-point result is one ``repeat``."""
+    ta, _ = raw_arrays(ctx, base, rank)
+    tb, vb = raw_arrays(ctx, other, rank)
+    if not len(tb) or not len(ta):
+        return np.full(len(ta), np.nan), bool(len(ta))
+    order, ends, counts = _time_runs(ctx, tb)
+    ukey = ("uniq", other, rank)
+    uniq_hit = ctx.memo.get(ukey)
+    if uniq_hit is None:
+        if order == "increasing":
+            uniq_hit = (tb, vb)  # strictly increasing times: already unique
+        elif order == "ordered":  # the last reading of each run of equal times wins
+            uniq_hit = (tb[ends], vb[ends])
         else:
-            order, last, run = _time_runs(ctx, tb)
-            ukey = ("uniq", other, rank)
-            if ukey not in ctx.memo:
-                if order == "increasing":
-                    ctx.memo[ukey] = (tb, vb)  # strictly increasing times: already unique
-                elif order == "ordered":  # the last reading of each run of equal times wins
-                    ctx.memo[ukey] = (tb[last], vb[last])
-                else:
-                    uniq, first_rev = np.unique(tb[::-1], return_index=True)
-                    # the last reading at each time wins, as a dict would keep it
-                    ctx.memo[ukey] = (uniq, vb[len(tb) - 1 - first_rev])
-            uniq, uval = ctx.memo[ukey]
-            a_order, a_last, a_run = (order, last, run) if ta is tb else _time_runs(ctx, ta)
-            if ta is tb and order == "increasing":  # read at the same moments (see _column): no search
-                ctx.memo[key] = vb  # a read-only column of the timeline, shared as the time column is
-            elif ta is tb and order == "ordered":
-                ctx.memo[key] = uval[run]
-            elif a_order == "ordered":  # search each distinct time of a once (log times repeat within a second)
-                ua = ta[a_last]
-                pos = np.minimum(np.searchsorted(uniq, ua), len(uniq) - 1)
-                ctx.memo[key] = np.where(uniq[pos] == ua, uval[pos], np.nan)[a_run]
-            else:
-                pos = np.minimum(np.searchsorted(uniq, ta), len(uniq) - 1)
-                ctx.memo[key] = np.where(uniq[pos] == ta, uval[pos], np.nan)
-    return ctx.memo[key]
+            uniq, first_rev = np.unique(tb[::-1], return_index=True)
+            # the last reading at each time wins, as a dict would keep it
+            uniq_hit = (uniq, vb[len(tb) - 1 - first_rev])
+        ctx.memo[ukey] = uniq_hit
+    uniq, uval = uniq_hit
+    if ta is tb and order == "increasing":  # read at the same moments (see _column): no search
+        return vb, _has_nan(ctx, vb)  # a read-only column of the timeline, shared as the time column is
+    if ta is tb and order == "ordered":
+        return uval.repeat(counts), bool(np.isnan(uval).any())
+    a_order, a_ends, a_counts = _time_runs(ctx, ta)
+    if a_order == "ordered":  # search each distinct time of a once (log times repeat within a second)
+        ua = ta[a_ends]
+    else:
+        ua = ta
+    pos = np.searchsorted(uniq, ua)
+    np.minimum(pos, len(uniq) - 1, out=pos)
+    got = np.where(uniq[pos] == ua, uval[pos], np.nan)
+    has_nan = bool(np.isnan(got).any())
+    return (got.repeat(a_counts) if a_order == "ordered" else got), has_nan
 
 
 def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
     """How a time column is ordered, once per array for the pass: ``("increasing", None, None)``;
-    ``("ordered", last, run)`` with equal times (``last`` marks the last point of each run of equal
-    times, ``run[i]`` is the run of point i); ``("unordered", None, None)``."""
+    ``("ordered", ends, counts)`` with equal times (``ends`` the position of the last point of each run
+    of equal times, ``counts`` the length of each run); ``("unordered", None, None)``."""
     key = ("time_runs", id(ts))  # the array lives in the memo for the whole pass, so its id is stable
     hit = ctx.memo.get(key)
     if hit is None:
-        import numpy as np
-
         # few numpy calls: on the short series of a small window their overhead is most of the cost
         step = np.subtract(ts[1:], ts[:-1]) if len(ts) >= 2 else None
         low = np.minimum.reduce(step) if step is not None else None  # NaN if any step is NaN
         if low is None or low > 0:
             hit = ("increasing", None, None)
         elif low >= 0:
-            rises = step > 0
-            last = np.concatenate((rises, (True,)))
-            run = np.concatenate(((0,), np.cumsum(rises, dtype=np.intp)))
-            hit = ("ordered", last, run)
+            ends = np.append(step.nonzero()[0], len(ts) - 1)  # type: ignore[union-attr]  # steps are >= 0: nonzero is a rise
+            counts = ends.copy()
+            counts[0] += 1
+            counts[1:] -= ends[:-1]
+            hit = ("ordered", ends, counts)
         else:
             hit = ("unordered", None, None)
         ctx.memo[key] = hit
@@ -461,19 +463,19 @@ def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
 @dataclass(slots=True)
 class Pairs:
     """Points where two signals were read at the same moment, as numpy arrays: ``ts``, ``a``, ``b`` and
-    ``idx`` (the positions in ``a``'s series, for :meth:`src`)."""
+    ``idx`` (the positions in ``a``'s series, for :meth:`src`; None when every point of ``a`` joined)."""
 
     ts: Any
     a: Any
     b: Any
     idx: Any
-    sources: list[str]
+    sources: Any
 
     def __len__(self) -> int:
-        return len(self.idx)
+        return len(self.a)
 
     def src(self, k: int) -> str:
-        return self.sources[int(self.idx[k])]
+        return self.sources[int(k) if self.idx is None else int(self.idx[k])]  # type: ignore[no-any-return]
 
 
 def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
@@ -481,25 +483,25 @@ def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
     key = ("pairs", a, b, rank)
     hit = ctx.memo.get(key)
     if hit is None:
-        import numpy as np
-
         ta, va = raw_arrays(ctx, a, rank)
-        w = aligned(ctx, a, b, rank)
         s = ctx.series(a, rank)
         sources = s.sources if s is not None else []
-        if len(ta) and not _has_nan(ctx, va) and not np.isnan(w).any():
-            hit = Pairs(ta, va, w, np.arange(len(ta)), sources)  # every point joined: the arrays themselves (read-only use)
+        if not len(ta):
+            hit = Pairs(ta, va, np.zeros(0), None, sources)
         else:
-            idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0] if len(ta) else np.zeros(0, dtype=int)
-            hit = Pairs(ta[idx], va[idx], w[idx] if len(ta) else np.zeros(0), idx, sources)
+            aligned(ctx, a, b, rank)
+            w, w_nan = ctx.memo[("aligned", a, b, rank)]
+            if not w_nan and not _has_nan(ctx, va):
+                hit = Pairs(ta, va, w, None, sources)  # every point joined: the arrays themselves (read-only use)
+            else:
+                idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0]
+                hit = Pairs(ta[idx], va[idx], w[idx], idx, sources)
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 
 
 def _joint_np(ctx: RuleContext, a: str, b: str, rank: str) -> list[tuple[float, float, float, str]]:
     """The same join with numpy: for each point of ``a`` the last point of ``b`` at the same time."""
-    import numpy as np
-
     ta, va = raw_arrays(ctx, a, rank)
     w = aligned(ctx, a, b, rank)
     idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0]
@@ -529,8 +531,6 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
         return int(v), ctx.timeline.cfg_source("max_total_tokens")
     # derive from #token / token usage on the same line when the pool size was not printed
     if "pool" not in ctx.memo:
-        import numpy as np
-
         p = pairs(ctx, "used_tokens", "token_usage")
         ok = np.nonzero(p.b >= 0.05)[0]
         if len(ok):
@@ -545,8 +545,6 @@ def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
     """KV tokens one running request holds: the median of decode_sum_seq_lens / running_reqs (0.5.7+
     metrics), else of used_tokens / running_reqs (used tokens also count prompts still in prefill)."""
     if "tpr" not in ctx.memo:
-        import numpy as np
-
         ctx.memo["tpr"] = (None, "")
         for signal in ("decode_sum_seq_lens", "used_tokens"):
             p = pairs(ctx, signal, "running_reqs")

@@ -56,6 +56,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from diagnoser.capacity.pool import pool_count
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
@@ -123,7 +125,7 @@ def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, f
     finished-request rate over the window (the prompt scaled by 1 - cache hit rate, since a shared
     prefix is held once): SGLang counts both when a request finishes (reference §2.1), so it is the
     mean full length of the finished requests. None when no request finished or the pool is unknown."""
-    qshare = float((pts.b > 0).mean()) if len(pts) else 0.0
+    qshare = np.count_nonzero(pts.b > 0) / len(pts) if len(pts) else 0.0  # a bool mean: the count over n
     rate = ctx.stats("request_rate")["mean"]
     out_tps, in_tps = ctx.stats("output_tps")["mean"], ctx.stats("prompt_tps")["mean"]
     pool, _ = pool_tokens(ctx)
@@ -172,7 +174,7 @@ class KVSaturation(Rule):
         waiting = bool(waiting.any())
         n_retract, retract_src = retraction_count(ctx)
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
-        fshare = float((vals >= high).mean())
+        fshare = np.count_nonzero(vals >= high) / len(vals)
         # a retraction says the pool ran out (§3.4); it counts when requests waited or the pool was full
         # most of the time: one retraction at a brief peak with nobody waiting is left to kv_retraction
         # (occasional, fine). Sampled usage misses the full moments (saw-tooth), hence the lower floor.

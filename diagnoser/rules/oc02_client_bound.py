@@ -31,6 +31,8 @@ References:
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     Rule,
@@ -71,7 +73,7 @@ class ClientBound(Rule):
         if run["n"] < t["min_points"]:
             return None
         _, qv = arrays(ctx, "queue_reqs")  # type: ignore[misc]
-        qshare = float((qv > 0).mean()) if len(qv) else 1.0
+        qshare = np.count_nonzero(qv > 0) / len(qv) if len(qv) else 1.0  # a bool mean: the count over n
         ust = ctx.stats("token_usage")
         if qshare > t["max_queue_share"] or (ust["p95"] or 0) >= t["max_usage"]:
             return None

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import (
     Rule,
@@ -78,8 +80,6 @@ class PrefillStall(Rule):
                 known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
         if known:
             return min(known)
-        import numpy as np
-
         uniq, counts = np.unique(raw_arrays(ctx, "prefill_new_tokens")[1].astype(int), return_counts=True)
         k = int(np.argmax(counts))
         value, count = int(uniq[k]), int(counts[k])
@@ -92,8 +92,6 @@ class PrefillStall(Rule):
         p = ctx.series("prefill_new_tokens")
         if p is None or len(p) < t["min_batches"]:
             return None
-        import numpy as np
-
         cap, cap_name, cap_src = self._cap(ctx, p.values)
         if not cap:
             return None
@@ -147,8 +145,6 @@ class PrefillStall(Rule):
         q = ctx.series("queue_reqs")
         if q is None:
             return None
-        import numpy as np
-
         qts, qv = raw_arrays(ctx, "queue_reqs")
         u = aligned(ctx, "queue_reqs", "token_usage")
         r = aligned(ctx, "queue_reqs", "running_reqs")

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, joint, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
@@ -112,8 +114,6 @@ class PrefillDecodeInterference(Rule):
         pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
         if len(pts) < t["min_scrapes"]:
             return None
-        import numpy as np
-
         run = pairs(ctx, "running_reqs", "gen_throughput_tps")
         # the running count read with each point (the last one at that time, as a dict of the join kept it)
         at = np.searchsorted(run.ts, np.fromiter((p[0] for p in pts), dtype=float, count=len(pts)), side="right") - 1

@@ -37,14 +37,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, arrays, ev, evidence, slot_cap
 
 
 def slope_per_min(ts: Any, vals: Any) -> float:
     """Least-squares slope of vals over ts, per minute (numpy arrays or lists)."""
-    import numpy as np
-
     t = np.asarray(ts, dtype=float)
     v = np.asarray(vals, dtype=float)
     if t.size < 3 or t[-1] - t[0] < 10:
@@ -78,7 +78,7 @@ class QueueBuildup(Rule):
         qts, vals = arrays(ctx, "queue_reqs")  # type: ignore[misc]
         if len(vals) < t["min_points"]:
             return None
-        busy_share = float((vals > 0).mean())
+        busy_share = np.count_nonzero(vals > 0) / len(vals)  # a bool mean: the count over n
         if busy_share < t["persist_share"]:
             return None
         st = ctx.stats("queue_reqs")

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
@@ -72,7 +74,7 @@ class MaxRunningRequestsCap(Rule):
         red = [e for e in ctx.events_of("max_running_requests_reduced")]
         p = pairs(ctx, "running_reqs", "queue_reqs")
         waiting = p.b > 0
-        n_wait = int(waiting.sum())
+        n_wait = int(np.count_nonzero(waiting))
         at = (waiting & (p.a >= cap)).nonzero()[0]
         usage = ctx.stats("token_usage")
         runtime = n_wait >= t["min_points"] and len(at) / n_wait >= t["at_cap_share"] and (usage["p95"] is None or usage["p95"] < t["kv_room"])
