@@ -9,6 +9,7 @@ password or credential; credentials inside URLs (``https://user:pass@host`` → 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 REDACTED = "***"
@@ -36,7 +37,11 @@ _NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
 def is_secret_key(key: str) -> bool:
-    k = str(key)
+    return _is_secret_key(str(key))
+
+
+@lru_cache(maxsize=4096)  # the same few hundred server-args keys are asked about on every redaction
+def _is_secret_key(k: str) -> bool:
     # the cheap test first: _NOT_SECRET (leading-wildcard alternatives) costs ~10x more per key and only
     # matters for the few keys _SECRET_KEY_RE flags (a server_args line has ~550 keys; start-up time)
     return bool(_SECRET_KEY_RE.search(k)) and not _NOT_SECRET.search(k)

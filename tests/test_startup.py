@@ -21,7 +21,8 @@ EXAMPLE = ROOT / "examples" / "kv-full-retract" / "server.log"
 # never needed by a one-engine --once --log pass (HTTP, web, exporter, TOML without --config, fleet maths)
 OFF_PATH = ("pandas", "httpx", "fastapi", "uvicorn", "prometheus_client", "jinja2", "tomllib", "statistics", "json",
             "diagnoser.fleet", "diagnoser.sources.http", "diagnoser.web", "diagnoser.engines.sglang.metrics",
-            "diagnoser.engines.sglang.logfast", "multiprocessing")  # a small log is read line by line
+            "diagnoser.engines.sglang.logfast", "multiprocessing",  # a small log is read line by line
+            "shutil")  # argparse's help width is read without it
 
 
 def test_once_log_keeps_unneeded_modules_off_the_start_up_path(tmp_path: Path) -> None:
@@ -65,3 +66,59 @@ def test_median_is_statistics_median_on_real_step_times(data_dir: Path) -> None:
     assert checked >= 10
     with pytest.raises(ValueError):
         median([])
+
+
+def test_console_script_pauses_the_garbage_collector_only_while_loading(tmp_path: Path) -> None:
+    """As the ``diagnose`` process: the collector is off while modules load, on again (with the start-up
+    objects frozen) before the log is read. A caller of ``main(argv)`` gets it back on, and nothing of
+    its own frozen."""
+    small = tmp_path / "small.log"
+    small.write_bytes(b"".join(EXAMPLE.read_bytes().splitlines(keepends=True)[:200]))
+    code = (
+        "import gc, io, json, sys, contextlib\n"
+        "import diagnoser.collect as col\n"
+        "seen = []\n"
+        "real = col.collect_once\n"
+        "def spy(*a, **k):\n"
+        "    seen.append(gc.isenabled())\n"
+        "    return real(*a, **k)\n"
+        "col.collect_once = spy\n"
+        "from diagnoser.cli import main\n"
+        "loading = []\n"
+        "import diagnoser.cli.run as run\n"
+        "real_parser = run.build_parser\n"
+        "run.build_parser = lambda: (loading.append(gc.isenabled()), real_parser())[1]\n"
+        "out = io.StringIO()\n"
+        f"sys.argv = ['diagnose', '--once', '--log', {str(small)!r}]\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    rc = main()\n"
+        "as_script = [loading[0], seen[0], gc.isenabled(), gc.get_freeze_count() > 0]\n"
+        "gc.unfreeze()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    main(['--once', '--log', {str(small)!r}])\n"
+        "print(json.dumps({'rc': rc, 'as_script': as_script, 'as_call': [loading[1], seen[1], gc.isenabled(), gc.get_freeze_count()]}))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["rc"] == 1
+    assert got["as_script"] == [False, True, True, True]
+    assert got["as_call"] == [False, True, True, 0]
+
+
+def test_help_width_follows_columns_as_shutil_would() -> None:
+    import os
+    import shutil
+
+    from diagnoser.cli.run import _terminal_columns
+
+    old = os.environ.get("COLUMNS")
+    try:
+        for cols in ("57", "133", "0", "junk"):
+            os.environ["COLUMNS"] = cols
+            assert _terminal_columns() == shutil.get_terminal_size().columns
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old

@@ -7,11 +7,12 @@ Exit codes: 0 = nothing at or above ``--fail-on`` (default warning); 1 = a findi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from diagnoser import __version__
-from diagnoser.cli import UsageError
+from diagnoser.cli import UsageError, resume_gc
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # default poll interval of the continuous modes (watch, serve): SGLang spends ~27 ms of CPU rendering
@@ -29,9 +30,28 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use seconds or 30s, 10m, 2h") from None
 
 
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns`` without importing shutil (with zlib, bz2 and lzma it costs
+    about 2 ms of every start, and argparse imports it for the width of each help formatter)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", 0))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one sentence, exit 2, no usage dump
         raise UsageError(f"{message}. See 'diagnose --help'.")
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # what argparse does with width=None, minus its shutil import (it also subtracts 2)
+        return self.formatter_class(prog=self.prog, width=_terminal_columns() - 2)
 
 
 class _RunParser(_Parser):
@@ -86,6 +106,7 @@ def main(argv: list[str]) -> int:
     if not args.once and not args.replay:
         from diagnoser.cli import watch
 
+        resume_gc()
         return int(watch.main(args))
     return run_once(args)
 
@@ -187,9 +208,15 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
 
 
 def run_once(args: argparse.Namespace) -> int:
+    # everything a report needs, loaded before the garbage collector comes back on (start-up time)
+    import diagnoser.advice  # noqa: F401
+    import diagnoser.collect  # noqa: F401
+    import diagnoser.evaluate  # noqa: F401
+    import diagnoser.outputs.report  # noqa: F401
     from diagnoser.engines import get_adapter
 
     adapter = get_adapter("sglang")
+    resume_gc()
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)
     if args.format == "json":
