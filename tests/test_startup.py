@@ -122,3 +122,20 @@ def test_help_width_follows_columns_as_shutil_would() -> None:
             os.environ.pop("COLUMNS", None)
         else:
             os.environ["COLUMNS"] = old
+
+
+def test_rare_log_patterns_compile_on_first_use_and_match_like_re() -> None:
+    code = (
+        "import re\n"
+        "from diagnoser.engines.sglang import logformats as f\n"
+        "lazy = [v for v in vars(f).values() if isinstance(v, f._Lazy)]\n"
+        "before = sum(v._re is not None for v in lazy)\n"
+        "line = 'KV Cache is allocated. #tokens: 2048, K size: 0.01 GB, V size: 0.01 GB'\n"
+        "m = f._KV_RE.search(line)\n"
+        "ref = re.compile(f._KV_RE.pattern).search(line)\n"
+        "print(len(lazy), before, m.groups() == ref.groups(), f._KV_RE._re is not None)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False, timeout=60)
+    assert res.returncode == 0, res.stderr
+    n, before, same, compiled = res.stdout.split()
+    assert int(n) >= 20 and before == "0" and same == "True" and compiled == "True"

@@ -219,10 +219,10 @@ class BlockParser:
         # the other lines: the ones the reference parser could recognise (or must check) go to it
         refs: list[tuple[int, bytes]] = []
         if len(bulk_rows) < n:
-            trig = TRIGGER_BYTES_RE
+            trig = TRIGGER_BYTES_RE.search
             for i in compress(range(n), other_c):
                 raw = other_c[i]
-                if trig.search(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
+                if trig(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
                     refs.append((i, raw))
         out["refs"] = refs
         if not bulk_rows:
@@ -422,7 +422,7 @@ class BulkReader:
         rec = _Recorder(sink)
         last_state = -1
         if refs:
-            trig = TRIGGER_BYTES_RE
+            trig = TRIGGER_BYTES_RE.search
             before = np.searchsorted(rows, np.fromiter((L for L, _ in refs), dtype=np.int64, count=len(refs))) - 1
             parser.sink = rec
             try:
@@ -437,7 +437,7 @@ class BulkReader:
                         last_state = L
                         continue
                     ok = fallback(raw, first_line_no + L)
-                    if ok is not None and trig.search(raw):
+                    if ok is not None and trig(raw):
                         last_state = L
                     if ok:
                         recognized += 1

@@ -8,6 +8,24 @@ import re
 
 from diagnoser.engines.sglang.versions import Version
 
+
+class _Lazy:
+    """A pattern compiled on its first use. Most patterns here match a few start-up lines, or none in a
+    given log, and compiling all of them costs every start about 3 ms (bench/bench_startup.py); the
+    per-line ones (prefix, trigger, batch) stay compiled at import."""
+
+    __slots__ = ("_args", "_re")
+
+    def __init__(self, pattern: str | bytes, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+        self._re: re.Pattern | None = None  # type: ignore[type-arg]
+
+    def __getattr__(self, name: str) -> object:  # search, match, findall, sub, pattern, …
+        if self._re is None:
+            self._re = re.compile(*self._args)
+        return getattr(self._re, name)
+
+
 # ---------------------------------------------------------------------------------------------------
 # prefix
 
@@ -20,7 +38,7 @@ _PREFIX_RE = re.compile(
     r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\]\s?"
 )
 _BARE_PREFIX_RE = re.compile(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?")
-_TAG_RE = re.compile(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
+_TAG_RE = _Lazy(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
 
 _BATCH_RE = re.compile(r"(Prefill|Decode) batch(?:\s*\(mixed #running-req: (\d+)\))?\s*(?:\[(\d+)\])?\s*[.,]?\s*")
 
@@ -88,39 +106,39 @@ _PREFILL_FIELDS: dict[str, str | None] = {
 }
 _SUFFIX_PREFIXES = ("est. ",)
 
-_RETRACT_RE = re.compile(
+_RETRACT_RE = _Lazy(
     r"(?:KV cache pool is full\. Retract requests\.|Decode out of memory happened\.|Testing retraction\.)"
     r"\s*#retracted_reqs: (\d+)(?:, #new_tokens_gained: (\d+))?(?:, #mamba_num_gained: (\d+))?"
     r"(?:, #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
 )
-_OOM_RE = re.compile(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
-_SUMMARY_RE = re.compile(r"max_total_num_tokens=(\d+)(?:, .*)?$")
-_KV_RE = re.compile(
+_OOM_RE = _Lazy(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
+_SUMMARY_RE = _Lazy(r"max_total_num_tokens=(\d+)(?:, .*)?$")
+_KV_RE = _Lazy(
     r"KV [Cc]ache (?:is )?allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
 )
-_LOAD_END_RE = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
-_LOAD_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
-_MEMPOOL_END_RE = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
-_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
-_GRAPH_END_RE = re.compile(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
-_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
-_GRAPH_MEM_RE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
-_AVAIL_RE = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
-_HICACHE_RE = re.compile(
+_LOAD_END_RE = _Lazy(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
+_LOAD_BEGIN_RE = _Lazy(r"Load weight begin\. avail mem=([\d.]+) GB")
+_MEMPOOL_END_RE = _Lazy(r"Memory pool end\. avail mem=([\d.]+) GB")
+_GRAPH_BS_RE = _Lazy(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
+_GRAPH_END_RE = _Lazy(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
+_GRAPH_END_BS_RE = _Lazy(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
+_GRAPH_MEM_RE = _Lazy(r"mem usage=(\d+(?:\.\d+)?) GB")
+_AVAIL_RE = _Lazy(r"avail mem=(\d+(?:\.\d+)?) GB")
+_HICACHE_RE = _Lazy(
     r"Allocating (?:([\d.]+) GB host memory for hierarchical KV cache|(\w+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory)"
 )
-_REDUCED_RE = re.compile(r"max_running_requests was reduced from requested (\d+) to (\d+)")
-_MAX_NUM_REQS_RE = re.compile(r"max_num_reqs\s*=\s*(\d+)")
-_SPEC_RESET_RE = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
-_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
-_AUTO_MEM_RE = re.compile(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
+_REDUCED_RE = _Lazy(r"max_running_requests was reduced from requested (\d+) to (\d+)")
+_MAX_NUM_REQS_RE = _Lazy(r"max_num_reqs\s*=\s*(\d+)")
+_SPEC_RESET_RE = _Lazy(r"Max running requests is reset to (\d+) for speculative decoding")
+_ACCESS_RE = _Lazy(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
+_AUTO_MEM_RE = _Lazy(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
 _NOT_ENOUGH_MEM = ("Not enough memory. Please try to increase --mem-fraction-static", "leave no GPU memory for the KV cache")
-_HOST_MEM_ERR_RE = re.compile(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
-_PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
-_HICACHE_AUTO_RE = re.compile(
+_HOST_MEM_ERR_RE = _Lazy(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
+_PROFILED_RE = _Lazy(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
+_HICACHE_AUTO_RE = _Lazy(
     r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank \(fraction ([\d.]+), (\d+) ranks? on this host\), host pools ([\d.]+) GiB"
 )
-_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
+_NO_KV_MEM_RE = _Lazy(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
 
 _NO_HIGH: Version = (99, 0, 0)
 
@@ -156,7 +174,7 @@ TRIGGERS: tuple[str, ...] = (
     "Traceback",
 )
 TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
-TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())
+TRIGGER_BYTES_RE = _Lazy("|".join(re.escape(t) for t in TRIGGERS).encode())  # the bulk reader's
 
 # decode-line fields → the first version that prints them (reference §3.3); "=" marks one-release fields
 _DECODE_SINCE: dict[str, Version] = {

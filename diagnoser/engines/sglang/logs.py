@@ -427,14 +427,15 @@ class SGLangLogParser:
 
     def _graph(self, msg: str, src: str) -> bool:
         sink = self.sink
-        gb = _GRAPH_BS_RE.search(msg) or _GRAPH_END_BS_RE.search(msg)
+        capture = _GRAPH_BS_RE.search(msg)
+        gb = capture or _GRAPH_END_BS_RE.search(msg)
         if gb:
             listed = gb.group(1)
             sizes = [int(x) for x in listed.replace(" ", "").split(",") if x.isdigit()]
             if sizes and "..." not in listed:  # an elided list ("[1, 2, 4, ...]") does not give the maximum
                 sink.set_config("cuda_graph_bs", sizes, src)
                 sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
-            if gb.re is _GRAPH_BS_RE:
+            if capture:
                 self.hint_at_least((0, 4, 7), "'Capture cuda graph bs [...]' line")
         if _GRAPH_END_RE.search(msg) and "piecewise" not in msg and "draft" not in msg:
             am = _AVAIL_RE.search(msg)
