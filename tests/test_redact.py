@@ -100,3 +100,26 @@ def test_redact_text_covers_quoted_dict_keys_for_every_output() -> None:
     out = redact_text(line)
     assert "dXNlcjpwdw" not in out and "abc123" not in out
     assert "'tokenizer_path': 'm'" in out and "'page_size': 1" in out
+
+
+def test_quick_pass_changes_nothing_the_full_redaction_would(data_dir: Path) -> None:
+    """redact_text returns a text without "@" or a secret-ish word as it is; the four substitutions
+    (``_redact_text``) are the reference: same result on every line of the real logs, and on texts
+    built from each secret form with the words' case and position varied."""
+    from diagnoser.redact import _redact_text, redact_text
+
+    texts: list[str] = []
+    for log in sorted(data_dir.rglob("*.log")):
+        texts += log.read_text(errors="replace").splitlines()
+    forms = ["https://u:p@h/x", "--api-key s3cr3t", "--hf-token=abc", "api_key='x'", "{'Cookie': 'c'}",
+             "'AUTHORIZATION': \"Bearer z\"", "PASSWD=hunter2", "{'db_pwd': 'x'}", "x Credentials: 'y'", "--admin-api-key k"]
+    for f in forms:
+        for t in (f, f.upper(), f.lower(), f"prefix {f} suffix", f"{f}, {f}"):
+            texts.append(t)
+    assert len(texts) > 5_000
+    changed = 0
+    for t in texts:
+        full = _redact_text(t)
+        assert redact_text(t) == full, t
+        changed += full != t
+    assert changed >= 40  # the forms above are redacted, so the comparison saw real substitutions
