@@ -55,8 +55,9 @@ class RuleContext:
                 hit = fast_summary([])
             elif len(s) < 64:
                 hit = summarize(s.values)
-            else:  # the pass's numpy view of the series (converted once, shared with the joins)
-                hit = _np_summary(_column(self, signal, rank, "values"))
+            else:  # the series' own column (NaNs dropped), its sum and its sorted values, shared with the pass
+                vals = arrays(self, signal, rank)[1]  # type: ignore[index]
+                hit = _np_summary(vals, _col_sum(self, vals), _sorted(self, signal, rank))
             self.memo[key] = hit
         return hit  # type: ignore[no-any-return]
 
@@ -105,17 +106,22 @@ def fast_summary(values: list[float]) -> dict[str, Any]:
     return _np_summary(np.asarray(values, dtype=float))
 
 
-def _np_summary(arr: Any) -> dict[str, Any]:
-    total = np.add.reduce(arr)  # NaN when a NaN is in it (or both infinities): only then look for NaNs
+def _np_summary(arr: Any, total: Any = None, srt: Any = None) -> dict[str, Any]:
+    """The summary of a numpy array; ``total`` (its ``numpy.add.reduce``) and ``srt`` (it sorted) may be
+    given when the pass already has them, for an array without NaNs."""
+    if total is None:
+        total = np.add.reduce(arr)  # NaN when a NaN is in it (or both infinities): only then look for NaNs
     if total != total:
         nan = np.isnan(arr)
         if nan.any():
             arr = arr[~nan]
             total = np.add.reduce(arr)
+            srt = None
     n = int(arr.size)
     if not n:
         return summarize([])
-    srt = np.sort(arr)
+    if srt is None:
+        srt = np.sort(arr)
     # ndarray.mean is this sum over n (same pairwise sum, same division); min and max are the sorted
     # ends, except for a zero (the ends do not say which of 0.0 and -0.0 min()/max() would give)
     lo, hi = srt.item(0), srt.item(-1)
@@ -303,8 +309,9 @@ def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any
         b = got[1][got[1] > 0] if got is not None else None
         if b is None or len(b) < 64:
             hit = summarize(b.tolist() if b is not None else [])
-        else:
-            hit = _np_summary(b)
+        else:  # the positive values sorted are the tail of the series' sorted values (shared with stats)
+            srt = _sorted(ctx, signal, rank)
+            hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 
@@ -372,9 +379,28 @@ def _has_nan(ctx: RuleContext, arr: Any) -> bool:
     key = ("has_nan", id(arr))  # the array lives in the memo for the whole pass, so its id is stable
     hit = ctx.memo.get(key)
     if hit is None:
-        total = np.add.reduce(arr)
+        total = _col_sum(ctx, arr)
         hit = ctx.memo[key] = total != total and bool(np.isnan(arr).any())
     return hit  # type: ignore[no-any-return]
+
+
+def _col_sum(ctx: RuleContext, arr: Any) -> Any:
+    """``numpy.add.reduce`` of an array the memo holds for the pass (the NaN check and the mean share it)."""
+    key = ("sum", id(arr))
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = np.add.reduce(arr)
+    return hit
+
+
+def _sorted(ctx: RuleContext, signal: str, rank: str) -> Any:
+    """The series' values without NaNs, sorted; once per pass (its summary and its busy summary share it)."""
+    key = ("sorted", signal, rank)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        got = arrays(ctx, signal, rank)
+        hit = ctx.memo[key] = np.sort(got[1]) if got is not None else np.zeros(0)
+    return hit
 
 
 def _shared_ts(ctx: RuleContext, col: Any) -> Any:
@@ -449,7 +475,7 @@ def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
         if low is None or low > 0:
             hit = ("increasing", None, None)
         elif low >= 0:
-            ends = np.append(step.nonzero()[0], len(ts) - 1)  # type: ignore[union-attr]  # steps are >= 0: nonzero is a rise
+            ends = np.append((step > 0).nonzero()[0], len(ts) - 1)  # type: ignore[operator]
             counts = ends.copy()
             counts[0] += 1
             counts[1:] -= ends[:-1]
