@@ -71,15 +71,14 @@ def evaluate(
     rules = rules if rules is not None else list(REGISTRY)
     thresholds = thresholds or {}
     instances = [r() for r in rules]
+    target_rules = [(rule, rule.defaults, thresholds.get(rule.name)) for rule in instances if rule.scope == "target"]
+    findings = report.findings
     for tl in timelines:
-        version = version_tuple(tl)
-        memo: dict[Any, Any] = {}  # joint series and stats shared by the rules of this timeline
-        for rule in instances:
-            if rule.scope != "target":
-                continue
-            cfg = dict(rule.defaults)
-            cfg.update(thresholds.get(rule.name, {}))
-            ctx = RuleContext(tl, cfg, adapter, version, dict(extras or {}), memo)
+        # one context for the timeline's rules: they share its memo (joins, stats); each rule gets its
+        # own copy of its thresholds
+        ctx = RuleContext(tl, {}, adapter, version_tuple(tl), dict(extras or {}), {})
+        for rule, defaults, override in target_rules:
+            ctx.thresholds = {**defaults, **override} if override else defaults.copy()
             try:
                 out = rule.evaluate(ctx)
             except Exception as e:  # isolation: a broken rule is reported, the rest still run
@@ -87,8 +86,10 @@ def evaluate(
                 continue
             if out is None:
                 continue
-            for f in out if isinstance(out, list) else [out]:
-                report.findings.append(f)
+            if isinstance(out, list):
+                findings.extend(out)
+            else:
+                findings.append(out)
     fleet_rules = [r for r in instances if r.scope == "fleet"]
     for rule in fleet_rules:
         cfg = dict(rule.defaults)

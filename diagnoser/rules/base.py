@@ -12,6 +12,7 @@ import inspect
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,6 +36,14 @@ class RuleContext:
     version: tuple[int, int, int] | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. capacity model, job size, other findings
     memo: dict[Any, Any] = field(default_factory=dict)  # shared by the rules of one pass over one timeline
+    # ``series(signal, rank="")`` and ``cfg(name, default=None)``: the timeline's own ``get`` and ``cfg``
+    # (bound once; the rules call them a hundred times a pass)
+    series: Callable[..., Series | None] = field(init=False, repr=False, compare=False)
+    cfg: Callable[..., Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.series = self.timeline.get
+        self.cfg = self.timeline.cfg
 
     @property
     def target(self) -> str:
@@ -42,9 +51,6 @@ class RuleContext:
 
     def flag(self, concept: str) -> str:
         return str(self.adapter.flag(concept, self.version))
-
-    def series(self, signal: str, rank: str = "") -> Series | None:
-        return self.timeline.get(signal, rank)
 
     def stats(self, signal: str, rank: str = "") -> dict[str, Any]:
         key = ("stats", signal, rank)
@@ -60,9 +66,6 @@ class RuleContext:
                 hit = _np_summary(vals, _col_sum(self, vals), _sorted(self, signal, rank))
             self.memo[key] = hit
         return hit  # type: ignore[no-any-return]
-
-    def cfg(self, name: str, default: Any = None) -> Any:
-        return self.timeline.cfg(name, default)
 
     def span(self) -> tuple[float | None, float | None]:
         """:meth:`Timeline.span`, computed once for the pass."""

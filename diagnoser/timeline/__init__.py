@@ -196,7 +196,7 @@ class Timeline:
     # -- reading -------------------------------------------------------------------------------
     def get(self, signal: str, rank: str = "") -> Series | None:
         s = self.series.get((signal, rank))
-        return s if s is not None and len(s) else None
+        return s if s is not None and s._hi != s._lo else None  # not empty (len without its call)
 
     def has(self, signal: str) -> bool:
         return self.get(signal) is not None
@@ -219,12 +219,18 @@ class Timeline:
     def span(self) -> tuple[float | None, float | None]:
         """(first, last) time over every series and event; (None, None) when empty. Built-in min/max
         over the firsts and lasts (C loops; same values, same order as comparing them one by one)."""
-        live = [s for s in self.series.values() if len(s)]
+        firsts = []
+        lasts = []
+        for s in self.series.values():  # Series.first_ts/last_ts of each non-empty series, inlined
+            if s._hi != s._lo:
+                if s._unsorted:
+                    s._settle()
+                firsts.append(s._t.item(s._lo))
+                lasts.append(s._t.item(s._hi - 1))
         ets = [e.ts for e in self.events]
-        firsts = [s.first_ts() for s in live] + ets
-        if not firsts:
+        if not firsts and not ets:
             return None, None
-        return min(firsts), max([s.last_ts() for s in live] + ets)
+        return min(firsts + ets), max(lasts + ets)
 
     def events_of(self, *kinds: str) -> list[LogEvent]:
         return [e for e in self.events if e.kind in kinds]
