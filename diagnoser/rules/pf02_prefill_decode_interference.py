@@ -36,7 +36,7 @@ import re
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, joint, pairs, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, joint, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -45,6 +45,30 @@ _LINE = re.compile(r":(\d+)$")
 def _line(src: str) -> int:
     m = _LINE.search(src)
     return int(m.group(1)) if m else -1
+
+
+def running_at(ctx: RuleContext, times: list[float]) -> list[float]:
+    """The running count read at each of these times: the last reading (not NaN) at that time, else 0.
+    At a time gen_throughput_tps was read, this is the join of running_reqs with it (pairs)."""
+    got = arrays(ctx, "running_reqs")
+    rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
+    at = np.searchsorted(rts, np.asarray(times, dtype=float), side="right") - 1
+    return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
+
+
+def _logged(labels: list[str]) -> np.ndarray:
+    """Per source label: True when it is not a scrape's (a source reads ``label:line`` or the label)."""
+    return np.fromiter((not label.startswith("scrape@") for label in labels), dtype=bool, count=len(labels))
+
+
+def _lines(labels: list[str], lab: np.ndarray, line: np.ndarray) -> np.ndarray:
+    """:func:`_line` of each source from its stored parts: the stored line number, else (a source kept
+    whole) the number its label ends with, if any."""
+    out = line.astype(np.int64)
+    alone = (out < 0).nonzero()[0]
+    if len(alone):
+        out[alone] = np.fromiter(map(_line, labels), dtype=np.int64, count=len(labels))[lab[alone]]
+    return out
 
 
 class PrefillDecodeInterference(Rule):
@@ -70,33 +94,44 @@ class PrefillDecodeInterference(Rule):
         if ps is None:
             return None
         _, pv = raw_arrays(ctx, "prefill_new_tokens")
-        if not any(not ps.sources[i].startswith("scrape@") for i in (pv >= t["min_batch_tokens"]).nonzero()[0].tolist()):
+        labels, lab, line = ps.sources.parts()
+        logged = _logged(labels)[lab]  # read from a log line, not a scrape
+        if not (logged & (pv >= t["min_batch_tokens"])).any():
             return None  # no logged batch that large: no run can average min_batch_tokens
-        pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "running_reqs") if not p[3].startswith("scrape@")]
-        pre = [x for x in pre if x[0] >= 0]
-        if len(pre) < t["min_run"]:
+        # the logged batches with the running count read at the same moment, in log line order (stable)
+        p = pairs(ctx, "prefill_new_tokens", "running_reqs")
+        at = np.arange(len(ps)) if p.idx is None else p.idx  # the joined points' positions in the series
+        lines = _lines(labels, lab[at], line[at])
+        keep = (logged[at] & (lines >= 0)).nonzero()[0]
+        if len(keep) < t["min_run"]:
             return None
+        order = keep[np.argsort(lines[keep], kind="stable")]
+        ln, run = lines[order], p.b[order]
+        dec_lines = np.zeros(0, dtype=np.int64)
         dec_s = ctx.series("gen_throughput_tps")
-        dec_lines = sorted(n for n in (_line(s) for s in (dec_s.sources if dec_s else []) if not s.startswith("scrape@")) if n >= 0)
-        import bisect
-
-        best: list = []  # type: ignore[type-arg]
-        cur: list = []  # type: ignore[type-arg]
-        last_line = -1
-        for line_no, p in sorted(pre, key=lambda x: x[0]):
-            if cur:
-                i = bisect.bisect_right(dec_lines, last_line)
-                if i < len(dec_lines) and dec_lines[i] < line_no:
-                    cur = []
-            if p[2] >= t["min_running"]:
-                cur.append(p)
-                last_line = line_no
-            else:
-                cur = []
-            if len(cur) > len(best):
-                best = list(cur)
-        if len(best) < t["min_run"]:
+        if dec_s is not None:
+            dlabels, dlab, dline = dec_s.sources.parts()
+            dl = _lines(dlabels, dlab, dline)
+            dec_lines = np.sort(dl[_logged(dlabels)[dlab] & (dl >= 0)])
+        # a run: consecutive batches (in line order) with min_running running and no decode line between
+        ok = run >= t["min_running"]
+        start = ok.copy()
+        if len(ok) > 1:
+            cut = ~ok[:-1]
+            if len(dec_lines):
+                nxt = np.searchsorted(dec_lines, ln[:-1], side="right")  # the first decode line after each batch
+                cut |= (nxt < len(dec_lines)) & (dec_lines[np.minimum(nxt, len(dec_lines) - 1)] < ln[1:])
+            start[1:] &= cut
+        firsts = start.nonzero()[0]
+        if not len(firsts):
             return None
+        stop_at = np.append((~ok | start).nonzero()[0], len(ok))  # a run stops at a batch that is not ok or starts a run
+        ends = stop_at[np.searchsorted(stop_at, firsts, side="right")]
+        k = int(np.argmax(ends - firsts))  # the first longest run
+        if ends[k] - firsts[k] < t["min_run"]:
+            return None
+        sel = order[firsts[k]:ends[k]]
+        best = list(zip(p.ts[sel].tolist(), p.a[sel].tolist(), p.b[sel].tolist(), [p.src(i) for i in sel.tolist()], strict=True))
         mean_tok = sum(p[1] for p in best) / len(best)
         if mean_tok < t["min_batch_tokens"]:
             return None
@@ -114,10 +149,7 @@ class PrefillDecodeInterference(Rule):
         pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
         if len(pts) < t["min_scrapes"]:
             return None
-        run = pairs(ctx, "running_reqs", "gen_throughput_tps")
-        # the running count read with each point (the last one at that time, as a dict of the join kept it)
-        at = np.searchsorted(run.ts, np.fromiter((p[0] for p in pts), dtype=float, count=len(pts)), side="right") - 1
-        ok = [(float(run.a[k]) if k >= 0 and run.ts[k] == p[0] else 0) >= t["min_running"] for k, p in zip(at.tolist(), pts, strict=True)]
+        ok = [r >= t["min_running"] for r in running_at(ctx, [p[0] for p in pts])]
         pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
         if len(pts) < t["min_scrapes"]:
             return None

@@ -69,6 +69,12 @@ class Sources(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.tolist())
 
+    def parts(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(label table, label id per point, line number per point or -1): the stored form, read-only,
+        for vectorised reads (point i's source is ``f"{labels[lab[i]]}:{line[i]}"``, or the label alone
+        where the line is -1). The table may hold labels no point uses."""
+        return self._labels, self._lab, self._line
+
     def tolist(self) -> list[str]:
         labels = self._labels
         return [labels[a] if n < 0 else f"{labels[a]}:{n}" for a, n in zip(self._lab.tolist(), self._line.tolist(), strict=True)]

@@ -124,3 +124,106 @@ def test_np_summary_is_numpy_on_every_real_series(windows: list[Timeline]) -> No
     assert n > 200
     with_zero = np.array([0.0, -0.0, 3.0, math.nan] * 20)  # the sorted ends cannot tell 0.0 from -0.0
     assert math.copysign(1, _np_summary(with_zero)["min"]) == math.copysign(1, float(with_zero[~np.isnan(with_zero)].min()))
+
+
+# -- prefill_decode_interference: the vectorised runs against the per-point loop they replaced ---------
+
+def _ref_from_log(rule: Any, ctx: RuleContext) -> Any:
+    """PF02's log path as it was written first: joint() tuples, each source's line parsed with a regex,
+    the runs found by a loop over the batches in line order (the reference for the vectorised one)."""
+    import bisect
+
+    from diagnoser.rules.base import evidence, joint
+    from diagnoser.rules.pf02_prefill_decode_interference import _line
+
+    t = ctx.thresholds
+    ps = ctx.series("prefill_new_tokens")
+    if ps is None:
+        return None
+    _, pv = raw_arrays(ctx, "prefill_new_tokens")
+    if not any(not ps.sources[i].startswith("scrape@") for i in (pv >= t["min_batch_tokens"]).nonzero()[0].tolist()):
+        return None
+    pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "running_reqs") if not p[3].startswith("scrape@")]
+    pre = [x for x in pre if x[0] >= 0]
+    if len(pre) < t["min_run"]:
+        return None
+    dec_s = ctx.series("gen_throughput_tps")
+    dec_lines = sorted(n for n in (_line(s) for s in (dec_s.sources if dec_s else []) if not s.startswith("scrape@")) if n >= 0)
+    best: list[Any] = []
+    cur: list[Any] = []
+    last_line = -1
+    for line_no, p in sorted(pre, key=lambda x: x[0]):
+        if cur:
+            i = bisect.bisect_right(dec_lines, last_line)
+            if i < len(dec_lines) and dec_lines[i] < line_no:
+                cur = []
+        if p[2] >= t["min_running"]:
+            cur.append(p)
+            last_line = line_no
+        else:
+            cur = []
+        if len(cur) > len(best):
+            best = list(cur)
+    if len(best) < t["min_run"]:
+        return None
+    mean_tok = sum(p[1] for p in best) / len(best)
+    if mean_tok < t["min_batch_tokens"]:
+        return None
+    total = sum(p[1] for p in best)
+    rmin, rmax = min(p[2] for p in best), max(p[2] for p in best)
+    evs = [evidence("consecutive prefill batches with no decode line between", len(best), t["min_run"], "", f"{best[0][3]} .. {_line(best[-1][3])}"),
+           evidence("prefill_new_tokens per batch (mean)", round(mean_tok), t["min_batch_tokens"], "", best[0][3]),
+           evidence("running_reqs during the run", f"{rmin:.0f}–{rmax:.0f}", f">= {t['min_running']}", "", best[-1][3])]
+    summary = (f"{len(best)} prefill batches ran back to back ({total:,.0f} new tokens, {mean_tok:,.0f} per batch) with no decode step between them "
+               f"while {rmin:.0f}–{rmax:.0f} requests were running and waiting for their next token.")
+    return rule.finding(ctx, summary, evs, rule._suggestions(ctx, mean_tok), confidence="medium")
+
+
+def _ref_metrics_running(ctx: RuleContext, pts: list[Any], min_running: float) -> list[bool]:
+    """PF02's metrics path: the running count at each point through pairs(running_reqs, gen_throughput_tps)."""
+    run = pairs(ctx, "running_reqs", "gen_throughput_tps")
+    at = np.searchsorted(run.ts, np.fromiter((p[0] for p in pts), dtype=float, count=len(pts)), side="right") - 1
+    return [(float(run.a[k]) if k >= 0 and run.ts[k] == p[0] else 0) >= min_running for k, p in zip(at.tolist(), pts, strict=True)]
+
+
+def _case_windows() -> list[Timeline]:
+    out = []
+    for log in sorted(glob.glob(os.path.join(DATA, "cases", "*", "server.log"))):
+        tl = Timeline(target=os.path.basename(os.path.dirname(log)))
+        vr = VersionRange()
+        reader = read_log(ADAPTER, tl, log)
+        vr.merge(reader.parser.version)
+        finalize(tl, vr)
+        out.append(tl)
+    return out
+
+
+def test_pf02_runs_match_the_loop_on_real_logs(windows: list[Timeline]) -> None:
+    """On the cpu-real windows and every real case log, under thresholds that make the log path go all
+    the way (small batches, no running floor, short runs), both give the same finding or none."""
+    from diagnoser.rules.base import joint
+    from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference, running_at
+
+    rule = PrefillDecodeInterference()
+    fired = compared = 0
+    for tl in windows + _case_windows():
+        start, end = tl.span()
+        parts = [tl] if start is None else [tl, tl.window(start, (start + end) / 2)]  # type: ignore[operator]
+        for w in parts:
+            for min_batch in (1, 128, 512, 8192):
+                for min_running in (0, 1, 2, 4):
+                    for min_run in (1, 2, 3, 5):
+                        th = {**rule.defaults, "min_batch_tokens": min_batch, "min_running": min_running, "min_run": min_run}
+                        got = rule._from_log(RuleContext(w, th, ADAPTER))
+                        want = _ref_from_log(rule, RuleContext(w, th, ADAPTER))
+                        assert (got and got.to_dict()) == (want and want.to_dict()), (w.target, th)
+                        fired += want is not None
+                        compared += 1
+            ctx = RuleContext(w, dict(rule.defaults), ADAPTER)
+            pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
+            if pts:
+                for min_running in (0, 1, 2, 4, 8):
+                    got_ok = [r >= min_running for r in running_at(ctx, [p[0] for p in pts])]
+                    assert got_ok == _ref_metrics_running(ctx, pts, min_running), (w.target, min_running)
+    assert compared > 500 and fired > 50, (compared, fired)
+
