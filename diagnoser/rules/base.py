@@ -412,10 +412,15 @@ def _shared_ts(ctx: RuleContext, col: Any) -> Any:
     same = ctx.memo.setdefault("ts_cols", {}).setdefault((n, col.item(0), col.item(-1)) if n else (0,), [])
     if same:
         raw = col.tobytes()  # one memcmp of two copies: cheaper than numpy's elementwise array_equal
-        for other in same:
-            if other.tobytes() == raw:
+        for i, (other, other_raw) in enumerate(same):
+            if other_raw is None:
+                other_raw = other.tobytes()
+                same[i] = (other, other_raw)
+            if other_raw == raw:
                 return other
-    same.append(col)
+        same.append((col, raw))
+    else:
+        same.append((col, None))  # its bytes are taken when an equal-looking column comes
     return col
 
 
@@ -478,7 +483,7 @@ def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
         if low is None or low > 0:
             hit = ("increasing", None, None)
         elif low >= 0:
-            ends = np.append((step > 0).nonzero()[0], len(ts) - 1)  # type: ignore[operator]
+            ends = np.concatenate(((step > 0).nonzero()[0], (len(ts) - 1,)))  # type: ignore[operator]
             counts = ends.copy()
             counts[0] += 1
             counts[1:] -= ends[:-1]

@@ -35,6 +35,8 @@ References:
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
 
@@ -44,8 +46,8 @@ def hit_rate(ctx: RuleContext, lo: int = 0, hi: int | None = None) -> tuple[floa
     p = pairs(ctx, "prefill_cached_tokens", "prefill_new_tokens")
     if len(p):
         hi = len(p) if hi is None else hi
-        cached = float(p.a[lo:hi].sum())
-        new = float(p.b[lo:hi].sum())
+        cached = float(np.add.reduce(p.a[lo:hi]))  # ndarray.sum without its Python wrapper
+        new = float(np.add.reduce(p.b[lo:hi]))
         return (cached / (cached + new) if cached + new > 0 else None), p.src(lo)
     s = ctx.series("cache_hit_rate")
     if s is not None and len(s):

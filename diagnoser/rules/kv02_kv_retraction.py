@@ -99,6 +99,9 @@ class KVRetraction(Rule):
 
     def _implied(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
+        peak = ctx.stats("token_usage")["max"]
+        if peak is None or not peak >= t["pinned_usage"]:
+            return None  # no usage reading is pinned, so none can imply a retraction (the pass has the stats)
         p = pairs(ctx, "token_usage", "running_reqs")
         if len(p) < 3:
             return None

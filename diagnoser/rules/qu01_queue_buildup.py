@@ -49,11 +49,13 @@ def slope_per_min(ts: Any, vals: Any) -> float:
     v = np.asarray(vals, dtype=float)
     if t.size < 3 or t[-1] - t[0] < 10:
         return 0.0
-    tc = t - t.mean()
-    den = float((tc * tc).sum())
+    # ndarray.mean/sum without their Python wrappers: the same reductions, the same division
+    n = len(t)
+    tc = t - np.add.reduce(t) / n
+    den = float(np.add.reduce(tc * tc))
     if den == 0:
         return 0.0
-    return 60.0 * float((tc * (v - v.mean())).sum()) / den
+    return 60.0 * float(np.add.reduce(tc * (v - np.add.reduce(v) / n))) / den
 
 
 class QueueBuildup(Rule):
