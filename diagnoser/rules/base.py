@@ -338,7 +338,10 @@ def _arg_extreme(ctx: RuleContext, vals: Any, at: str) -> int | None:
     if key in ctx.memo:
         return ctx.memo[key]  # type: ignore[no-any-return]
     if not _has_nan(ctx, vals):
-        k = int(vals.argmax() if at == "max" else vals.argmin()) if len(vals) else None
+        if len(vals) < 256:
+            k = int(vals.argmax() if at == "max" else vals.argmin()) if len(vals) else None
+        else:  # the first point equal to the extreme is argmax/argmin's answer, without the copy they make of a read-only column
+            k = int((vals == (np.maximum if at == "max" else np.minimum).reduce(vals)).argmax())
     elif np.isnan(vals).all():
         k = None
     else:

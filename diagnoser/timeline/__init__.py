@@ -222,11 +222,14 @@ class Timeline:
         firsts = []
         lasts = []
         for s in self.series.values():  # Series.first_ts/last_ts of each non-empty series, inlined
-            if s._hi != s._lo:
+            lo, hi = s._lo, s._hi
+            if hi != lo:
                 if s._unsorted:
                     s._settle()
-                firsts.append(s._t.item(s._lo))
-                lasts.append(s._t.item(s._hi - 1))
+                    lo, hi = s._lo, s._hi
+                t = s._t
+                firsts.append(t.item(lo))
+                lasts.append(t.item(hi - 1))
         ets = [e.ts for e in self.events]
         if not firsts and not ets:
             return None, None
