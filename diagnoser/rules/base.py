@@ -437,40 +437,47 @@ def aligned(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
 
 
 def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, bool]:
-    """(:func:`aligned`, whether it holds a NaN). Joins on the distinct times: the log prints many lines a
-    second, so a long log series has few distinct times, and the per-point result is one ``repeat``."""
+    """(:func:`aligned`, whether it holds a NaN). A series' times are in order, so the last reading of
+    ``other`` at a time is the one just left of where the time would go (``searchsorted`` right - 1). The
+    log prints many lines a second, so a long log column has few distinct times: each is searched once
+    and the per-point result is one ``repeat``. Columns read at the same moments need no search."""
     ta, _ = raw_arrays(ctx, base, rank)
     tb, vb = raw_arrays(ctx, other, rank)
     if not len(tb) or not len(ta):
         return np.full(len(ta), np.nan), bool(len(ta))
-    order, ends, counts = _time_runs(ctx, tb)
-    ukey = ("uniq", other, rank)
-    uniq_hit = ctx.memo.get(ukey)
-    if uniq_hit is None:
+    if ta is tb:  # read at the same moments (see _column)
+        order, ends, counts = _time_runs(ctx, tb)
         if order == "increasing":
-            uniq_hit = (tb, vb)  # strictly increasing times: already unique
-        elif order == "ordered":  # the last reading of each run of equal times wins
-            uniq_hit = (tb[ends], vb[ends])
-        else:
-            uniq, first_rev = np.unique(tb[::-1], return_index=True)
-            # the last reading at each time wins, as a dict would keep it
-            uniq_hit = (uniq, vb[len(tb) - 1 - first_rev])
-        ctx.memo[ukey] = uniq_hit
-    uniq, uval = uniq_hit
-    if ta is tb and order == "increasing":  # read at the same moments (see _column): no search
-        return vb, _has_nan(ctx, vb)  # a read-only column of the timeline, shared as the time column is
-    if ta is tb and order == "ordered":
-        return uval.repeat(counts), bool(np.isnan(uval).any())
-    a_order, a_ends, a_counts = _time_runs(ctx, ta)
-    if a_order == "ordered":  # search each distinct time of a once (log times repeat within a second)
-        ua = ta[a_ends]
-    else:
-        ua = ta
-    pos = np.searchsorted(uniq, ua)
-    np.minimum(pos, len(uniq) - 1, out=pos)
-    got = np.where(uniq[pos] == ua, uval[pos], np.nan)
+            return vb, _has_nan(ctx, vb)  # a read-only column of the timeline, shared as the time column is
+        if order == "ordered":  # the last reading of each run of equal times, for every point of the run
+            last = vb[ends]
+            return last.repeat(counts), bool(np.isnan(last).any())
+    if not _in_order(ctx, tb):  # NaN times (no order): the last reading at each distinct time, as a dict keeps it
+        uniq, first_rev = np.unique(tb[::-1], return_index=True)
+        uval = vb[len(tb) - 1 - first_rev]
+        pos = np.minimum(np.searchsorted(uniq, ta), len(uniq) - 1)
+        got = np.where(uniq[pos] == ta, uval[pos], np.nan)
+        return got, bool(np.isnan(got).any())
+    a_order, a_ends, a_counts = _time_runs(ctx, ta) if len(ta) > 64 else ("", None, None)
+    ua = ta[a_ends] if a_order == "ordered" else ta  # search each distinct time of a once
+    k = tb.searchsorted(ua, "right")
+    k -= 1
+    np.maximum(k, 0, out=k)  # a time before b's first: b's first point is later, so no match below
+    got = np.where(tb[k] == ua, vb[k], np.nan)
     has_nan = bool(np.isnan(got).any())
     return (got.repeat(a_counts) if a_order == "ordered" else got), has_nan
+
+
+def _in_order(ctx: RuleContext, ts: Any) -> bool:
+    """Whether a time column is in order without NaNs (every series is, unless a time is NaN); once per array."""
+    hit = ctx.memo.get(("time_runs", id(ts)))
+    if hit is not None:
+        return hit[0] != "unordered"
+    key = ("in_order", id(ts))
+    got = ctx.memo.get(key)
+    if got is None:
+        got = ctx.memo[key] = len(ts) < 2 or bool(np.minimum.reduce(np.subtract(ts[1:], ts[:-1])) >= 0)  # NaN compares False
+    return got  # type: ignore[no-any-return]
 
 
 def _time_runs(ctx: RuleContext, ts: Any) -> tuple[str, Any, Any]:
