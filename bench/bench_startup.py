@@ -98,8 +98,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         log = _small_log(tmp)
         cmd = [diagnose, "--once", "--log", log] if os.path.exists(diagnose) else [sys.executable, "-m", "diagnoser", "--once", "--log", log]
-        # the log-reading part alone: engine adapter + log source + timeline, reading small.log
-        logpath = [sys.executable, "-c", "import diagnoser.collect as c; from diagnoser.engines.sglang import ADAPTER; "
+        # the log-reading part alone: engine adapter + log source + timeline, reading small.log (after
+        # diagnoser.cli, whose import sets what the command's start-up sets: one BLAS thread)
+        logpath = [sys.executable, "-c", "import diagnoser.cli; import diagnoser.collect as c; from diagnoser.engines.sglang import ADAPTER; "
                    f"c.collect_logs(ADAPTER, [{log!r}])"]
         bare = [sys.executable, "-c", "pass"]
         base, ours, part = [], [], []
