@@ -95,9 +95,10 @@ class PrefillDecodeInterference(Rule):
             return None
         _, pv = raw_arrays(ctx, "prefill_new_tokens")
         labels, lab, line = ps.sources.parts()
-        logged = _logged(labels)[lab]  # read from a log line, not a scrape
-        if not (logged & (pv >= t["min_batch_tokens"])).any():
+        logged_label = _logged(labels)  # per label: read from a log line, not a scrape
+        if not logged_label[lab[(pv >= t["min_batch_tokens"]).nonzero()[0]]].any():
             return None  # no logged batch that large: no run can average min_batch_tokens
+        logged = logged_label[lab]
         # the logged batches with the running count read at the same moment, in log line order (stable)
         p = pairs(ctx, "prefill_new_tokens", "running_reqs")
         at = np.arange(len(ps)) if p.idx is None else p.idx  # the joined points' positions in the series
