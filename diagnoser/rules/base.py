@@ -290,17 +290,19 @@ def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float,
 def arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any] | None:
     """(ts, values) of a series as numpy arrays, NaNs dropped; memoised for the pass."""
     key = ("arrays", signal, rank)
-    if key not in ctx.memo:
+    hit = ctx.memo.get(key, ctx)  # ctx: not computed yet (None is a result: no such series)
+    if hit is ctx:
         if ctx.series(signal, rank) is None:
-            ctx.memo[key] = None
+            hit = None
         else:
             ts, vs = raw_arrays(ctx, signal, rank)
             if _has_nan(ctx, vs):
                 ok = ~np.isnan(vs)
-                ctx.memo[key] = (ts[ok], vs[ok])
+                hit = (ts[ok], vs[ok])
             else:
-                ctx.memo[key] = (ts, vs)
-    return ctx.memo[key]  # type: ignore[no-any-return]
+                hit = (ts, vs)
+        ctx.memo[key] = hit
+    return hit  # type: ignore[no-any-return]
 
 
 def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any]:
@@ -355,7 +357,19 @@ def raw_arrays(ctx: RuleContext, signal: str, rank: str = "") -> tuple[Any, Any]
     key = ("raw", signal, rank)
     hit = ctx.memo.get(key)
     if hit is None:
-        hit = ctx.memo[key] = (_column(ctx, signal, rank, "ts"), _column(ctx, signal, rank, "values"))
+        s = ctx.series(signal, rank)
+        if s is None:
+            hit = (_column(ctx, signal, rank, "ts"), _column(ctx, signal, rank, "values"))
+        else:  # both columns at once, registered for _column too
+            memo = ctx.memo
+            ts = memo.get(("ts", signal, rank))
+            if ts is None:
+                ts = memo[("ts", signal, rank)] = _shared_ts(ctx, s.ts)
+            vs = memo.get(("values", signal, rank))
+            if vs is None:
+                vs = memo[("values", signal, rank)] = s.values
+            hit = (ts, vs)
+        ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 
 
