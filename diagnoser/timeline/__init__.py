@@ -202,7 +202,7 @@ class Timeline:
         return self.get(signal) is not None
 
     def ranks(self, signal: str) -> list[str]:
-        return sorted(r for (name, r) in self.series if name == signal and r)
+        return sorted([r for name, r in self.series if r and name == signal])  # most keys have no rank
 
     def cfg(self, name: str, default: Any = None) -> Any:
         fact = self.config.get(name)
