@@ -74,6 +74,18 @@ class RuleContext:
             hit = self.memo["span"] = self.timeline.span()
         return hit  # type: ignore[no-any-return]
 
+    def ranks(self, signal: str) -> list[str]:
+        """:meth:`Timeline.ranks`, from one walk over the series for the pass (callers must not mutate it)."""
+        by_signal = self.memo.get("ranks")
+        if by_signal is None:
+            by_signal = self.memo["ranks"] = {}
+            for name, rank in self.timeline.series:
+                if rank:
+                    by_signal.setdefault(name, []).append(rank)
+            for ranks in by_signal.values():
+                ranks.sort()
+        return by_signal.get(signal, [])  # type: ignore[no-any-return]
+
     def events_of(self, *kinds: str) -> list[Any]:
         """:meth:`Timeline.events_of`, memoised for the pass (callers must not mutate the list)."""
         by_kind = self.memo.get("events_by_kind")

@@ -52,10 +52,10 @@ class DPImbalance(Rule):
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         signal = "running_reqs"
-        ranks = [r for r in ctx.timeline.ranks(signal) if r.startswith("dp")]
+        ranks = [r for r in ctx.ranks(signal) if r.startswith("dp")]
         if len(ranks) < t["min_ranks"]:
             signal = "used_tokens"
-            ranks = [r for r in ctx.timeline.ranks(signal) if r.startswith("dp")]
+            ranks = [r for r in ctx.ranks(signal) if r.startswith("dp")]
             if len(ranks) < t["min_ranks"]:
                 return None
         means: dict[str, float] = {}

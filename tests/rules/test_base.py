@@ -96,6 +96,13 @@ def test_stats_argmax_sources_and_events_match_the_timeline() -> None:
         assert ctx.events_of("retraction") == tl.events_of("retraction")
         assert ctx.events_of("oom", "retraction") == tl.events_of("oom", "retraction")
         assert ctx.events_of("nothing") == [] and ctx.events_of("nothing", "oom") == tl.events_of("oom")
+        for rank in ("dp1", "dp0", "dp10/pp1"):
+            tl.add("a", 1000.0, 1.0, "server.log:1", rank)
+        tl.add("b", 1000.0, 1.0, "server.log:1", "dp3")
+        ctx = RuleContext(tl, {}, ADAPTER)
+        for sig in ("a", "b", "c"):
+            assert ctx.ranks(sig) == tl.ranks(sig)
+        assert ctx.ranks("a") == ["dp0", "dp1", "dp10/pp1"]
     nan = Timeline(target="t")
     for i in range(3):
         nan.add("a", float(i), math.nan, f"s{i}")
