@@ -106,13 +106,17 @@ def summarize(values: Iterable[float] | np.ndarray) -> dict[str, Any]:
             s = np.sort(arr, kind="stable")  # stable: of 0.0 and -0.0, the ends are the ones sorted() gives
             return {"last": float(arr[-1]), "mean": sum(arr.tolist()) / n, "min": float(s[0]), "max": float(s[-1]),
                     "p50": float(quantile(s, 0.5)), "p95": float(quantile(s, 0.95)), "n": n}
-    vals = [v for v in values if not math.isnan(v)]
+    vals = values if isinstance(values, list) else list(values)
+    total = sum(vals)
+    if total != total:  # a NaN is in it (or both infinities): drop the NaNs
+        vals = [v for v in vals if not math.isnan(v)]
+        total = sum(vals)
     if not vals:
         return dict(_EMPTY_SUMMARY)
     s2 = sorted(vals)
     return {
         "last": vals[-1],
-        "mean": sum(vals) / len(vals),
+        "mean": total / len(vals),
         "min": s2[0],
         "max": s2[-1],
         "p50": quantile(s2, 0.5),
