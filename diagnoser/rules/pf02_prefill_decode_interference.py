@@ -36,7 +36,7 @@ import re
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, joint, pairs, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -147,9 +147,10 @@ class PrefillDecodeInterference(Rule):
 
     def _from_metrics(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
-        if len(pts) < t["min_scrapes"]:
+        pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")  # joint()'s points, their sources read only for the evidence
+        if len(pj) < t["min_scrapes"]:
             return None
+        pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
         ok = [r >= t["min_running"] for r in running_at(ctx, [p[0] for p in pts])]
         pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
         if len(pts) < t["min_scrapes"]:
@@ -163,7 +164,7 @@ class PrefillDecodeInterference(Rule):
         peaks = [p for p in pts if p[1] >= p75]
         if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
             return None
-        evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), dips[0][3]),
+        evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), pj.src(dips[0][3])),
                evidence("prompt_tps p75", round(p75, 1), None, ctx.window_text(), "")]
         summary = f"Generation throughput fell below {t['dip_ratio']:.0%} of its median ({med:.0f} tok/s) in {len(dips)} of {len(peaks)} scrapes where prompt throughput peaked, while requests were running."
         return self.finding(ctx, summary, evs, self._suggestions(ctx, None), confidence="low")

@@ -31,6 +31,8 @@ References:
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pairs, pool_tokens
 
@@ -53,8 +55,7 @@ class RunawayGeneration(Rule):
         k = (pr.b > 0).nonzero()[0]
         if len(k) < t["min_points"]:
             return None
-        runs = sorted(pr.b[k].tolist())
-        med_run = runs[len(runs) // 2]
+        med_run = np.sort(pr.b[k]).item(len(k) // 2)  # the upper median of the (positive) running counts
         if med_run > t["max_running"]:
             return None
         usage = ctx.stats("token_usage")

@@ -186,6 +186,56 @@ def _ref_metrics_running(ctx: RuleContext, pts: list[Any], min_running: float) -
     return [(float(run.a[k]) if k >= 0 and run.ts[k] == p[0] else 0) >= min_running for k, p in zip(at.tolist(), pts, strict=True)]
 
 
+def _ref_from_metrics(rule: Any, ctx: RuleContext) -> Any:
+    """PF02's metrics path as written first: joint() tuples and the running count through pairs()."""
+    from diagnoser.rules.base import evidence, joint
+    from diagnoser.timeline import quantile
+
+    t = ctx.thresholds
+    pts = joint(ctx, "prompt_tps", "gen_throughput_tps")
+    if len(pts) < t["min_scrapes"]:
+        return None
+    ok = _ref_metrics_running(ctx, pts, t["min_running"])
+    pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
+    if len(pts) < t["min_scrapes"]:
+        return None
+    gens = sorted(p[2] for p in pts)
+    prompts = sorted(p[1] for p in pts)
+    med, p75 = quantile(gens, 0.5), quantile(prompts, 0.75)
+    if med <= 0 or p75 <= 0:
+        return None
+    dips = [p for p in pts if p[1] >= p75 and p[2] < t["dip_ratio"] * med]
+    peaks = [p for p in pts if p[1] >= p75]
+    if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
+        return None
+    evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), dips[0][3]),
+           evidence("prompt_tps p75", round(p75, 1), None, ctx.window_text(), "")]
+    summary = f"Generation throughput fell below {t['dip_ratio']:.0%} of its median ({med:.0f} tok/s) in {len(dips)} of {len(peaks)} scrapes where prompt throughput peaked, while requests were running."
+    return rule.finding(ctx, summary, evs, rule._suggestions(ctx, None), confidence="low")
+
+
+def test_pf02_metrics_path_matches_the_joint_version(windows: list[Timeline]) -> None:
+    """The metrics path on pairs() (sources read for the evidence only) against joint() tuples, on the
+    real windows and halves of them, under thresholds that make it fire."""
+    from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference
+
+    rule = PrefillDecodeInterference()
+    fired = compared = 0
+    for tl in windows:
+        start, end = tl.span()
+        for w in (tl, tl.window(start, (start + end) / 2), tl.window((start + end) / 2, None)):  # type: ignore[operator]
+            for dip in (0.5, 0.9, 1.0, 1.5, 3.0):
+                for min_running in (0, 1, 4):
+                    for min_scrapes in (2, 6):
+                        th = {**rule.defaults, "dip_ratio": dip, "min_running": min_running, "min_scrapes": min_scrapes}
+                        got = rule._from_metrics(RuleContext(w, th, ADAPTER))
+                        want = _ref_from_metrics(rule, RuleContext(w, th, ADAPTER))
+                        assert (got and got.to_dict()) == (want and want.to_dict()), (w.target, th)
+                        fired += want is not None
+                        compared += 1
+    assert compared >= 400 and fired >= 20, (compared, fired)
+
+
 def _case_windows() -> list[Timeline]:
     out = []
     for log in sorted(glob.glob(os.path.join(DATA, "cases", "*", "server.log"))):
