@@ -36,7 +36,7 @@ import re
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, pairs, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, joint, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -147,10 +147,18 @@ class PrefillDecodeInterference(Rule):
 
     def _from_metrics(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")  # joint()'s points, their sources read only for the evidence
-        if len(pj) < t["min_scrapes"]:
+        sa, sb = ctx.series("prompt_tps"), ctx.series("gen_throughput_tps")
+        if sa is None or sb is None:
             return None
-        pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
+        src = str
+        if len(sa) < 64 and len(sb) < 64:  # scrapes only: joint()'s dict join is cheapest
+            pts: list = joint(ctx, "prompt_tps", "gen_throughput_tps")  # type: ignore[type-arg]
+        else:  # joint()'s points from pairs(), with the position of each: its source is formatted for the evidence only
+            pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")
+            pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
+            src = pj.src  # type: ignore[assignment]
+        if len(pts) < t["min_scrapes"]:
+            return None
         ok = [r >= t["min_running"] for r in running_at(ctx, [p[0] for p in pts])]
         pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
         if len(pts) < t["min_scrapes"]:
@@ -164,7 +172,7 @@ class PrefillDecodeInterference(Rule):
         peaks = [p for p in pts if p[1] >= p75]
         if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
             return None
-        evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), pj.src(dips[0][3])),
+        evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), src(dips[0][3])),
                evidence("prompt_tps p75", round(p75, 1), None, ctx.window_text(), "")]
         summary = f"Generation throughput fell below {t['dip_ratio']:.0%} of its median ({med:.0f} tok/s) in {len(dips)} of {len(peaks)} scrapes where prompt throughput peaked, while requests were running."
         return self.finding(ctx, summary, evs, self._suggestions(ctx, None), confidence="low")
