@@ -69,6 +69,13 @@ class LowCacheHit(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
+        hicache = bool(ctx.cfg("enable_hierarchical_cache", ctx.cfg("arg.enable_hierarchical_cache"))) or ctx.cfg("hicache_host_gb") is not None
+        if not hicache:  # without HiCache it needs a radix cache and a pool that runs full: check those first (cheap)
+            if ctx.cfg("disable_radix_cache", ctx.cfg("arg.disable_radix_cache")) is True:
+                return None
+            p95 = ctx.stats("token_usage")["p95"]
+            if p95 is None or not p95 >= t["high_usage"]:
+                return None
         npts = len(pairs(ctx, "prefill_cached_tokens", "prefill_new_tokens"))
         n = npts if npts else len(ctx.series("cache_hit_rate") or [])
         if n < t["min_points"]:

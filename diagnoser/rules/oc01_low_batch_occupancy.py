@@ -68,6 +68,8 @@ class LowBatchOccupancy(Rule):
         if st["n"] < t["min_points"]:
             return None
         cap, cap_src = slot_cap(ctx)
+        if st["p50"] > t["max_share"] * cap if cap else st["p50"] > t["small_batch"]:
+            return None  # above the limit already (the pool can only lower it): no need for the pool's numbers
         pool, _ = pool_tokens(ctx)
         tpr, tpr_how = tokens_per_request(ctx)
         fit = int(0.9 * pool / tpr) if pool and tpr else None

@@ -72,6 +72,9 @@ class MaxRunningRequestsCap(Rule):
         if not cap:
             return None
         red = [e for e in ctx.events_of("max_running_requests_reduced")]
+        p95 = ctx.stats("token_usage")["p95"]
+        if not red and p95 is not None and not p95 < t["kv_room"]:
+            return None  # the pool, not the slot cap, is full (checked before the join: the pass has the stats)
         p = pairs(ctx, "running_reqs", "queue_reqs")
         waiting = p.b > 0
         n_wait = int(np.count_nonzero(waiting))
