@@ -478,7 +478,7 @@ def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, boo
         if order == "ordered":  # the last reading of each run of equal times, for every point of the run
             last = vb[ends]
             return last.repeat(counts), bool(np.isnan(last).any())
-    if not _in_order(ctx, tb):  # NaN times (no order): the last reading at each distinct time, as a dict keeps it
+    if not times_in_order(ctx, tb):  # NaN times (no order): the last reading at each distinct time, as a dict keeps it
         uniq, first_rev = np.unique(tb[::-1], return_index=True)
         uval = vb[len(tb) - 1 - first_rev]
         pos = np.minimum(np.searchsorted(uniq, ta), len(uniq) - 1)
@@ -494,7 +494,7 @@ def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, boo
     return (got.repeat(a_counts) if a_order == "ordered" else got), has_nan
 
 
-def _in_order(ctx: RuleContext, ts: Any) -> bool:
+def times_in_order(ctx: RuleContext, ts: Any) -> bool:
     """Whether a time column is in order without NaNs (every series is, unless a time is NaN); once per array."""
     hit = ctx.memo.get(("time_runs", id(ts)))
     if hit is not None:

@@ -51,6 +51,7 @@ from diagnoser.rules.base import (
     raw_arrays,
     slot_cap,
     suggest,
+    times_in_order,
 )
 
 
@@ -101,15 +102,15 @@ class PrefillStall(Rule):
         cshare = len(at_cap) / len(p)
         if cshare < t["cap_share"]:
             return None
+        usage = ctx.stats("token_usage")
+        if usage["p95"] is not None and usage["p95"] >= t["kv_room"]:
+            return None  # no KV room (checked before the joins: the pass has the stats)
         qa = aligned(ctx, "prefill_new_tokens", "queue_reqs")
         pa = aligned(ctx, "prefill_new_tokens", "pending_tokens")
         with np.errstate(invalid="ignore"):
             back = at_mask & ((qa > 0) | (pa > t["pending_factor"] * cap))
         backlog = back.nonzero()[0]
         if len(backlog) < 0.5 * len(at_cap):
-            return None
-        usage = ctx.stats("token_usage")
-        if usage["p95"] is not None and usage["p95"] >= t["kv_room"]:
             return None
         ps = ctx.stats("pending_tokens")
         qs = ctx.stats("queue_reqs")
@@ -146,6 +147,14 @@ class PrefillStall(Rule):
         if q is None:
             return None
         qts, qv = raw_arrays(ctx, "queue_reqs")
+        pts, _ = raw_arrays(ctx, "prefill_new_tokens")
+        if len(pts) and len(qts) and times_in_order(ctx, pts) and times_in_order(ctx, qts):
+            # a stall lies between two admissions (or before the first / after the last): when no such
+            # gap is stall_seconds long, there is none (checked before the joins)
+            gaps = np.subtract(pts[1:], pts[:-1])
+            widest = max(float(np.maximum.reduce(gaps)) if len(gaps) else 0.0, float(pts[0] - qts[0]), float(qts[-1] - pts[-1]))
+            if widest < t["stall_seconds"]:
+                return None
         u = aligned(ctx, "queue_reqs", "token_usage")
         r = aligned(ctx, "queue_reqs", "running_reqs")
         cap, _ = slot_cap(ctx)
@@ -153,7 +162,6 @@ class PrefillStall(Rule):
             ok = (qv > 0) & ~(u >= t["kv_room"]) & (~(r >= cap) if cap else True)
         if not ok.any():
             return None
-        pts, _ = raw_arrays(ctx, "prefill_new_tokens")
         rts = np.asarray(sorted(e.ts for e in ctx.events_of("retraction")), dtype=float)
         adm = np.searchsorted(pts, qts, side="right")  # admissions up to each queue reading
         ret = np.searchsorted(rts, qts, side="right")

@@ -277,3 +277,36 @@ def test_pf02_runs_match_the_loop_on_real_logs(windows: list[Timeline]) -> None:
                     assert got_ok == _ref_metrics_running(ctx, pts, min_running), (w.target, min_running)
     assert compared > 500 and fired > 50, (compared, fired)
 
+
+
+def test_pf01_stall_gap_check_changes_nothing(windows: list[Timeline]) -> None:
+    """PF01's stall path skips its joins when no gap between admissions is stall_seconds long; with the
+    check disabled (prefill times hidden from it) it gives the same answers on the real windows and case
+    logs, under stall lengths that make it fire."""
+    from diagnoser.rules import pf01_prefill_stall as pf01
+
+    rule = pf01.PrefillStall()
+    fired = pruned = compared = 0
+    real = pf01.times_in_order
+    for tl in windows + _case_windows():
+        for stall in (0.5, 2.0, 5.0, 10.0, 20.0, 60.0):
+            for kv_room in (0.5, 0.9, 1.01):
+                th = {**rule.defaults, "stall_seconds": stall, "kv_room": kv_room}
+                calls: list[bool] = []
+                pf01.times_in_order = lambda ctx, ts, _c=calls: _c.append(True) or real(ctx, ts)  # type: ignore[assignment,func-returns-value]
+                try:
+                    ctx = RuleContext(tl, th, ADAPTER)
+                    got = rule._stall(ctx)
+                    skipped = ("aligned", "queue_reqs", "token_usage", "") not in ctx.memo
+                finally:
+                    pf01.times_in_order = real  # type: ignore[assignment]
+                pf01.times_in_order = lambda ctx, ts: False  # type: ignore[assignment]
+                try:
+                    want = rule._stall(RuleContext(tl, th, ADAPTER))
+                finally:
+                    pf01.times_in_order = real  # type: ignore[assignment]
+                assert (got and got.to_dict()) == (want and want.to_dict()), (tl.target, th)
+                fired += want is not None
+                pruned += bool(calls) and skipped
+                compared += 1
+    assert fired >= 5 and pruned >= 5, (compared, fired, pruned)
