@@ -126,17 +126,23 @@ def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, f
     prefix is held once): SGLang counts both when a request finishes (reference §2.1), so it is the
     mean full length of the finished requests. None when no request finished or the pool is unknown."""
     qshare = np.count_nonzero(pts.b > 0) / len(pts) if len(pts) else 0.0  # a bool mean: the count over n
+    foot, fit = fit_at_full_length(ctx)
+    return foot, fit, qshare
+
+
+def fit_at_full_length(ctx: RuleContext) -> tuple[float | None, float | None]:
+    """:func:`footprint`'s (mean tokens per request at full length, requests the pool holds at that length)."""
     rate = ctx.stats("request_rate")["mean"]
     out_tps, in_tps = ctx.stats("output_tps")["mean"], ctx.stats("prompt_tps")["mean"]
     pool, _ = pool_tokens(ctx)
     if not rate or out_tps is None or in_tps is None or not pool:
-        return None, None, qshare
+        return None, None
     hit = ctx.stats("cache_hit_rate")["mean"]
     shared = min(max(float(hit), 0.0), 1.0) if hit is not None else 0.0
     foot = (out_tps + in_tps * (1.0 - shared)) / rate  # a cached prefix sits in the pool once, shared
     if foot <= 0:
-        return None, None, qshare
-    return foot, pool * dp_ranks(ctx) / foot, qshare
+        return None, None
+    return foot, pool * dp_ranks(ctx) / foot
 
 
 class KVSaturation(Rule):
@@ -167,12 +173,19 @@ class KVSaturation(Rule):
             return None
         high = t["usage_high"]
         peak = float(vals.max())
+        n_retract, retract_src = retraction_count(ctx)
+        if not (peak >= high or t["min_share"] <= 0 or (n_retract > 0 and peak >= t["retract_usage_floor"])):
+            # neither the usage path nor the retraction path can hold: the footprint path needs the running
+            # batch at fit_share of what the pool holds at full length (checked before the join)
+            _, fit = fit_at_full_length(ctx)
+            p50 = ctx.stats("running_reqs")["p50"]
+            if fit is None or p50 is None or not p50 >= t["fit_share"] * fit:
+                return None
         pts = pairs(ctx, "token_usage", "queue_reqs")
         waiting = pts.b > 0
         full_waiting = (waiting & (pts.a >= high)).nonzero()[0]
         wshare = len(full_waiting) / len(pts) if len(pts) else 0.0
         waiting = bool(waiting.any())
-        n_retract, retract_src = retraction_count(ctx)
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
         fshare = np.count_nonzero(vals >= high) / len(vals)
         # a retraction says the pool ran out (§3.4); it counts when requests waited or the pool was full
