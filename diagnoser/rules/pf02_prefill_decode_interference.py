@@ -36,7 +36,7 @@ import re
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, joint, pairs, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, pairs, raw_arrays, suggest
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -52,7 +52,7 @@ def running_at(ctx: RuleContext, times: list[float]) -> list[float]:
     At a time gen_throughput_tps was read, this is the join of running_reqs with it (pairs)."""
     got = arrays(ctx, "running_reqs")
     rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
-    at = np.searchsorted(rts, np.asarray(times, dtype=float), side="right") - 1
+    at = rts.searchsorted(np.asarray(times, dtype=float), "right") - 1
     return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
 
 
@@ -95,10 +95,9 @@ class PrefillDecodeInterference(Rule):
             return None
         _, pv = raw_arrays(ctx, "prefill_new_tokens")
         labels, lab, line = ps.sources.parts()
-        logged_label = _logged(labels)  # per label: read from a log line, not a scrape
-        if not logged_label[lab[(pv >= t["min_batch_tokens"]).nonzero()[0]]].any():
+        if not any(not labels[i].startswith("scrape@") for i in lab[(pv >= t["min_batch_tokens"]).nonzero()[0]].tolist()):
             return None  # no logged batch that large: no run can average min_batch_tokens
-        logged = logged_label[lab]
+        logged = _logged(labels)[lab]  # read from a log line, not a scrape
         # the logged batches with the running count read at the same moment, in log line order (stable)
         p = pairs(ctx, "prefill_new_tokens", "running_reqs")
         at = np.arange(len(ps)) if p.idx is None else p.idx  # the joined points' positions in the series
@@ -150,9 +149,11 @@ class PrefillDecodeInterference(Rule):
         sa, sb = ctx.series("prompt_tps"), ctx.series("gen_throughput_tps")
         if sa is None or sb is None:
             return None
-        src = str
-        if len(sa) < 64 and len(sb) < 64:  # scrapes only: joint()'s dict join is cheapest
-            pts: list = joint(ctx, "prompt_tps", "gen_throughput_tps")  # type: ignore[type-arg]
+        if len(sa) < 64 and len(sb) < 64:  # scrapes only: joint()'s dict join is cheapest (with positions, as below)
+            get = dict(zip(sb.ts.tolist(), sb.values.tolist(), strict=True)).get
+            pts: list = [(t_, v, w, i) for i, (t_, v) in enumerate(zip(sa.ts.tolist(), sa.values.tolist(), strict=True))  # type: ignore[type-arg]
+                         if (w := get(t_)) is not None and v == v and w == w]
+            src = sa.sources.__getitem__
         else:  # joint()'s points from pairs(), with the position of each: its source is formatted for the evidence only
             pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")
             pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
