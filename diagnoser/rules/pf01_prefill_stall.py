@@ -100,7 +100,7 @@ class PrefillStall(Rule):
         at_mask = pv >= 0.98 * cap
         at_cap = at_mask.nonzero()[0]
         cshare = len(at_cap) / len(p)
-        if cshare < t["cap_share"]:
+        if not len(at_cap) or cshare < t["cap_share"]:  # none at the cap is never "capped", even at cap_share 0
             return None
         usage = ctx.stats("token_usage")
         if usage["p95"] is not None and usage["p95"] >= t["kv_room"]:

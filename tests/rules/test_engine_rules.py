@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from diagnoser.model import Severity
 from diagnoser.rules.ca01_low_cache_hit import LowCacheHit
 from diagnoser.rules.cg01_cuda_graph_disabled_or_exceeded import CudaGraphDisabledOrExceeded
@@ -190,3 +192,20 @@ def test_oom_fires_only_on_oom_lines() -> None:
     assert f is not None and f.severity == Severity.CRITICAL and f.evidence[0].source == "server.log:3"
     (s,) = f.suggestions
     assert s.flag == "--max-running-requests" and s.current == 400 and s.proposed == 300
+
+
+def test_prefill_stall_cap_share_zero_on_real_windows_is_not_an_error(data_dir: Path) -> None:
+    """Threshold 0 is the degenerate end of cap_share: a window with no batch at the cap is still not
+    capped (before, the rule raised IndexError reading the first capped batch's line)."""
+    from diagnoser.collect import collect_logs
+    from diagnoser.engines.sglang import ADAPTER
+    from diagnoser.evaluate import evaluate
+
+    logs = sorted((data_dir / "sglang-cpu-real").glob("*/server.log"))
+    assert len(logs) >= 5
+    fired = 0
+    for log in logs:
+        rep = evaluate(collect_logs(ADAPTER, [str(log)]).timelines, ADAPTER, {"prefill_stall": {"cap_share": 0}})
+        assert [e.rule for e in rep.errors] == [], (log, [e.to_dict() for e in rep.errors])
+        fired += any(f.rule == "prefill_stall" for f in rep.findings)
+    assert fired >= 1  # the prefill-capped window still fires
