@@ -38,7 +38,8 @@ from __future__ import annotations
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, pairs, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
+from diagnoser.rules.columns import pairs
 
 
 def hit_rate(ctx: RuleContext, lo: int = 0, hi: int | None = None) -> tuple[float | None, str]:

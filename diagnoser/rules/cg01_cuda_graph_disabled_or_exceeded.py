@@ -34,7 +34,8 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, pairs, slot_cap, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, slot_cap, suggest
+from diagnoser.rules.columns import pairs
 from diagnoser.timeline import quantile
 
 

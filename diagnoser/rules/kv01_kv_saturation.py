@@ -63,18 +63,16 @@ from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
-    argmax_source,
-    arrays,
     ev,
     evidence,
     fmt_int,
     next_pow2,
-    pairs,
     pool_tokens,
     slot_cap,
     suggest,
     tokens_per_request,
 )
+from diagnoser.rules.columns import argmax_source, arrays, pairs
 
 
 def retraction_count(ctx: RuleContext) -> tuple[int, str]:

@@ -37,7 +37,8 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, argmax_source, evidence, pairs, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
+from diagnoser.rules.columns import argmax_source, pairs
 from diagnoser.rules.kv01_kv_saturation import retractions
 
 

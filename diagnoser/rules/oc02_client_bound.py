@@ -37,7 +37,6 @@ from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     Rule,
     RuleContext,
-    arrays,
     busy_summary,
     ev,
     evidence,
@@ -46,6 +45,7 @@ from diagnoser.rules.base import (
     slot_cap,
     tokens_per_request,
 )
+from diagnoser.rules.columns import arrays
 
 
 class ClientBound(Rule):

@@ -42,17 +42,8 @@ import bisect
 import numpy as np
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import (
-    Rule,
-    RuleContext,
-    aligned,
-    argmax_source,
-    evidence,
-    raw_arrays,
-    slot_cap,
-    suggest,
-    times_in_order,
-)
+from diagnoser.rules.base import Rule, RuleContext, evidence, slot_cap, suggest
+from diagnoser.rules.columns import aligned, argmax_source, raw_arrays, times_in_order
 
 
 class PrefillStall(Rule):

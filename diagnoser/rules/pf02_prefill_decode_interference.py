@@ -36,7 +36,8 @@ import re
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, arrays, evidence, pairs, raw_arrays, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
+from diagnoser.rules.columns import arrays, pairs, raw_arrays
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, arrays, ev, evidence, slot_cap
+from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
+from diagnoser.rules.columns import arrays
 
 
 def slope_per_min(ts: Any, vals: Any) -> float:

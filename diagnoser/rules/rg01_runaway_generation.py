@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pairs, pool_tokens
+from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pool_tokens
+from diagnoser.rules.columns import pairs
 
 
 class RunawayGeneration(Rule):

@@ -45,12 +45,12 @@ from diagnoser.rules.base import (
     ev,
     evidence,
     fmt_int,
-    pairs,
     pool_tokens,
     slot_cap,
     suggest,
     tokens_per_request,
 )
+from diagnoser.rules.columns import pairs
 
 
 class MaxRunningRequestsCap(Rule):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import random
 
-from diagnoser.rules.base import RuleContext, fast_summary, joint, pairs, tokens_per_request
+from diagnoser.rules.base import RuleContext, fast_summary, tokens_per_request
+from diagnoser.rules.columns import joint, pairs
 from diagnoser.timeline import Timeline, summarize
 from tests.rules.helpers import ADAPTER
 
@@ -77,7 +78,7 @@ def test_np_quantile_is_numpy_percentile_to_the_last_bit() -> None:
 
 def test_stats_argmax_sources_and_events_match_the_timeline() -> None:
     from diagnoser.model import LogEvent
-    from diagnoser.rules.base import argmax_source
+    from diagnoser.rules.columns import argmax_source
 
     for n in (10, 3000):
         tl = _tl(n, seed=n)

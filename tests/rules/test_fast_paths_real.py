@@ -20,7 +20,8 @@ import pytest
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang import ADAPTER
 from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.rules.base import RuleContext, _time_runs, aligned, pairs, raw_arrays
+from diagnoser.rules.base import RuleContext
+from diagnoser.rules.columns import _time_runs, aligned, pairs, raw_arrays
 from diagnoser.sources.logs import read_log
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
@@ -133,7 +134,8 @@ def _ref_from_log(rule: Any, ctx: RuleContext) -> Any:
     the runs found by a loop over the batches in line order (the reference for the vectorised one)."""
     import bisect
 
-    from diagnoser.rules.base import evidence, joint
+    from diagnoser.rules.base import evidence
+    from diagnoser.rules.columns import joint
     from diagnoser.rules.pf02_prefill_decode_interference import _line
 
     t = ctx.thresholds
@@ -188,7 +190,8 @@ def _ref_metrics_running(ctx: RuleContext, pts: list[Any], min_running: float) -
 
 def _ref_from_metrics(rule: Any, ctx: RuleContext) -> Any:
     """PF02's metrics path as written first: joint() tuples and the running count through pairs()."""
-    from diagnoser.rules.base import evidence, joint
+    from diagnoser.rules.base import evidence
+    from diagnoser.rules.columns import joint
     from diagnoser.timeline import quantile
 
     t = ctx.thresholds
@@ -251,7 +254,7 @@ def _case_windows() -> list[Timeline]:
 def test_pf02_runs_match_the_loop_on_real_logs(windows: list[Timeline]) -> None:
     """On the cpu-real windows and every real case log, under thresholds that make the log path go all
     the way (small batches, no running floor, short runs), both give the same finding or none."""
-    from diagnoser.rules.base import joint
+    from diagnoser.rules.columns import joint
     from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference, running_at
 
     rule = PrefillDecodeInterference()
