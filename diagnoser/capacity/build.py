@@ -6,10 +6,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from diagnoser.capacity.eta import progress_from_timeline
 from diagnoser.capacity.kvbytes import CapacityInputError, ModelShape, load_model_config, model_shape
 from diagnoser.capacity.pool import PoolFacts, pool_from_timeline
-from diagnoser.capacity.throughput import decode_points, fit
+from diagnoser.capacity.throughput import decode_points, fit, same_points, source_keys
 from diagnoser.capacity.whatif import Planner, Workload
 from diagnoser.timeline import Timeline
 
@@ -45,10 +47,15 @@ def _demand(tl: Timeline) -> float | None:
     run, queue = tl.get("running_reqs"), tl.get("queue_reqs")
     if run is None or queue is None:
         return None
-    by_key = {(t, s if "@" not in s else ""): v for t, v, s in zip(run.ts.tolist(), run.values.tolist(), run.sources.tolist(), strict=True)}
+    (kr, _), (kq, _) = source_keys(run, queue)  # a scrape's key is -1: joined by time alone
+    if same_points(run.ts, kr, queue.ts, kq):  # read at the same points: the join is by position
+        total = run.values + queue.values
+        total = total[~np.isnan(total)]
+        return float(total.max()) if len(total) else None
+    by_key = dict(zip(zip(run.ts.tolist(), kr.tolist(), strict=True), run.values.tolist(), strict=True))
     best = None
-    for t, q, s in zip(queue.ts.tolist(), queue.values.tolist(), queue.sources.tolist(), strict=True):
-        r = by_key.get((t, s if "@" not in s else ""))
+    for t, q, k in zip(queue.ts.tolist(), queue.values.tolist(), kq.tolist(), strict=True):
+        r = by_key.get((t, k))
         if r is not None and r == r and q == q:
             best = r + q if best is None else max(best, r + q)
     return best

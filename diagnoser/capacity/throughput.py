@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from diagnoser.timeline import Timeline
+import numpy as np
+
+from diagnoser.timeline import Series, Timeline
 
 MIN_POINTS = 6
 MIN_SPREAD = 1.12  # max batch / min batch needed to fit a slope
@@ -82,8 +84,6 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
     for b, x in pts:
         groups.setdefault(round(b), []).append(b / x)
     if n >= MIN_POINTS and bmax / bmin >= MIN_SPREAD and len(groups) >= 3:
-        import numpy as np
-
         gb = np.array(sorted(groups), dtype=float)
         gy = np.array([median(groups[k]) for k in sorted(groups)])
         w = np.sqrt(np.array([len(groups[k]) for k in sorted(groups)], dtype=float))
@@ -112,19 +112,52 @@ def single_point(running: float, tps: float) -> ThroughputModel:
     return ThroughputModel(running / tps, 0.0, 1, running, running, running, tps, None, "constant-step", note)
 
 
+def source_keys(*series: Series) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each series, per point: an int key standing for its source text, without formatting it (equal
+    keys, equal texts: the label and the line number), and whether that text names a log line (has a
+    ``:`` and no ``@``). A scrape's points (a label with ``@``) get key -1: they are joined by time."""
+    ids: dict[str, int] = {}
+    out = []
+    for s in series:
+        labels, lab, line = s.sources.parts()
+        if not len(lab):
+            out.append((np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)))
+            continue
+        gid = np.array([ids.setdefault(label, len(ids)) for label in labels], dtype=np.int64)
+        scrape = np.array(["@" in label for label in labels], dtype=bool)[lab]
+        colon = np.array([":" in label for label in labels], dtype=bool)[lab]
+        line = line.astype(np.int64)
+        key = gid[lab] * (1 << 32) + (line + 1)  # line -1 (a label alone) → 0
+        key[scrape] = -1
+        out.append((key, ~scrape & ((line >= 0) | colon)))
+    return out
+
+
+def same_points(ts_a: np.ndarray, key_a: np.ndarray, ts_b: np.ndarray, key_b: np.ndarray) -> bool:
+    """Whether two series were read at the same points, in the same order (equal times and source keys),
+    each (time, key) once: a join of them is then position by position."""
+    if len(ts_a) != len(ts_b) or ts_a.tobytes() != ts_b.tobytes() or key_a.tobytes() != key_b.tobytes():
+        return False
+    order = np.lexsort((key_a, ts_a))
+    ts_s, key_s = ts_a[order], key_a[order]
+    return not bool(((ts_s[1:] == ts_s[:-1]) & (key_s[1:] == key_s[:-1])).any())
+
+
 def decode_points(tl: Timeline, rank: str = "") -> tuple[list[float], list[float]]:
-    """(batch, throughput) pairs read at the same moment from the same line or scrape."""
+    """(batch, throughput) pairs read at the same moment from the same line or scrape: the running count
+    of the same log line, else the last one read at the same time."""
     run = tl.get("running_reqs", rank)
     gen = tl.get("gen_throughput_tps", rank)
     if run is None or gen is None:
         return [], []
-    rv = run.values.tolist()
-    by_src = {s: v for s, v in zip(run.sources.tolist(), rv, strict=True) if ":" in s and "@" not in s}
-    by_ts = dict(zip(run.ts.tolist(), rv, strict=True))
+    (kr, named_r), (kg, _) = source_keys(run, gen)
+    rvals = run.values
+    by_src = dict(zip(kr[named_r].tolist(), rvals[named_r].tolist(), strict=True))
+    by_ts = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))
     bs: list[float] = []
     xs: list[float] = []
-    for t, x, s in zip(gen.ts.tolist(), gen.values.tolist(), gen.sources.tolist(), strict=True):
-        b = by_src.get(s)
+    for t, x, k in zip(gen.ts.tolist(), gen.values.tolist(), kg.tolist(), strict=True):
+        b = by_src.get(k)  # only named sources are keys there
         if b is None:
             b = by_ts.get(t)
         if b is None or x != x or b != b:
@@ -132,8 +165,3 @@ def decode_points(tl: Timeline, rank: str = "") -> tuple[list[float], list[float
         bs.append(b)
         xs.append(x)
     return bs, xs
-
-
-def from_timeline(tl: Timeline) -> ThroughputModel | None:
-    bs, xs = decode_points(tl)
-    return fit(bs, xs)
