@@ -77,3 +77,19 @@ def test_joins_match_the_source_text_joins(data_dir: Path) -> None:
         assert _demand(tl) == want, tl.target
         demands += want is not None
     assert points > 1000 and demands >= 10, (points, demands)
+
+
+def test_position_join_only_for_the_same_distinct_points() -> None:
+    import numpy as np
+
+    from diagnoser.capacity.throughput import same_points
+
+    ts = np.array([1.0, 2.0, 2.0, 3.0])
+    key = np.array([5, 6, 7, 8], dtype=np.int64)
+    assert same_points(ts, key, ts.copy(), key.copy())
+    assert not same_points(ts, key, ts[:3], key[:3])  # other points
+    assert not same_points(ts, key, ts, key[::-1].copy())  # other sources
+    dup = np.array([5, 6, 6, 8], dtype=np.int64)
+    assert not same_points(ts, dup, ts, dup)  # (2.0, 6) twice: a dict keeps the last, positions would not
+    nan = np.array([1.0, np.nan, 2.0, 3.0])
+    assert not same_points(nan, key, nan, key)  # a NaN time joins nothing by time
