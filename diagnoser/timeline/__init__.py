@@ -225,15 +225,11 @@ class Timeline:
         over the firsts and lasts (C loops; same values, same order as comparing them one by one)."""
         firsts = []
         lasts = []
-        for s in self.series.values():  # Series.first_ts/last_ts of each non-empty series, inlined
-            lo, hi = s._lo, s._hi
-            if hi != lo:
-                if s._unsorted:
-                    s._settle()
-                    lo, hi = s._lo, s._hi
-                t = s._t
-                firsts.append(t.item(lo))
-                lasts.append(t.item(hi - 1))
+        for s in self.series.values():
+            b = s.bounds()
+            if b is not None:
+                firsts.append(b[0])
+                lasts.append(b[1])
         ets = [e.ts for e in self.events]
         if not firsts and not ets:
             return None, None

@@ -194,6 +194,15 @@ class Series:
             self._settle()
         return self._t.item(self._hi - 1)  # type: ignore[no-any-return]
 
+    def bounds(self) -> tuple[float, float] | None:
+        """(first time, last time), or None when the series is empty: both ends in one call."""
+        if self._hi == self._lo:
+            return None
+        if self._unsorted:
+            self._settle()
+        t = self._t
+        return t.item(self._lo), t.item(self._hi - 1)
+
     def last_value(self) -> float:
         if self._unsorted:
             self._settle()
