@@ -240,14 +240,12 @@ METRICS_OFF = Path(__file__).parent / "cases" / "204-metrics-disabled"
 
 
 @pytest.mark.parametrize("argv", [["--log", str(EXAMPLES / "kv-full-retract" / "server.log")],
-                                  ["--replay", "{shared}/data/sglang-cpu-real/kv-full-retract"],
-                                  ["--replay", "{shared}/data/sglang-cpu-real/medium-engine-bound-kv-full"]])
+                                  ["--replay", "{data}/sglang-cpu-real/kv-full-retract"],
+                                  ["--replay", "{data}/sglang-cpu-real/medium-engine-bound-kv-full"]])
 def test_no_fp8_kv_proposed_on_a_cpu_engine(argv: list[str]) -> None:
-    from tests.conftest import SHARED, need_shared
+    from tests.conftest import DATA
 
-    if "{shared}" in argv[1]:
-        need_shared()
-        argv = [argv[0], argv[1].replace("{shared}", str(SHARED))]
+    argv = [argv[0], argv[1].replace("{data}", str(DATA))]
     _, doc = analyse(["--once", *argv])
     kv = kv_finding(doc)
     assert kv["suggestions"], kv  # the pool cap is still the lever

@@ -1,6 +1,6 @@
 """Pool facts from the engine, the throughput fit, the job ETA and the what-ifs.
 
-Real engine data (../shared/data) where it exists; the seed case (written by us from issue 4's numbers,
+Real engine data (tests/data) where it exists; the seed case (written by us from issue 4's numbers,
 see tests/cases/seed-kimi-k25/source.md) for the TP-8 MLA what-ifs no public log covers."""
 
 from __future__ import annotations
@@ -270,11 +270,11 @@ def test_lifting_max_total_tokens_on_the_real_kv_full_run(data_dir: Path) -> Non
 def test_pool_and_dp_ranks_derived_from_real_decode_lines_when_no_summary() -> None:
     """Case 010 (real, DP attention, ranks DP0…DP7 in the excerpt) prints no summary line: the pool per
     rank comes from #token / token usage and the pool count from the highest DP tag."""
-    tl = log_timeline(Path(__file__).parent / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log")
+    tl = log_timeline(Path(__file__).parent / "data" / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log")
     p = pool_from_timeline(tl)
     assert p.pools == 8 and p.dp == 8
     assert p.pool_source.startswith("server.log:") and "#token / token usage" in p.pool_source
-    line = (Path(__file__).parent / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log").read_text().splitlines()[
+    line = (Path(__file__).parent / "data" / "cases/010-sglang-pr6081-mtp-dp-attention-healthy/server.log").read_text().splitlines()[
         int(p.pool_source.split(":")[1].split()[0]) - 1]
     import re
 

@@ -1,5 +1,5 @@
 """The fleet rules over several ``--url`` targets (no Prometheus): loopback servers serving REAL
-SGLang 0.5.23 scrapes and server info from ../shared/data/sglang-cpu-real. Four replicas of
+SGLang 0.5.23 scrapes and server info from tests/data/sglang-cpu-real. Four replicas of
 ``tiny-llama``: long-queue (``--max-running-requests 4``, 36 waiting), kv-full-retract (2,048-token
 pool), and two client-bound runs. replica_imbalance must name the busy two; config_drift must flag the
 long-queue replica's ``--max-running-requests 4`` against the others' 64, with 64 as the proposal,

@@ -1,7 +1,7 @@
 """Fleet mode against a REAL Prometheus (Debian package) on loopback.
 
 (a) Prometheus scrapes four replica servers replaying real SGLang 0.5.23 scrapes from
-    ../shared/data/sglang-cpu-real: long-queue and kv-full-retract (saturated), two client-bound runs
+    tests/data/sglang-cpu-real: long-queue and kv-full-retract (saturated), two client-bound runs
     (idle); one job is stored with ``sglang_`` names (metric_relabel_configs, the Prometheus 3 /
     router rename) — replica_imbalance must name the saturated ones.
 (b) A generated 1,000-target fleet backfilled with ``promtool tsdb create-blocks-from openmetrics``
@@ -29,7 +29,7 @@ from diagnoser.evaluate import evaluate
 from diagnoser.fleet import collect_prometheus
 from diagnoser.model import Severity
 from diagnoser.outputs.report import build
-from tests.conftest import DATA, need_shared
+from tests.conftest import DATA
 from tests.fleet_fixtures import (
     TTFT_BUCKETS,
     FleetSpec,
@@ -59,7 +59,6 @@ def ns(url: str, **kw: Any) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prom, dict[str, ReplayReplica]]]:
     need_prometheus()
-    need_shared()
     reps = {
         "long-queue": ReplayReplica(RUNS / "long-queue", 2, 24),  # busy part of the run
         "kv-full": ReplayReplica(RUNS / "kv-full-retract", 2, 16),

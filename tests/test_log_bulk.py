@@ -1,7 +1,7 @@
 """The bulk backfill (engines/sglang/logfast.py) must give exactly what the line-by-line reference parser
 gives: same points (time, value, source, rank, order), events, config, version hints, counts.
 
-Proven on every real log in ../shared/data, cut into chunks of several sizes (shapes and series that
+Proven on every real log in tests/data, cut into chunks of several sizes (shapes and series that
 cross chunk boundaries), and on a generated log mixing every common and rare shape, with junk added.
 """
 

@@ -1,4 +1,4 @@
-"""Every real log in ../shared/data read to the right values: data/sglang/logs, every case's server.log and
+"""Every real log in tests/data read to the right values: data/sglang/logs, every case's server.log and
 every run of the real SGLang 0.5.23 CPU engine — cross-checked against the run's own load results,
 flags and /metrics timeline where they overlap."""
 
@@ -15,7 +15,7 @@ from diagnoser.sources.logs import read_log
 from diagnoser.timeline import Timeline
 from tests.conftest import DATA
 
-# path under ../shared/data → what the log says (values checked by hand against the file)
+# path under tests/data → what the log says (values checked by hand against the file)
 EXPECT: dict[str, dict[str, Any]] = {
     "sglang/logs/lines_from_issue_threads.txt": dict(
         kinds={"prefill": 5, "decode": 3, "exception": 1},
@@ -93,7 +93,7 @@ def _read(path: Path) -> tuple[Timeline, Any]:
 
 
 def test_every_data_log_has_expectations(data_dir: Path) -> None:
-    assert set(_all_logs()) == set(EXPECT), "a new log appeared in ../shared/data: add its expected values here"
+    assert set(_all_logs()) == set(EXPECT), "a new log appeared in tests/data: add its expected values here"
 
 
 @pytest.mark.parametrize("rel", _all_logs())

@@ -1,6 +1,6 @@
-"""Every log-line format of ../shared/reference/sglang.md §3, at every version, read to the right values.
+"""Every log-line format that SGLang printed (docs/sglang.md), at every version, read to the right values.
 
-Each case is one line. ``src`` names where it comes from: a file under ../shared/data (the line is used
+Each case is one line. ``src`` names where it comes from: a file under tests/data (the line is used
 verbatim, and ``test_real_lines_are_verbatim`` proves it is in that file), or ``§3.x format`` when the
 reference gives only the format for that release and the line was built from it.
 Each case asserts the values read, the config facts, the events and the version range the shape implies.

@@ -2,7 +2,7 @@
 regex path (``BlockParser.parse_re``, the reference) gives for the same block: the same rows, times,
 values, ranks, counts, reference lines and line shapes.
 
-Proven on every real log in ../shared/data, on the generated benchmark log, and on tens of thousands of
+Proven on every real log in tests/data, on the generated benchmark log, and on tens of thousands of
 mutated lines (a character dropped, doubled or changed, digits made too long, odd separators, a CR, a
 trailing word...), so that every way a line can fall just outside the known shapes is covered: the
 scanner must then leave it to the regex path, never read it differently.

@@ -1,4 +1,4 @@
-"""The metrics source on real SGLang expositions: every file in ../shared/data/sglang/metrics and every
+"""The metrics source on real SGLang expositions: every file in tests/data/sglang/metrics and every
 cpu-real scrape sequence (a real SGLang 0.5.23 engine, one /metrics scrape every ~2 s), with the values
 read asserted against the run's own timeline.tsv."""
 
@@ -63,7 +63,7 @@ def test_every_shared_exposition_is_read() -> None:
         "metrics_docs_production_metrics_2026.prom",
         "metrics_docs_production_metrics_prerelease_2024-11.prom",
         "sglang-0.5.23_collector_metrics.prom",
-    }, "a new exposition arrived in shared data: add its asserted values here"
+    }, "a new exposition arrived in tests/data: add its asserted values here"
 
 
 def test_sglang_0_5_23_collector_exposition() -> None:

@@ -20,7 +20,7 @@ from diagnoser.replay import ReplayFeed, ReplayIngest, collect_replay, line_time
 from diagnoser.sources.logs import read_log
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
-from tests.conftest import DATA, need_shared
+from tests.conftest import DATA
 
 
 def _series(tl: Timeline) -> dict:
@@ -31,9 +31,8 @@ def _cases() -> list[str]:
     return sorted(os.path.basename(p) for p in glob.glob(str(DATA / "cases" / "*")) if os.path.isdir(p))
 
 
-@pytest.mark.parametrize("case", _cases() or ["(no shared data)"])
+@pytest.mark.parametrize("case", _cases() or ["(no data)"])
 def test_a_case_folder_replays_exactly_like_once_log(case: str) -> None:
-    need_shared()
     folder = DATA / "cases" / case
     adapter = get_adapter("sglang")
     got = collect_replay(str(folder), adapter)

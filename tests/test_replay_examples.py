@@ -14,7 +14,7 @@ import pytest
 
 from diagnoser.bundle import read_bundle
 from diagnoser.cli import main as cli_main
-from tests.conftest import DATA, ROOT, need_shared
+from tests.conftest import ROOT
 
 EX = ROOT / "examples"
 SEVERITY = {"info": 1, "warning": 2, "critical": 3}
@@ -56,16 +56,16 @@ def test_example_replays_and_names_its_bottleneck(name: str, capsys: pytest.Capt
 
 
 def test_examples_rebuild_byte_identically(tmp_path: Path) -> None:
-    need_shared()
     work = tmp_path / "repo"
     (work / "examples").mkdir(parents=True)
     (work / "tests" / "cases").mkdir(parents=True)
     os.symlink(ROOT / "tests" / "cases" / "seed-kimi-k25", work / "tests" / "cases" / "seed-kimi-k25")
+    os.symlink(ROOT / "tests" / "data", work / "tests" / "data")
     (work / "examples" / "build.sh").write_text((EX / "build.sh").read_text())
     wrapper = tmp_path / "diagnose"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m diagnoser "$@"\n')
     wrapper.chmod(0o755)
-    env = dict(os.environ, DIAGNOSER_SHARED=str(DATA.parent), DIAGNOSE=str(wrapper), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, DIAGNOSE=str(wrapper), PYTHONPATH=str(ROOT))
     r = subprocess.run(["sh", str(work / "examples" / "build.sh")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     for name in EXPECTED:

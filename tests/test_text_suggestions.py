@@ -10,7 +10,7 @@ from pathlib import Path
 from diagnoser.cli import main as cli_main
 from diagnoser.outputs.text import current_text
 
-CASE = Path(__file__).parent / "cases" / "029-sglang-pr14050-back-to-back-prefills-starve-decode"
+CASE = Path(__file__).parent / "data" / "cases" / "029-sglang-pr14050-back-to-back-prefills-starve-decode"
 
 
 def _run(fmt: str) -> str:

@@ -11,7 +11,7 @@ from diagnoser.cli import main as cli_main
 from diagnoser.rules import REGISTRY
 from diagnoser.thresholds import load_thresholds
 
-CASES = Path(__file__).parent / "cases"
+CASES = Path(__file__).parent / "data" / "cases"
 
 
 def test_toml_and_set_merge_with_cli_winning(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """A loopback stand-in for an SGLang server that serves REAL samples: the /metrics scrapes of a
-/work/shared/data/sglang-cpu-real run, in order (one file per request, looping), and that run's
+tests/data/sglang-cpu-real run, in order (one file per request, looping), and that run's
 get_server_info.json / get_model_info.json. Tests switch the run being served (e.g. long-queue →
 client-bound) so that a finding appears and later resolves.
 

@@ -1,6 +1,6 @@
 """A real SGLang 0.5.23 engine on CPU for the live end-to-end tests.
 
-Recipe: ../shared/engine/README.md. This module:
+Recipe: README.md beside this file. This module:
 
 * builds (or reuses) a cached virtualenv with ``sglang==0.5.23 --no-deps`` plus the CPU requirement
   list (``requirements-sglang-cpu.txt`` beside this file). The cache lives outside the clone

@@ -1,6 +1,6 @@
 """Live scenarios: the real ``diagnose`` against a real SGLang 0.5.23 engine on CPU while load runs.
 
-Each induces one bottleneck (../shared/engine/README.md, "Inducing each bottleneck") and asserts
+Each induces one bottleneck (tests/engine/README.md, "Inducing each bottleneck") and asserts
 ranges and presence, never exact counts (runs vary).
 """
 

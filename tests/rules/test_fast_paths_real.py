@@ -1,5 +1,5 @@
 """The rule pass's fast paths against their references on the real cpu-real windows
-(../shared/data/sglang-cpu-real, every scrape plus the whole log, as ``bench/bench_rules.py`` reads them).
+(tests/data/sglang-cpu-real, every scrape plus the whole log, as ``bench/bench_rules.py`` reads them).
 
 * :func:`aligned` / :func:`pairs` (shared time arrays, joins searched once per distinct time) against a
   plain dict join (the last reading at each time wins), on every pair of the signals the rules join.
@@ -25,7 +25,7 @@ from diagnoser.rules.columns import _time_runs, aligned, pairs, raw_arrays
 from diagnoser.sources.logs import read_log
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
-from tests.conftest import DATA, need_shared
+from tests.conftest import DATA
 
 JOINED = ("running_reqs", "queue_reqs", "token_usage", "used_tokens", "gen_throughput_tps", "prefill_new_tokens",
           "prefill_cached_tokens", "pending_tokens", "cuda_graph", "prompt_tps", "decode_sum_seq_lens")
@@ -48,7 +48,6 @@ def _read(path: str) -> Timeline:
 
 @pytest.fixture(scope="module")
 def windows() -> list[Timeline]:
-    need_shared()
     runs = sorted(glob.glob(os.path.join(DATA, "sglang-cpu-real", "*")))
     assert len(runs) == 5, runs
     return [_read(r) for r in runs]

@@ -1,4 +1,4 @@
-"""kv_saturation over sliding 20 s windows of real SGLang 0.5.23 runs (../shared/data/sglang-cpu-real).
+"""kv_saturation over sliding 20 s windows of real SGLang 0.5.23 runs (tests/data/sglang-cpu-real).
 
 A live ``diagnose --once`` sees about 20 s of a run. In a KV-bound run, token usage read every couple of
 seconds is a saw-tooth: admission reserves room for future decode tokens and every retraction frees
