@@ -56,15 +56,72 @@ class ModelShape:
         return self.full_attention_layers != self.layers
 
 
+def _hf_cache_dirs() -> list[Path]:
+    import os
+
+    out = [Path(os.environ[k]) for k in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE") if os.environ.get(k)]
+    home = os.environ.get("HF_HOME")
+    out.append(Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub")
+    return out
+
+
+def _snapshot_config(repo: Path) -> Path | None:
+    """config.json of a Hugging Face cache entry (``models--org--name``): the snapshot ``refs/main`` names,
+    else the newest snapshot that has one."""
+    snaps = repo / "snapshots"
+    try:
+        ref = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        ref = ""
+    if ref and (snaps / ref / "config.json").is_file():
+        return snaps / ref / "config.json"
+    try:
+        found = [d / "config.json" for d in snaps.iterdir() if (d / "config.json").is_file()]
+    except OSError:
+        return None
+    return max(found, key=lambda f: f.stat().st_mtime) if found else None
+
+
+def resolve_model_config(path: str | Path) -> Path:
+    """The config.json that ``--model-config`` names: a file, a model directory, a Hugging Face cache entry
+    (``…/models--org--name`` or one of its snapshots) or ``org/name`` found in the local cache. Nothing is
+    downloaded."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p / "config.json"
+        if (p / "snapshots").is_dir():
+            cfg = _snapshot_config(p)
+            if cfg is not None:
+                return cfg
+            raise CapacityInputError(f"the Hugging Face cache entry {p} has no snapshot with a config.json; "
+                                     "pass the model's config.json with --model-config")
+        try:
+            next(p.iterdir(), None)
+        except OSError as e:
+            raise CapacityInputError(f"cannot read the directory {p} ({e.strerror or type(e).__name__}); "
+                                     "pass a readable model directory or its config.json") from None
+        raise CapacityInputError(f"the directory {p} has no config.json; pass the model directory that holds it, "
+                                 "or the config.json itself")
+    text = str(path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        repo_name = "models--" + text.replace("/", "--")
+        for cache in _hf_cache_dirs():
+            cfg = _snapshot_config(cache / repo_name) if (cache / repo_name).is_dir() else None
+            if cfg is not None:
+                return cfg
+        raise CapacityInputError(f"model config {text} is not a file and {repo_name} is not in the local Hugging Face cache "
+                                 f"({_hf_cache_dirs()[-1]}); nothing is downloaded: pass the path of its config.json")
+    raise CapacityInputError(f"model config {p} does not exist; pass the model's Hugging Face config.json with --model-config")
+
+
 def load_model_config(path: str | Path) -> dict[str, Any]:
-    """Read a config.json (or a model directory holding one)."""
+    """Read a config.json (or a model directory or Hugging Face cache entry holding one)."""
     import json  # only with --model-config: keeps json off the plain --once start-up path
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.exists():
-        raise CapacityInputError(f"model config {p} does not exist; pass the model's Hugging Face config.json with --model-config")
+    p = resolve_model_config(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -128,7 +185,8 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
     if not layers:
         raise CapacityInputError("the model config has no num_hidden_layers; pass the language model's config.json")
     dtype_name = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
-    mdb = DTYPE_BYTES.get(dtype_name, 2.0)
+    # a float32 checkpoint runs as float16 under SGLang's --dtype auto (configs/model_config.py, _get_and_verify_dtype)
+    mdb = 2.0 if dtype_name in ("float32", "fp32", "float") else DTYPE_BYTES.get(dtype_name, 2.0)
     notes: list[str] = []
     full, why = _full_attention_layers(c, layers)
     if why:

@@ -55,6 +55,7 @@ class PoolFacts:
     shape: ModelShape | None = None
     device: str = "gpu"
     attention_hint: str = ""  # "mla" / "mha" from the KV allocation line (one KV size vs K and V sizes)
+    attn_weight_bytes: float | None = None  # bytes per attention parameter when known (quantized checkpoints); else the dtype
     notes: list[str] = field(default_factory=list)
 
     @property

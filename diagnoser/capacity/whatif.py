@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnoser.capacity.kvbytes import GIB, attention_weight_gib_per_rank, kv_dtype_bytes
+from diagnoser.capacity.kvbytes import GIB, attention_weight_gib_per_rank, kv_dtype_bytes, tokens_for_budget
 from diagnoser.capacity.pool import PoolFacts
 from diagnoser.capacity.scenario import Scenario, Workload, min_confidence, show_value
 from diagnoser.capacity.throughput import ThroughputModel
@@ -144,6 +144,9 @@ class Planner:
             return sc
         delta_tokens = int((fraction - cur) * p.pre_gib * GIB // p.bpt)
         per_rank = max(0, (p.pool_tokens + delta_tokens) // p.page_size * p.page_size)
+        budget = p.budget_gib(fraction) if p.pool_tokens == 0 else None
+        if budget is not None:  # no pool today: the weights overrun the budget, so count from the budget itself
+            per_rank = tokens_for_budget(budget, p.bpt, p.page_size)
         sc = self._scenario(flag, cur, round(fraction, 2), per_rank)
         sc.assumptions.append(f"each +0.01 adds 1% of the {p.pre_gib:.1f} GiB free before weights ({p.pre_source or 'estimate'}) = "
                               f"{0.01 * p.pre_gib * GIB / p.bpt:,.0f} tokens per rank (reference §5.1)")
@@ -215,9 +218,11 @@ class Planner:
             sc.assumptions = assumptions + ["upper bound: the attention weights each rank must now hold whole are unknown without --model-config"]
             sc.extra_flags = extra_flags
             return sc
-        extra = attention_weight_gib_per_rank(p.shape, max(1, p.tp // dp)) - attention_weight_gib_per_rank(p.shape, p.attention_tp)
+        wb = p.attn_weight_bytes
+        extra = attention_weight_gib_per_rank(p.shape, max(1, p.tp // dp), wb) - attention_weight_gib_per_rank(p.shape, p.attention_tp, wb)
         assumptions.append(f"attention weights replicated on each rank cost {extra:.1f} GiB more per rank "
-                           f"({p.shape.model_dtype_bytes:g} B/param, the checkpoint dtype; quantized attention would cost less)")
+                           + (f"({wb:.3g} B/param, the checkpoint's quantized attention)" if wb is not None else
+                              f"({p.shape.model_dtype_bytes:g} B/param, the checkpoint dtype; quantized attention would cost less)"))
         budget = (p.kv_gib or p.pool_tokens * p.bpt / GIB) - extra
         budget_now = budget
         fraction_note = None
