@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.capacity.kvbytes import GIB, CapacityInputError, bytes_per_token, load_model_config, model_shape
+from diagnoser.capacity.kvbytes import (
+    GIB,
+    CapacityInputError,
+    bytes_per_token,
+    load_model_config,
+    model_shape,
+)
 from diagnoser.capacity.weights import checkpoint_bytes, estimate_weights
 from diagnoser.collect import collect_logs
 from diagnoser.engines import get_adapter
