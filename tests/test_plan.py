@@ -269,3 +269,30 @@ def test_bad_model_configs_are_one_sentence(tmp_path: Path, capsys: pytest.Captu
     # weights the config cannot give are not needed when the server's pool is known
     code, out, _ = run(["plan", "--model-config", str(tmp_path / "nokeys.json"), "--max-total-tokens", "1000", "--format", "json"], capsys)
     assert code == 0 and any("weights not estimated" in n for n in json.loads(out)["notes"])
+
+
+def test_a_given_pool_implies_the_weights_and_a_wrong_config_estimate_is_flagged(capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed config says bf16 (no quantization_config): 1 T parameters would not fit, but the server reported
+    116,171 tokens at fraction 0.85 on 96 GiB, so its weights were f × free − KV = 0.85 × 94.5 − 7.60 GiB."""
+    code, out, _ = run(SEED_ARGS + ["--format", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    kv = 116171 * 70272 / (1 << 30)
+    assert doc["weights_source"].startswith("implied by the pool")
+    assert doc["weights_bytes_per_rank"] == round((0.85 * 94.5 - kv) * (1 << 30))
+    assert doc["pool_tokens"] == 116171  # the server's pool wins over the estimate
+    assert doc["notes"][0].startswith("the config's weights (240.8 GiB/rank) differ from the server's (72.7)")
+
+
+def test_dp_attention_counts_fp8_attention_weights_at_one_byte(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3 fp8 at TP 8 → DP attention 8: each rank gains 7/8 of the split attention weights, at ~1 B/param."""
+    code, out, _ = run(["plan", "--model-config", str(CONFIGS / "deepseek-v3.json"), "--gpu", "H200", "--tp", "8", "--format", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    dp = next(s for s in doc["scenarios"] if s["flag"] == "--attn-dp-size")
+    split = 61 * (1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168)
+    extra_gib = split * 7 / 8 * (1 + 4 / 128**2) / (1 << 30)
+    assert f"cost {extra_gib:.1f} GiB more per rank" in dp["assumptions"][1] and "quantized attention" in dp["assumptions"][1]
+    col = next(c for c in doc["sizing"] if c["label"].startswith("DP attn"))
+    now = doc["sizing"][0]
+    assert col["weights_gib"] - now["weights_gib"] == pytest.approx(extra_gib, abs=0.01)

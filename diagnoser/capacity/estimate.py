@@ -97,10 +97,12 @@ def _diff(engine: float | None, est: float | None) -> float | None:
     return est / engine - 1
 
 
-def compare(engine: PoolFacts, plan: MemoryPlan) -> list[dict[str, Any]]:
-    """Rows of engine vs estimate (weights, pool, KV, headroom) with the relative difference."""
+def compare(engine: PoolFacts, plan: MemoryPlan, implied_weights: float | None = None) -> list[dict[str, Any]]:
+    """Rows of engine vs estimate (weights, pool, KV, headroom) with the relative difference; the weights
+    the engine's pool implies stand in when it did not print its own."""
+    w = engine.weights_gib if engine.weights_gib is not None else implied_weights
     rows = [
-        ("weights GiB/rank", engine.weights_gib, plan.weights_gib, 2),
+        ("weights GiB/rank", w, plan.weights_gib, 2),
         ("pool tokens/rank", engine.pool_tokens, plan.tokens_per_rank, 0),
         ("KV GiB/rank", engine.kv_gib, plan.kv_gib, 2),
         ("headroom GiB", engine.headroom_gib, plan.headroom_gib, 2),

@@ -336,7 +336,20 @@ def build(args: argparse.Namespace) -> Plan:
         if engine_pool and est is not None:
             plan.memory = MemoryPlan(pool.pre_gib, pool.mem_fraction, est.gib_per_rank, pool.bpt, pool.page_size, pool.pools,
                                      pool.pre_source, fraction_source, est.source())
-            plan.comparison = compare(pool, plan.memory)
+            implied = None
+            if pool.weights_gib is None and pool.kv_gib:
+                implied = pool.pre_gib * pool.mem_fraction - pool.kv_gib  # SGLang's formula read backwards
+                if implied > 0:
+                    plan.weights_source = "implied by the pool: f × free before weights − KV size"
+                    plan.weights_bytes_per_rank = round(implied * GIB)
+                else:
+                    implied = None
+            plan.comparison = compare(pool, plan.memory, implied)
+            engine_w = pool.weights_gib if pool.weights_gib is not None else implied
+            if engine_w and abs(est.gib_per_rank / engine_w - 1) > 0.1:
+                notes.insert(0, f"the config's weights ({est.gib_per_rank:.1f} GiB/rank) differ from the server's ({engine_w:.1f}) by "
+                                f"{est.gib_per_rank / engine_w - 1:+.0%}: a quantization the config does not describe, another "
+                                "dtype or other memory figures; the server's numbers are used")
         elif not engine_pool and w_gib is not None:
             plan.memory = MemoryPlan(pool.pre_gib, pool.mem_fraction, w_gib, pool.bpt, pool.page_size, pool.pools,
                                      pool.pre_source, fraction_source, w_src)
@@ -434,7 +447,7 @@ def _columns(plan: Plan) -> list[Column]:
     p = plan.planner.pool
     if p.pool_tokens is None or not p.bpt:
         return []
-    w_now = p.weights_gib if p.weights_gib is not None else (plan.weights.gib_per_rank if plan.weights else None)
+    w_now = None if plan.weights_bytes_per_rank is None else plan.weights_bytes_per_rank / GIB  # the weights the sizing uses
     at = plan.requests_at
 
     def req(total: int | None) -> int | None:
