@@ -93,7 +93,7 @@ def test_plan_sizes_the_pool_from_gpu_and_weights(capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(("argv", "msg"), [
     (["plan", "--tp", "8", "--max-total-tokens", "1000"], "pass --model-config"),
     (["plan", "--model-config", "/nonexistent/config.json"], "does not exist"),
-    (["plan", "--model-config", str(CONFIGS / "qwen3-8b.json")], "cannot size the pool"),
+    (["plan", "--model-config", str(CONFIGS / "qwen3-8b.json"), "--dp-attention", "--tp", "4", "--dp", "3"], "DP attention needs"),
     (["plan", "--model-config", str(CONFIGS / "qwen3-8b.json"), "--running", "3"], "go together"),
     (["plan", "--model-config", str(CONFIGS / "qwen3-8b.json"), "--max-total-tokens", "9", "--kv-cache-dtype", "int3"], "unknown --kv-cache-dtype"),
     (["plan", "--tp", "x"], "invalid int value"),
@@ -296,3 +296,15 @@ def test_dp_attention_counts_fp8_attention_weights_at_one_byte(capsys: pytest.Ca
     col = next(c for c in doc["sizing"] if c["label"].startswith("DP attn"))
     now = doc["sizing"][0]
     assert col["weights_gib"] - now["weights_gib"] == pytest.approx(extra_gib, abs=0.01)
+
+
+def test_from_the_config_alone_kv_bytes_and_weights_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    """No GPU given: the KV bytes per token and the weights per rank still come out, with what is missing."""
+    code, out, _ = run(["plan", "--model-config", str(CONFIGS / "deepseek-v3.json"), "--tp", "8"], capsys)
+    assert code == 0
+    assert "KV 70,272 B/token/rank (35,136 with --kv-cache-dtype fp8_e4m3)" in out and "weights 79.29 GiB/rank" in out
+    assert "experts 76.14" in out and "pass --gpu NAME" in out
+    code, out, _ = run(["plan", "--model-config", str(CONFIGS / "qwen3-8b.json"), "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert doc["bytes_per_token_per_rank"] == 147456 and doc["weights_bytes_per_rank"] == 2 * 8_190_735_360
+    assert doc["pool_tokens"] is None and doc["weights_source"].startswith("estimate from the model config")

@@ -102,6 +102,53 @@ def auto_fraction(gpu_gib: float, tp: int) -> float:
     return auto_mem_fraction(gpu_gib * 1024, tp).fraction
 
 
+class ConfigOnly(Exception):
+    """No GPU memory was given: what the config alone says (KV bytes per token, weights per rank)."""
+
+    def __init__(self, pool: PoolFacts, weights: WeightEstimate | None, weights_source: str, notes: list[str]) -> None:
+        super().__init__("config only")
+        self.pool, self.weights, self.weights_source, self.notes = pool, weights, weights_source, notes
+
+
+NEEDS_MEMORY = ("pass --gpu NAME (see --help), --gpu-mem-gb G or --free-mem-gb F to size the pool, the headroom and the "
+                "requests that fit; or --max-total-tokens N, the pool a server reported")
+
+
+def config_only_document(c: ConfigOnly) -> dict[str, Any]:
+    p, s, w = c.pool, c.pool.shape, c.weights
+    assert s is not None
+    return {
+        "model": {"arch": s.arch, "attention": s.attention, "layers": s.layers, "full_attention_layers": s.full_attention_layers},
+        "bytes_per_token_per_rank": p.bpt, "bytes_per_token_per_rank_fp8": bytes_per_token(s, p.attention_tp, "fp8_e4m3"),
+        "pool_tokens": None, "pool_tokens_per_rank": None, "pool_source": None, "max_concurrent_requests": None,
+        "weights_bytes_per_rank": None if w is None else round(w.bytes_per_rank), "weights_source": c.weights_source,
+        "weights_estimate": None if w is None else w.to_dict(), "memory": p.to_dict(), "scenarios": [],
+        "notes": [NEEDS_MEMORY, *c.notes],
+    }
+
+
+def render_config_only(c: ConfigOnly) -> str:
+    p, s, w = c.pool, c.pool.shape, c.weights
+    assert s is not None and p.bpt
+    arch = s.arch.replace("ForConditionalGeneration", "").replace("ForCausalLM", "")
+    out = [f"diagnose plan · {arch} ({s.attention.upper()}, {s.full_attention_layers} KV layers) · TP {p.tp}"
+           + (" dp-attention" if p.dp_attention else "") + f" · kv {p.kv_cache_dtype}"]
+    text = f"KV {p.bpt:,.0f} B/token/rank"
+    fp8 = bytes_per_token(s, p.attention_tp, "fp8_e4m3")
+    if fp8 < p.bpt:
+        text += f" ({fp8:,.0f} with --kv-cache-dtype fp8_e4m3)"
+    if w is not None:
+        text += f" · weights {w.gib_per_rank:.2f} GiB/rank ({c.weights_source})"
+    out += textwrap.wrap(text, WIDTH, subsequent_indent="  ")
+    if w is not None:
+        parts = " · ".join(f"{q.name} {q.per_rank * q.bytes_per_param / GIB:.2f}" for q in w.parts if q.params)
+        out += textwrap.wrap(f"by part, GiB/rank: {parts}", WIDTH, subsequent_indent="  ")
+    out.append("")
+    for n in [NEEDS_MEMORY, *c.notes][:MAX_TEXT_NOTES]:
+        out += textwrap.wrap(f"note: {n}", WIDTH, initial_indent="  ", subsequent_indent="  ")
+    return "\n".join(out) + "\n"
+
+
 @dataclass(slots=True)
 class Column:
     """One configuration of the side-by-side sizing table (per GPU rank unless named total)."""
@@ -316,6 +363,8 @@ def build(args: argparse.Namespace) -> Plan:
     if not engine_pool and pool.pool_tokens is not None:
         pool.pool_source = "SGLang's formula: (free before weights − weights) − (1 − f) × free before weights"
         pool.notes = [n for n in pool.notes if not n.startswith("pool size extrapolated")]
+    if pool.pool_tokens is None and shape is not None and pool.bpt and not engine_pool and tl is None:
+        raise ConfigOnly(pool, est, w_src, notes + (est.notes if est is not None else []))
     if pool.pool_tokens is None:
         raise UsageError("cannot size the pool: pass --gpu NAME or --gpu-mem-gb G (or --free-mem-gb F), "
                          "or --max-total-tokens N (what the server reported)")
@@ -680,6 +729,9 @@ def main(cmd: str, argv: list[str]) -> int:
         plan = build(args)
     except CapacityInputError as e:
         raise UsageError(str(e)) from None
+    except ConfigOnly as c:
+        sys.stdout.write(json.dumps(config_only_document(c), indent=2, default=str) + "\n" if args.format == "json" else render_config_only(c))
+        return 0
     if args.format == "json":
         sys.stdout.write(json.dumps(document(plan), indent=2, default=str) + "\n")
     else:
@@ -687,4 +739,4 @@ def main(cmd: str, argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["Column", "Plan", "build", "build_parser", "document", "main", "render"]
+__all__ = ["Column", "ConfigOnly", "Plan", "build", "build_parser", "document", "main", "render"]
