@@ -27,6 +27,7 @@ from diagnoser import __version__
 from diagnoser.outputs.exporter import CONTENT_TYPE, make_registry, render
 from diagnoser.web import fleet as fleet_page
 from diagnoser.web import views
+from diagnoser.web.head import HeadAsGet
 
 HERE = Path(__file__).resolve().parent
 CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
@@ -179,4 +180,5 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
         return page(request, "rule.html", {"doc": doc, "title": doc["name"]})
 
     app.include_router(fleet_page.router(monitor, page, _json))  # /fleet: sort, filter, paginate (fleet.py)
+    app.add_middleware(HeadAsGet)  # HEAD answers on every GET route (head.py), behind the same token check
     return app
