@@ -164,3 +164,74 @@ def test_overview_falls_back_to_older_sglang_names(tmp_path: Path) -> None:
     path.write_text(json.dumps(test))
     r = run([need_bin("promtool"), "test", "rules", path.name], cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _strip_strings(expr: str) -> str:
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+
+
+def _denominators(expr: str) -> list[str]:
+    """The right operand of every ``/`` in an expr (after its vector matching), as written."""
+    e = _strip_strings(expr)
+    out = []
+    for m in re.finditer(r"/\s*(?:(?:on|ignoring)\s*\([^)]*\)\s*(?:group_(?:left|right)(?:\s*\([^)]*\))?)?\s*)?", e):
+        rest = e[m.end():]
+        if not rest.startswith("("):
+            out.append(rest[:60])
+            continue
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                out.append(rest[: i + 1])
+                break
+    return out
+
+
+def test_no_division_can_reach_inf(dash: dict[str, Any]) -> None:
+    """Every division's denominator keeps only samples above 0, so a zero leaves a gap, never ±Inf or NaN."""
+    divisions = 0
+    for label, expr in dashboard_exprs(dash):
+        for den in _denominators(expr):
+            divisions += 1
+            assert re.search(r">\s*0\s*\)$", den), f"{label}: the denominator {den!r} can be 0 (use grafana.ratio)"
+    assert divisions >= 1
+    assert _denominators('a / b') == ["b"] and _denominators('a / on (t) group_left () (b > 0)') == ["(b > 0)"]
+
+
+@pytest.mark.prometheus
+def test_divisions_leave_a_gap_when_the_denominator_is_zero(tmp_path: Path) -> None:
+    """The real promtool evaluates the findings dashboard's "throughput gain (x)" and the overview's window
+    cache hit rate: a 0 denominator gives no sample (the issue: +Inf when the last gen throughput was 0), a
+    positive one the ratio."""
+    find = {(p["title"], t["refId"]): substitute(t["expr"]) for p in load("diagnoser-findings.json")["panels"] for t in p["targets"]}
+    over = {(p["title"], t["refId"]): substitute(t["expr"]) for p in load("sglang-overview.json")["panels"] for t in p["targets"]}
+    gain = find[("Current suggestions and projected gains", "D")]
+    hit = over[("Prefix cache hit rate", "B")]
+    proj = 'diagnoser_suggestion_projected_gen_throughput_tps{target="%s",rule="kv_saturation",flag="--max-total-tokens"}'
+    sig = 'diagnoser_signal{target="%s",signal="gen_throughput_tps"}'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": proj % "idle", "values": "4000x10"}, {"series": sig % "idle", "values": "0x10"},
+                {"series": proj % "busy", "values": "4000x10"}, {"series": sig % "busy", "values": "1600x10"},
+                {"series": 'sglang:cached_tokens_total{instance="a",model_name="m"}', "values": "100x10"},
+                {"series": 'sglang:prompt_tokens_total{instance="a",model_name="m"}', "values": "400x10"},  # no prompt in the interval
+                {"series": 'sglang:cached_tokens_total{instance="b",model_name="m"}', "values": "0+30x10"},
+                {"series": 'sglang:prompt_tokens_total{instance="b",model_name="m"}', "values": "0+120x10"},
+            ],
+            "promql_expr_test": [
+                {"expr": gain, "eval_time": "5m",
+                 "exp_samples": [{"labels": '{target="busy",rule="kv_saturation",flag="--max-total-tokens"}', "value": 2.5}]},
+                {"expr": hit, "eval_time": "5m", "exp_samples": [{"labels": '{instance="b",model_name="m"}', "value": 0.25}]},
+            ],
+        }],
+    }
+    path = tmp_path / "ratios.test.yml"
+    path.write_text(json.dumps(test))
+    r = run([need_bin("promtool"), "test", "rules", path.name], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -8,7 +8,10 @@ and provisioned by docker-compose. Rules every panel follows:
 - raw SGLang selectors take both spellings, ``{__name__=~"sglang[:_]NAME"}`` (reference §1.5), and
   gauges are folded with ``max by (instance, model_name, dp_rank)`` so TP/PP/CP ranks that repeat a
   value count once while DP ranks stay apart (reference §1.3, §1.4);
-- every panel has a description; annotations mark when findings and alerts fire.
+- every panel has a description; annotations mark when findings and alerts fire;
+- every division goes through :func:`ratio`, whose denominator keeps only samples above 0: a zero
+  denominator (no prompt tokens in the interval, a target whose gen throughput reads 0) leaves a gap
+  instead of ±Inf or NaN.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ def rate(metric: str, sel: str = TOKZ, by: str = "instance, model_name") -> str:
 
 def quantile(q: float, hist: str) -> str:
     return f"histogram_quantile({q}, sum by (le, instance, model_name) (rate({sg(hist + '_bucket', TOKZ)}[$__rate_interval])))"
+
+
+def ratio(num: str, den: str, on: str = "") -> str:
+    """``num / den`` that cannot reach ±Inf or NaN: samples whose denominator is 0 drop out (a gap in the panel).
+
+    ``on`` is the vector matching, e.g. ``on (target) group_left ()``: the empty label list is needed, since
+    ``group_left (`` would read the parenthesised denominator as labels to copy."""
+    return f"{num} / {on + ' ' if on else ''}({den} > 0)"
 
 
 def target(expr: str, legend: str, ref: str, instant: bool = False, fmt: str = "time_series") -> dict[str, Any]:
@@ -191,8 +202,8 @@ def sglang_overview() -> dict[str, Any]:
               "Share of prompt tokens served from the prefix cache: per prefill batch from the scheduler (cache_hit_rate), "
               "and over the rate interval from the tokenizer's counters (cached_tokens_total / prompt_tokens_total).",
               [target(gauge("cache_hit_rate"), "last batch " + RANK_LEGEND, "A"),
-               target(f"sum by (instance, model_name) (rate({sg('cached_tokens_total', TOKZ)}[$__rate_interval])) / "
-                      f"sum by (instance, model_name) (rate({sg('prompt_tokens_total', TOKZ)}[$__rate_interval]))",
+               target(ratio(f"sum by (instance, model_name) (rate({sg('cached_tokens_total', TOKZ)}[$__rate_interval]))",
+                            f"sum by (instance, model_name) (rate({sg('prompt_tokens_total', TOKZ)}[$__rate_interval]))"),
                       "window {{instance}} {{model_name}}", "B")], (0, 32, w, 8), unit="percentunit", defaults={"min": 0, "max": 1}),
         panel(10, "Queue time",
               "Time requests waited in the scheduler queue (queue_time_seconds, 0.5.3+), p50 and p95 over the rate interval.",
@@ -243,12 +254,14 @@ def diagnoser_findings() -> dict[str, Any]:
         panel(2, "Current suggestions and projected gains",
               "The flag changes diagnoser proposes now (diagnoser_suggestion_info: flag, current -> proposed value) joined "
               "with the projections of the top suggestions: running requests and generation throughput expected after the "
-              "change (diagnoser_suggestion_projected_*), and the throughput gain against the current gen throughput.",
+              "change (diagnoser_suggestion_projected_*), and the throughput gain against the current gen throughput "
+              "(empty while the current gen throughput is 0: an idle server has no ratio).",
               [target(f"max by (target, rule, flag, current, proposed) (diagnoser_suggestion_info{{{t}}})", "", "A", instant=True, fmt="table"),
                target(f"max by (target, rule, flag) (diagnoser_suggestion_projected_running_reqs{{{t}}})", "", "B", instant=True, fmt="table"),
                target(f"max by (target, rule, flag) (diagnoser_suggestion_projected_gen_throughput_tps{{{t}}})", "", "C", instant=True, fmt="table"),
-               target(f"max by (target, rule, flag) (diagnoser_suggestion_projected_gen_throughput_tps{{{t}}}) / on (target) group_left "
-                      f'max by (target) (diagnoser_signal{{{t}, signal="gen_throughput_tps"}})', "", "D", instant=True, fmt="table")],
+               target(ratio(f"max by (target, rule, flag) (diagnoser_suggestion_projected_gen_throughput_tps{{{t}}})",
+                            f'max by (target) (diagnoser_signal{{{t}, signal="gen_throughput_tps"}})', "on (target) group_left ()"),
+                      "", "D", instant=True, fmt="table")],
               (0, 8, 24, 8), kind="table",
               transformations=[{"id": "merge", "options": {}},
                                {"id": "organize", "options": {"excludeByName": {"Time": True, "Value #A": True},
