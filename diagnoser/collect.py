@@ -85,11 +85,14 @@ def collect_once(
     client: Any = None,
     stdin: IO[bytes] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Collection:
     """Scrape every URL each ``interval`` for ``duration`` seconds and read the logs once.
 
     With one URL, the logs belong to that target; with several, each log is a target of its own.
+    ``progress`` (a terminal's status line) is called after each round of scrapes and about every second
+    while waiting, with ``scrapes`` done ``of`` the rounds, ``elapsed_s`` of ``duration_s``, and how many
+    of the ``targets`` are ``failing`` (their last scrape failed).
     """
     col = Collection()
     if not urls:
@@ -112,14 +115,27 @@ def collect_once(
                 tls[t.url].inputs.append(rep)
                 col.inputs.append(rep)
         n = max(1, int(round(duration / interval)) + 1) if duration > 0 and interval > 0 else 1
+        started = time.monotonic()
+        slept = 0.0  # time spent waiting, as asked of ``sleep`` (a test's sleep may not pass real time)
+
+        def report(done: int) -> None:
+            if progress:
+                progress({"scrapes": done, "of": n, "elapsed_s": max(time.monotonic() - started, slept), "duration_s": duration,
+                          "targets": len(targets), "failing": sum(1 for t in targets if t.last_error)})
+
         for i in range(n):
             t0 = time.monotonic()
             for t in targets:
                 t.scrape(client, tls[t.url])
-            if progress:
-                progress(f"scrape {i + 1}/{n}")
+            report(i + 1)
             if i < n - 1:
-                sleep(max(0.0, interval - (time.monotonic() - t0)))
+                wait = max(0.0, interval - (time.monotonic() - t0))
+                while wait > 0:  # with a progress line, wake every second so it keeps moving
+                    step = min(wait, 1.0) if progress else wait
+                    sleep(step)
+                    slept += step
+                    wait -= step
+                    report(i + 1)
         for t in targets:
             tl = tls[t.url]
             tl.inputs.insert(0, t.report)
