@@ -103,6 +103,9 @@ class Snapshot:
     errors: list[dict[str, str]]
     rule_pass_s: float
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    # when findings fired: {"target", "rule", "severity", "start", "end"} in the target's clock (its
+    # recording or log time for replays and logs); "end" is None while it still fires. Oldest first.
+    episodes: list[dict[str, Any]] = field(default_factory=list)
 
     def firing(self, target: str | None = None) -> list[Finding]:
         return [f for f in self.findings if f.state == "firing" and (target is None or f.target == target)]
@@ -227,6 +230,8 @@ class LiveMonitor:
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diagnoser-scrape")
         self.targets: list[LiveTarget] = []
         self.resolved: deque[tuple[float, Finding]] = deque(maxlen=200)
+        self.episodes: deque[dict[str, Any]] = deque(maxlen=500)  # when findings fired (charts mark them)
+        self._open_episodes: dict[tuple[str, str], dict[str, Any]] = {}
         self.tick_no = 0
         self._futures: dict[int, Future[Any]] = {}
         self._stop = threading.Event()
@@ -357,8 +362,9 @@ class LiveMonitor:
         due_names: set[str] = set()
         unreachable: dict[str, str] = {}
         views: list[TargetView] = []
+        refs: dict[str, float] = {}
         for i, t in enumerate(self.targets):
-            ref = self._ref_now(t, now)
+            ref = refs[t.name] = self._ref_now(t, now)
             up, err = t.up, t.last_error  # read once: a scrape thread may finish mid-tick
             due = self._due(i, up, err)
             with t.lock:
@@ -427,12 +433,14 @@ class LiveMonitor:
         findings = self.hysteresis.update(current, now)
         for f in self.hysteresis.resolved:
             self.resolved.append((now, f))
+        self._track_episodes(findings, self.hysteresis.resolved, refs, now)
         self.tick_no += 1
         if report.duration_s:
             self._rule_pass_s = report.duration_s
         snap = Snapshot(
             ts=now, tick=self.tick_no, targets=views, findings=findings, resolved=list(self.resolved),
             errors=[e.to_dict() for e in report.errors], rule_pass_s=self._rule_pass_s, dropped=list(report.dropped),
+            episodes=[dict(e) for e in self.episodes],
         )
         self.snapshot = snap
         for cb in list(self.listeners):
@@ -441,6 +449,24 @@ class LiveMonitor:
             except Exception:  # noqa: S110 — a display error must not stop polling
                 pass
         return snap
+
+    def _track_episodes(self, findings: list[Finding], resolved: list[Finding], refs: dict[str, float], now: float) -> None:
+        """Open an episode when a finding starts firing, close it when it resolves (at the target's clock)."""
+        for f in findings:
+            key = (f.target, f.rule)
+            ep = self._open_episodes.get(key)
+            if f.state != "firing":
+                continue
+            if ep is None:
+                ep = {"target": f.target, "rule": f.rule, "severity": f.severity.label, "start": refs.get(f.target, now), "end": None}
+                self._open_episodes[key] = ep
+                self.episodes.append(ep)
+            elif Severity[ep["severity"].upper()] < f.severity:  # it got worse while firing: the band shows the worst
+                ep["severity"] = f.severity.label
+        for f in resolved:
+            ep = self._open_episodes.pop((f.target, f.rule), None)
+            if ep is not None:
+                ep["end"] = max(ep["start"], refs.get(f.target, now))
 
     @staticmethod
     def _model_name(t: LiveTarget, cfg: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from diagnoser.outputs.report import config_table
 from diagnoser.redact import redact, redact_text
 from diagnoser.rules import REGISTRY, by_name
 from diagnoser.timeline import SIGNALS, Timeline
+from diagnoser.web.present import present_suggestion, top_fixes, verdict
 
 HEADLINE = [
     ("running_reqs", "running", "{:.0f}"),
@@ -28,14 +29,22 @@ MAIN_CONFIG = (
     "max_prefill_tokens", "mem_fraction_static", "tp_size", "dp_size", "kv_cache_dtype", "cuda_graph_max_bs",
     "schedule_conservativeness", "context_len", "page_size",
 )
-# chart groups on the target page: id → (title, [(signal, label)], y-max hint)
+# chart groups on the target page (static/chart.js draws them): each signal is [name, label] or
+# [name, label, axis] with axis "y2" for a second unit on the right; "axes" names each axis' unit and the
+# factor its values are shown at (ITL in ms beside TTFT in s); "ymax"/"ref" are a y-range hint and a
+# reference line, "cfg_line" a reference line read from the config.
 CHARTS: list[dict[str, Any]] = [
-    {"id": "batch", "title": "Requests: running vs queued vs max_running_requests", "signals": [["running_reqs", "running"], ["queue_reqs", "queued"]], "cfg_line": ["max_running_requests", "max_running_requests"]},
-    {"id": "usage", "title": "KV token usage (1.0 = pool full)", "signals": [["token_usage", "token usage"]], "ymax": 1.0, "ref": 1.0},
-    {"id": "gen", "title": "Gen throughput (tokens/s)", "signals": [["gen_throughput_tps", "gen tok/s"]]},
-    {"id": "prefill", "title": "Prefill tokens per batch: new vs cached", "signals": [["prefill_new_tokens", "new"], ["prefill_cached_tokens", "cached"]]},
-    {"id": "retract", "title": "Retracted requests", "signals": [["retracted_reqs", "retracted"]]},
-    {"id": "latency", "title": "Latency quantiles (seconds)", "signals": [["ttft_seconds_p50", "TTFT p50"], ["ttft_seconds_p95", "TTFT p95"], ["itl_seconds_p50", "ITL p50"], ["itl_seconds_p95", "ITL p95"]]},
+    {"id": "batch", "title": "Requests: running vs queued", "signals": [["running_reqs", "running"], ["queue_reqs", "queued"]],
+     "cfg_line": ["max_running_requests", "max_running_requests"], "axes": {"y": {"unit": "requests"}}},
+    {"id": "usage", "title": "KV token usage (1.0 = pool full)", "signals": [["token_usage", "token usage"]], "ymax": 1.0, "ref": 1.0,
+     "axes": {"y": {"unit": ""}}},
+    {"id": "gen", "title": "Gen throughput", "signals": [["gen_throughput_tps", "gen tok/s"]], "axes": {"y": {"unit": "tok/s"}}},
+    {"id": "prefill", "title": "Prefill tokens per batch: new vs cached", "signals": [["prefill_new_tokens", "new"], ["prefill_cached_tokens", "cached"]],
+     "axes": {"y": {"unit": "tokens"}}},
+    {"id": "retract", "title": "Retracted requests", "signals": [["retracted_reqs", "retracted"]], "axes": {"y": {"unit": "requests"}}},
+    {"id": "latency", "title": "Latency: TTFT (s, left) · inter-token (ms, right)",
+     "signals": [["ttft_seconds_p50", "TTFT p50"], ["ttft_seconds_p95", "TTFT p95"], ["itl_seconds_p50", "ITL p50", "y2"], ["itl_seconds_p95", "ITL p95", "y2"]],
+     "axes": {"y": {"unit": "s"}, "y2": {"unit": "ms", "factor": 1000}}},
 ]
 RANGES = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
 
@@ -82,6 +91,8 @@ def finding_doc(f: Any) -> dict[str, Any]:
     d = redact(f.to_dict())
     d["severity"] = f.severity.label
     d["rule_page"] = f"/rules/{f.rule}"
+    d["anchor"] = f"f-{f.rule}"
+    d["suggestions"] = [present_suggestion(s) for s in d.get("suggestions") or []]
     return d
 
 
@@ -104,6 +115,7 @@ def target_summary(snap: Any, t: Any) -> dict[str, Any]:
             {"rule": f.rule, "severity": f.severity.label, "state": f.state, "summary": redact_text(f.summary), "rule_page": f"/rules/{f.rule}"}
             for f in findings
         ],
+        "top_fix": next(iter(top_fixes([finding_doc(f) for f in findings if f.suggestions], 1)), None),
     }
 
 
@@ -160,6 +172,9 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
         "eta": job_eta(t, job_requests, monitor),
         "generated_at": iso(snap.ts),
     })
+    doc["top_fixes"] = top_fixes(doc["findings"], 3)
+    doc["top_fix"] = doc["top_fixes"][0] if doc["top_fixes"] else None
+    doc["verdict"] = verdict(doc, doc["top_fixes"])
     return doc
 
 
@@ -172,7 +187,10 @@ def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600) -> d
         cl = c.get("cfg_line")
         if cl and cl[0] in t.config and _num(t.config[cl[0]].value) is not None:
             lines[c["id"]] = {"label": cl[1], "value": _num(t.config[cl[0]].value)}
-    return {"target": t.index, "start": end - range_s, "end": end, "range_s": range_s, "series": data, "lines": lines}
+    marks = [{"rule": e["rule"], "severity": e["severity"], "start": e["start"], "end": e["end"]}
+             for e in getattr(monitor.snapshot, "episodes", []) if e["target"] == t.name and (e["end"] is None or e["end"] >= end - range_s)]
+    return {"target": t.index, "start": end - range_s, "end": end, "range_s": range_s, "series": data, "lines": lines, "marks": marks,
+            "tz": "UTC"}
 
 
 def snapshot_end(monitor: Any, t: Any) -> float:
