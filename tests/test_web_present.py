@@ -132,7 +132,11 @@ def test_one_line_prefers_the_rules_claim_when_the_model_does_not_size_it() -> N
     unsized = "the capacity model does not size this change: pool and slot cap stay as they are (low confidence). — fewer retractions"
     assert one_line(unsized) == "Fewer retractions"
     bound = "running stays at 5: the client binds first (low confidence). Once the client no longer binds: 8x the slots"
-    assert one_line(bound) == "Running stays at 5: the client binds first (low confidence)."
+    assert one_line(bound) == "8x the slots · running stays at 5: the client binds first (low confidence)."
+    moved = "pool 2 → 4 tokens; running 1 → 2 (low confidence). — about 2x the slots"
+    assert one_line(moved) == "Pool 2 → 4 tokens; running 1 → 2 (low confidence)."
+    chunk = "21.1 GiB left for activations and graphs (low confidence). — about 2x fewer prefill steps per prompt"
+    assert one_line(chunk) == "About 2x fewer prefill steps per prompt · 21.1 GiB left for activations and graphs (low confidence)."
     assert one_line("pool 1 → 2 (high confidence). Needs also: --mem-fraction-static 0.9.") == "Pool 1 → 2 (high confidence)."
     assert one_line("") == ""
 

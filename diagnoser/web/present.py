@@ -76,7 +76,9 @@ def present_suggestion(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def one_line(effect: str) -> str:
-    """The effect's first claim: the projection's numbers, else the rule's own expected effect."""
+    """The effect's first claim: the projection's before → after numbers when the capacity model moved
+    them, else the rule's own expected effect (followed by what the model does say, unless it only says
+    it does not size the change)."""
     if not effect:
         return ""
     main, _, tail = effect.partition(" — ")
@@ -84,10 +86,9 @@ def one_line(effect: str) -> str:
         main, _, tail = main.partition(" Once ")
         tail = tail.partition(" no longer binds: ")[2]
     main = main.partition(" Needs also: ")[0].strip()
-    if main.startswith(UNSIZED) and tail:
-        main = tail.strip()
-    if main.startswith("Does not fit"):
-        return main
+    tail = tail.strip()
+    if tail and "→" not in main and not main.startswith("Does not fit"):
+        main = tail if main.startswith(UNSIZED) else f"{tail} · {main}"
     return main[:1].upper() + main[1:]
 
 

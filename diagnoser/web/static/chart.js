@@ -153,6 +153,7 @@
     groups.forEach(function (g) {
       var s = Math.max(g.start, xs.min), en = Math.min(g.end, xs.max);
       if (en < s) { return; }
+      if (g.severity === "info") { return; }  // an info finding is marked where it fired, not shaded
       var c = SEV[g.severity] || SEV.info;
       var x0 = u.valToPos(s, "x", true), x1 = u.valToPos(en, "x", true);
       ctx.fillStyle = rgba(c, 0.09);
@@ -255,6 +256,11 @@
 
   function render() {
     if (!doc || !specs) { return; }
+    var empty = Object.keys(doc.series).every(function (k) { return !doc.series[k].t.length; });
+    root.hidden = empty;  // six empty frames say less than one sentence
+    var none = document.getElementById("no-data");
+    if (none) { none.hidden = !empty; }
+    if (empty) { legendMarks(); return; }
     var r = viewRange();
     root.querySelectorAll("figure.chart").forEach(function (fig) {
       var id = fig.getAttribute("data-chart"), spec = specs[id];
