@@ -144,16 +144,21 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
                 raise UsageError(problem)
     if args.interval <= 0 or args.duration < 0 or args.timeout <= 0:
         raise UsageError("--interval and --timeout must be more than 0 seconds and --duration at least 0, e.g. --duration 10s --interval 2s")
-    from diagnoser.cli.statusline import StatusLine, sampling_progress
     from diagnoser.collect import collect_once
 
-    line = StatusLine()  # on a terminal only: nothing when stderr is piped
-    progress = sampling_progress(line) if args.url and line.enabled and args.duration > 0 else None
+    line: Any = None
+    progress: Any = None
+    if args.url and args.duration > 0:  # sampling takes --duration: say how far it is (on a terminal only)
+        from diagnoser.cli.statusline import StatusLine, sampling_progress
+
+        line = StatusLine()
+        progress = sampling_progress(line) if line.enabled else None
     try:
         return collect_once(adapter, args.url, args.log, duration=args.duration, interval=args.interval, progress=progress,
                             client=_client(args) if args.url else None)
     finally:
-        line.clear()
+        if line is not None:
+            line.clear()
 
 
 def _client(args: argparse.Namespace) -> Any:

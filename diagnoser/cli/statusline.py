@@ -9,7 +9,6 @@ control) also turns it off.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from typing import IO, Any
@@ -53,6 +52,8 @@ class StatusLine:
         try:  # the terminal stderr is on (stdout may be redirected to a file)
             return os.get_terminal_size(self.stream.fileno()).columns or 80
         except (AttributeError, ValueError, OSError):
+            import shutil
+
             return shutil.get_terminal_size((80, 24)).columns
 
     def clear(self) -> None:
