@@ -66,9 +66,19 @@ def test_surfaces_against_a_live_engine(loaded_engine: Any) -> None:
             page.goto(serve.base + "/")
             sel = ", ".join(f'article.card li[data-rule="{r}"]' for r in sorted(KV_RULES))
             page.wait_for_selector(sel, timeout=90_000)
+            # the card leads with what to change: a flag, current → proposed, and its effect
+            fix = page.locator("article.card .card-fix").first
+            fix.wait_for(timeout=60_000)
+            assert fix.locator(".change code").inner_text().startswith("--") and fix.locator(".effect").inner_text().strip()
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "engine-live-overview.png"), full_page=True)
             assert "tiny-llama" in page.content() or eng.url.split("//")[1] in page.content()
+            # the target page: the verdict and the top fixes, then charts drawn from the engine's numbers
+            page.goto(serve.base + "/target/0")
+            page.wait_for_selector("#top ol.fixes > li code", timeout=30_000)
+            page.wait_for_selector('figure[data-chart="batch"][data-points]', timeout=30_000)
+            assert int(page.locator('figure[data-chart="batch"]').get_attribute("data-points") or 0) > 2
+            page.screenshot(path=str(ARTIFACTS / "engine-live-target.png"), full_page=True)
             browser.close()
 
         # 2. Prometheus stored the underscore spelling; the colon one is empty (the trap)
