@@ -5,6 +5,7 @@ This is the glue between sources and the timeline; it knows nothing about rules 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
         pv = parse_version(str(v))
         if pv:
             version.set_exact(pv, "server info")
+    date_bound(tl, version)
     tl.version = version.text()
     tl.meta["version_best"] = list(version.best()) if version.known else None
     tl.meta["version_reasons"] = list(version.reasons or [])
@@ -61,6 +63,26 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
         tl.set_config("max_total_tokens", f.value, f.source)
 
 
+def date_bound(tl: Timeline, version: VersionRange) -> None:
+    """The earliest time read bounds the version from above: a release published after it cannot have
+    printed it (a development build is at most the next release)."""
+    if tl.untimed or version.exact:
+        return
+    from diagnoser.engines.sglang.versions import newest_on
+    from diagnoser.model import iso
+
+    day = tl.meta.get("first_stamp")  # a log's first dated line (its span may hold no point)
+    if not day:
+        start, _ = tl.span()
+        if start is None or start != start:
+            return
+        day = (iso(start) or "")[:10]
+    got = newest_on(day)
+    if got is not None:
+        v, when = got
+        version.at_most(v, f"the inputs start on {day}, before {'.'.join(map(str, v))} was released ({when}) or while it was in development")
+
+
 def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None) -> Collection:
     col = Collection()
     for path in paths:
@@ -69,10 +91,65 @@ def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None,
         tl.inputs.append(reader.report)
         col.inputs.append(reader.report)
         tl.untimed = bool(reader.parser.untimed_lines) and not reader.parser.saw_date and reader.parser.untimed_lines >= reader.report.lines_recognized
+        if getattr(reader.parser, "first_stamp", None):
+            tl.meta["first_stamp"] = reader.parser.first_stamp
         version = reader.parser.version
         finalize(tl, version)
         col.versions[tl.target] = version
         col.timelines.append(tl)
+    return col
+
+
+def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin: IO[bytes] | None = None) -> Collection:
+    """Saved ``/metrics`` expositions (``--metrics-file``; ``-`` is stdin), as successive scrapes of one
+    target at the files' modification times (a second apart when those do not increase), with the logs
+    of that target. A file that cannot be read is one clear error; the others are still read."""
+    import os
+
+    from diagnoser.sources.metrics import MetricsTarget
+
+    col = Collection()
+    tl = Timeline(target=metrics_files[0] if len(metrics_files) == 1 else f"{metrics_files[0]} (+{len(metrics_files) - 1} more)")
+    target = MetricsTarget("", adapter, label=metrics_files[0])
+    version = VersionRange()
+    prev: float | None = None
+    for path in metrics_files:
+        try:
+            if path == "-":
+                raw = (stdin or sys.stdin.buffer).read()
+                ts = time.time()
+            else:
+                with open(path, "rb") as fh:
+                    raw = fh.read()
+                ts = os.path.getmtime(path)
+        except OSError as e:
+            msg = f"cannot read the metrics file {path} ({e.strerror or e}); pass a saved /metrics exposition (curl http://HOST:30000/metrics > metrics.txt)."
+            col.errors.append(msg)
+            target.report.errors += 1
+            target.report.messages.append(msg)
+            continue
+        if prev is not None and ts <= prev:
+            ts = prev + 1.0
+        prev = ts
+        target.label = path
+        target.ingest_text(raw.decode("utf-8", errors="replace"), ts, tl)
+    target.label = metrics_files[0]
+    tl.inputs.append(target.report)
+    col.inputs.append(target.report)
+    version.merge(target.state.version)
+    wq = getattr(adapter, "window_quantiles", None)
+    if wq is not None and target.report.scrapes > 1:
+        tl.meta["window_quantiles"] = wq(target.state)
+    for path in logs:
+        reader = read_log(adapter, tl, path, stream=stdin if path == "-" else None)
+        tl.inputs.append(reader.report)
+        col.inputs.append(reader.report)
+        version.merge(reader.parser.version)
+        if getattr(reader.parser, "first_stamp", None):
+            tl.meta.setdefault("first_stamp", reader.parser.first_stamp)
+    finalize(tl, version)
+    col.versions[tl.target] = version
+    col.timelines.append(tl)
     return col
 
 

@@ -62,20 +62,65 @@ EXPECT: dict[str, dict[str, Any]] = {
         first={"prefill_new_tokens": 34560, "queue_reqs": 17, "running_reqs": 45}, last={"prefill_new_tokens": 32896, "queue_reqs": 4, "running_reqs": 58}),
     "cases/035-sglang-30160-max-running-requests-reduced-to-50/server.log": dict(
         kinds={"startup": 2}, cfg={"max_running_requests": 50, "max_running_requests_requested": 128, "req_pool_size": 50}),
+    # issue 15: short pastes, startup-only logs, tracebacks, PD, ROCm/NPU, v0.1 (each checked against the file by hand)
+    "cases/101-sglang-23177-glm51-prefill-only-queue/server.log": dict(
+        kinds={"prefill": 2, "access": 6}, ver=">=0.5.11", status={"200": 6},
+        first={"prefill_new_tokens": 15360, "queue_reqs": 238, "pending_tokens": 595000, "running_reqs": 116, "input_throughput_tps": 25774.75},
+        last={"running_reqs": 122, "token_usage": 0.01}),
+    "cases/103-sglang-444-v01-fill-batch-seq1-queue/server.log": dict(
+        kinds={"prefill": 1}, ver="<=0.2.99",
+        first={"prefill_new_tokens": 2172, "prefill_cached_tokens": 330, "queue_reqs": 57, "running_reqs": 9, "cache_hit_rate": 0.6916}),
+    "cases/104-sglang-1270-v02-light-load-invalid-responses/server.log": dict(
+        kinds={"decode": 10}, ver="<=0.3.3",
+        first={"running_reqs": 2, "used_tokens": 4078, "gen_throughput_tps": 447.31}, last={"running_reqs": 1, "used_tokens": 4142, "gen_throughput_tps": 239.0}),
+    "cases/107-inferencex-2128-dsv4-pro-h200-kv-pool-no-room/server.log": dict(
+        kinds={"startup": 1, "exception": 1, "oom": 1}, ver=">=0.5.14",
+        cfg={"avail_mem_after_weights_gb": 12.25, "weight_mem_gb": 125.65, "mem_fraction_static": 0.88},
+        events={"exception": 1, "startup_oom": 1}),
+    "cases/109-sglang-4048-request-longer-than-kv-pool/server.log": dict(
+        kinds={"exception": 2, "request_too_long": 2},
+        events={"exception": 1, "crash_notice": 1, "traceback": 1, "request_too_long": 2}),
+    "cases/113-sglang-4602-paged-kv-decode-oom-page64/server.log": dict(
+        kinds={"exception": 1, "oom": 5}, events={"exception": 1, "oom": 1, "oom_detail": 4}),
+    "cases/116-sglang-5450-pd-prefill-kv-transfer-mb-per-s/server.log": dict(
+        kinds={"prefill": 4, "pd": 4}, ver=">=0.4.6,<=0.4.9", events={"kv_transfer_rate": 4},
+        rank={("pd_bootstrap_reqs", "dp14"): 341, ("pd_inflight_reqs", "dp15"): 161, ("prefill_new_tokens", "dp11"): 266,
+              ("token_usage", "dp11"): 0.08, ("queue_reqs", "dp13"): 0}),
+    "cases/117-sglang-pr13466-piecewise-graph-shrinks-kv-pool-kimi/server.log": dict(
+        kinds={"startup": 1}, ver=">=0.4.6", cfg={"kv_pool_tokens_log": 8050, "kv_cache_gb": 0.53}),
+    "cases/121-sglang-15869-ci-regression-local-healthy-bs1/server.log": dict(
+        kinds={"access": 1, "prefill": 1, "decode": 5}, ver=">=0.5.5,<=0.5.8", status={"200": 1},
+        first={"gen_throughput_tps": 0.07, "prefill_new_tokens": 18, "cuda_graph": 1.0}, last={"gen_throughput_tps": 111.88, "used_tokens": 211}),
+    "cases/123-sglang-3243-rx7900xtx-rocm-single-stream-healthy/server.log": dict(
+        kinds={"decode": 5}, ver="<=0.4.9", first={"gen_throughput_tps": 3.5, "used_tokens": 51}, last={"gen_throughput_tps": 28.12, "used_tokens": 211}),
+    "cases/125-sglang-pr30047-npu-qwen-hybrid-high-prefix-reuse/server.log": dict(
+        kinds={"decode": 6, "prefill": 4}, ver=">=0.5.11",
+        first={"running_reqs": 40, "used_tokens": 356096, "mamba_usage": 0.8, "spec_accept_len": 3.84, "cuda_graph": 1.0},
+        last={"gen_throughput_tps": 155.34, "used_tokens": 350592}, maxv={"prefill_cached_tokens": 1114624}),
+    "cases/126-sglang-9266-pd-bootstrap-failures-high-concurrency/server.log": dict(
+        kinds={"pd": 7}, ver=">=0.4.10", events={"pd_failure": 7}),
+    "cases/127-sglang-4305-qwq32b-five-requests-53k-tokens-each/server.log": dict(
+        kinds={"decode": 7, "access": 1}, ver="<=0.4.9", status={"200": 1},  # SGLang's own prefix (TP0) behind the collector's stamp
+        first={"used_tokens": 266623, "token_usage": 0.61}, last={"used_tokens": 267823}, maxv={"running_reqs": 5}),
+    "cases/128-sglang-pr25741-chunked-prefill-half-empty-batches/server.log": dict(
+        kinds={"prefill": 4}, ver=">=0.5.11",
+        first={"prefill_new_tokens": 16384, "pending_tokens": 647168, "swa_token_usage": 0.05}, last={"full_token_usage": 0.11, "prefill_new_tokens": 8192}),
+    "cases/131-sglang-38846-mamba-state-cache-caps-running-9-of-32/server.log": dict(
+        kinds={"startup": 1}, cfg={"max_running_requests": 9}, events={"max_running_requests_reduced": 1}),
     "sglang-cpu-real/client-bound-low-occupancy/server.log": dict(
-        kinds={"startup": 7, "server_args": 1, "exception": 4, "prefill": 186, "access": 235, "decode": 317}, ver=">=0.5.13",
+        kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 186, "access": 235, "decode": 317}, ver=">=0.5.13",
         maxv={"running_reqs": 2}),
     "sglang-cpu-real/kv-full-retract/server.log": dict(
-        kinds={"startup": 7, "server_args": 1, "exception": 4, "prefill": 101, "access": 186, "decode": 160, "retraction": 9}, ver=">=0.5.13",
+        kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 101, "access": 186, "decode": 160, "retraction": 9}, ver=">=0.5.13",
         first={"running_reqs": 0, "used_tokens": 739}, maxv={"token_usage": 0.99, "queue_reqs": 35}, retracted=9),
     "sglang-cpu-real/long-queue/server.log": dict(
-        kinds={"startup": 7, "server_args": 1, "exception": 4, "prefill": 102, "access": 435, "decode": 317}, ver=">=0.5.13",
+        kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 102, "access": 435, "decode": 317}, ver=">=0.5.13",
         maxv={"running_reqs": 4, "queue_reqs": 36}),
     "sglang-cpu-real/medium-engine-bound-kv-full/server.log": dict(
-        kinds={"startup": 7, "server_args": 1, "exception": 4, "prefill": 15, "access": 80, "decode": 19, "retraction": 3}, ver=">=0.5.13",
+        kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 15, "access": 80, "decode": 19, "retraction": 3}, ver=">=0.5.13",
         maxv={"token_usage": 0.97}, retracted=3),
     "sglang-cpu-real/prefill-capped/server.log": dict(
-        kinds={"startup": 7, "server_args": 1, "exception": 4, "prefill": 2364, "access": 224, "decode": 10}, ver=">=0.5.13",
+        kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 2364, "access": 224, "decode": 10}, ver=">=0.5.13",
         maxv={"prefill_new_tokens": 128}),
 }
 
@@ -132,6 +177,8 @@ def test_real_log(data_dir: Path, rel: str) -> None:
         assert s is not None and want in [pytest.approx(v) for v in s.values], (key, rank)
     for key, want in exp.get("cfg", {}).items():
         assert tl.cfg(key) == (pytest.approx(want) if isinstance(want, float) else want), key
+    for kind, n in exp.get("events", {}).items():
+        assert len(tl.events_of(kind)) == n, kind
     if "retracted" in exp:
         assert sum(e.fields["retracted_reqs"] for e in tl.events_of("retraction")) == exp["retracted"]
     # every point points back at its line

@@ -28,7 +28,15 @@ def _series(tl: Timeline) -> dict:
 
 
 def _cases() -> list[str]:
-    return sorted(os.path.basename(p) for p in glob.glob(str(DATA / "cases" / "*")) if os.path.isdir(p))
+    return sorted(os.path.basename(p) for p in glob.glob(str(DATA / "cases" / "*")) if os.path.isfile(os.path.join(p, "server.log")))
+
+
+def test_a_folder_with_only_a_saved_exposition_points_at_metrics_file() -> None:
+    from diagnoser.bundle import BundleError
+
+    folder = DATA / "cases" / "110-sglang-pr1461-early-metrics-idle-healthy"
+    with pytest.raises(BundleError, match="use --metrics-file .*metrics.txt"):
+        collect_replay(str(folder), get_adapter("sglang"))
 
 
 @pytest.mark.parametrize("case", _cases() or ["(no data)"])

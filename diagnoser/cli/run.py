@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="sample for --duration, report once and exit")
     p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable), e.g. http://127.0.0.1:30000")
     p.add_argument("--log", action="append", default=[], help="server log file, or - for stdin (repeatable)")
+    p.add_argument("--metrics-file", action="append", default=[], metavar="PATH",
+                   help="a saved /metrics exposition (repeatable: successive scrapes of one server), or - for stdin")
     p.add_argument("--replay", help="replay a recorded bundle instead of live inputs")
     p.add_argument("--prometheus", help="read targets from a Prometheus server (fleet mode)")
     p.add_argument("--selector", default="", help="PromQL label selector for --prometheus, e.g. '{job=\"sglang\"}'")
@@ -133,8 +135,16 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
         from diagnoser.fleet import collect_prometheus
 
         return collect_prometheus(args, adapter)
+    if args.metrics_file:
+        if args.url:
+            raise UsageError("--metrics-file reads saved expositions: use it without --url (or drop it and scrape the server)")
+        if "-" in args.metrics_file and "-" in args.log:
+            raise UsageError("stdin can feed --metrics-file - or --log -, not both")
+        from diagnoser.collect import collect_files
+
+        return collect_files(adapter, args.metrics_file, args.log)
     if not args.url and not args.log:
-        raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin)")
+        raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin), or --metrics-file FILE")
     if args.url:
         from diagnoser.sources.http import url_problem
 

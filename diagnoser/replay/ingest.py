@@ -179,6 +179,8 @@ class ReplayIngest:
                     finish_report(self.adapter, reader)
                 inputs.append(reader.report)
                 version.merge(reader.parser.version)
+                if getattr(reader.parser, "first_stamp", None):
+                    tl.meta.setdefault("first_stamp", reader.parser.first_stamp)
                 if t.metrics is None:
                     p = reader.parser
                     tl.untimed = bool(p.untimed_lines) and not p.saw_date and p.untimed_lines >= reader.report.lines_recognized

@@ -102,7 +102,9 @@ def _load_directory(path: str) -> ReplaySource:
     logs = [os.path.join(root, n) for n in LOG_FILES if os.path.isfile(os.path.join(root, n))]
     if not scrapes and not logs:
         raise BundleError(
-            f"{root} has neither server.log nor metrics/*_<epoch>.prom; pass a run directory, a case folder or a bundle file."
+            f"{root} has neither server.log nor metrics/*_<epoch>.prom; pass a run directory, a case folder or a bundle file"
+            + (" (for its single saved exposition use --metrics-file " + os.path.join(root, "metrics.txt") + ")."
+               if os.path.isfile(os.path.join(root, "metrics.txt")) else ".")
         )
     target = root if scrapes else logs[0]
     t_first = scrapes[0][0] if scrapes else None

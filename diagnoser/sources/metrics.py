@@ -87,16 +87,20 @@ class MetricsTarget:
     last_duration_s: float = 0.0
     consecutive_failures: int = 0
     is_engine: bool | None = None
+    label: str = ""  # a saved exposition (``--metrics-file``): its path, shown instead of a URL
 
     def __post_init__(self) -> None:
-        self.url = base_url(self.url)
         if self.state is None:
             self.state = self.adapter.new_metrics_state()
+        if self.label:
+            self.report.source = self.label
+            return
+        self.url = base_url(self.url)
         self.report.source = display_url(self.url)
 
     @property
     def metrics_url(self) -> str:
-        return self.url + self.adapter.metrics_path
+        return self.label or self.url + self.adapter.metrics_path
 
     def ingest_text(self, text: str, ts: float, sink: SignalSink, fetched: Fetched | None = None, *, fast: bool = True) -> bool:
         """Parse and ingest one exposition. Returns False (with ``last_error`` set) if unusable.

@@ -70,6 +70,11 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "kv_evictable_tokens": ("tokens", "sum", "cached, unreferenced KV slots that can be evicted (0.5.11+)"),
     "paused_reqs": ("requests", "sum", "requests paused by async weight sync"),
     "grammar_queue_reqs": ("requests", "sum", "requests waiting for grammar compilation"),
+    "pd_bootstrap_reqs": ("requests", "sum", "PD prefill: requests waiting for the decode side's handshake (bootstrap queue)"),
+    "pd_inflight_reqs": ("requests", "sum", "PD prefill: prefilled requests whose KV is being sent to decode"),
+    "pd_prealloc_reqs": ("requests", "sum", "PD decode: requests waiting for KV space to be pre-allocated"),
+    "pd_transfer_reqs": ("requests", "sum", "PD decode: requests waiting for their KV to arrive"),
+    "pd_prealloc_usage": ("ratio", "max", "PD decode: share of the pool reserved for incoming transfers"),
 }
 
 

@@ -45,6 +45,10 @@ def flag(concept: str, version: Version | None = None) -> FlagSpelling:
         return FlagSpelling("--enable-dp-attention", "", "with --dp-size N")
     if concept == "hierarchical_cache":
         return FlagSpelling("--enable-hierarchical-cache", "")
+    if concept == "prefill_graph_max_tokens":  # the token cap of prefill (piecewise) CUDA graphs
+        if v >= (0, 5, 14):
+            return FlagSpelling("--cuda-graph-max-bs-prefill", "N", "prefill graphs replaced piecewise graphs in 0.5.14")
+        return FlagSpelling("--piecewise-cuda-graph-max-tokens", "N", "with --enable-piecewise-cuda-graph (0.5.6-0.5.13)")
     simple = {
         "mem_fraction_static": "--mem-fraction-static",
         "max_running_requests": "--max-running-requests",
@@ -68,6 +72,9 @@ def flag(concept: str, version: Version | None = None) -> FlagSpelling:
         "enable_metrics": "--enable-metrics",
         "max_total_tokens": "--max-total-tokens",
         "decode_log_interval": "--decode-log-interval",
+        "allow_auto_truncate": "--allow-auto-truncate",
+        "disaggregation_ib_device": "--disaggregation-ib-device",
+        "disaggregation_transfer_backend": "--disaggregation-transfer-backend",
     }
     if concept in simple:
         return FlagSpelling(simple[concept], "")

@@ -429,6 +429,8 @@ class BulkReader:
                 for (L, raw), b in zip(refs, before.tolist(), strict=True):
                     if b >= 0:
                         parser.saw_date = True
+                        if parser.first_stamp is None:
+                            parser.first_stamp = _day(float(ts[rows[0]]))
                         if rows[b] > last_state:
                             parser.last_ts = float(ts[rows[b]])
                     rec.cur = L
@@ -445,6 +447,8 @@ class BulkReader:
                 parser.sink = sink
         if len(rows):
             parser.saw_date = True
+            if parser.first_stamp is None:
+                parser.first_stamp = _day(float(ts[rows[0]]))
             if rows[-1] > last_state:
                 parser.last_ts = float(ts[rows[-1]])
             for kind, c in parsed["kinds"].items():
@@ -513,6 +517,13 @@ class BulkReader:
                 continue
             srcs = odd if odd is not None else [f"{name}:{k}" for k in lines.tolist()]
             _extend(sink, signal, rank, t_.tolist(), vals.tolist(), srcs)
+
+
+def _day(ts: float) -> str:
+    """``YYYY-MM-DD`` of an epoch time (UTC), as the reference parser keeps its first dated prefix."""
+    import time as _time
+
+    return _time.strftime("%Y-%m-%d", _time.gmtime(ts))
 
 
 class _NullSink:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from diagnoser.engines.sglang.logevents import TRIGGERS as EVENT_TRIGGERS
 from diagnoser.engines.sglang.versions import Version
 
 
@@ -62,9 +63,9 @@ _DECODE_FIELDS: dict[str, str | None] = {
     "#retracted-req": None,
     "#swa token": None,
     "mamba num": None,
-    "pre-allocated usage": None,
-    "#prealloc-req": None,
-    "#transfer-req": None,
+    "pre-allocated usage": "pd_prealloc_usage",
+    "#prealloc-req": "pd_prealloc_reqs",
+    "#transfer-req": "pd_transfer_reqs",
     "#host-receive-req": None,
     "largest-len": None,
     "waiting-image-req": None,
@@ -93,11 +94,11 @@ _PREFILL_FIELDS: dict[str, str | None] = {
     "cpu graph": None,
     "npu graph": None,
     "musa graph": None,
-    "#unbootstrapped-req": None,
-    "#transferring-req": None,
-    "#prealloc-req": None,
-    "#bootstrap-req": None,
-    "#inflight-req": None,
+    "#unbootstrapped-req": "pd_bootstrap_reqs",
+    "#transferring-req": "pd_inflight_reqs",
+    "#prealloc-req": "pd_bootstrap_reqs",  # PD prefill 0.5.3-0.5.11: the bootstrap queue (renamed #bootstrap-req)
+    "#bootstrap-req": "pd_bootstrap_reqs",
+    "#inflight-req": "pd_inflight_reqs",
     "#optimistic-req": None,
     "#replay-token": None,
     "time": None,
@@ -140,6 +141,21 @@ _HICACHE_AUTO_RE = _Lazy(
 )
 _NO_KV_MEM_RE = _Lazy(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
 
+# "max_running_requests is capped to 9 by the mamba state cache (max_mamba_cache_size=47, …). To raise it:
+# …"; "max_running_requests was reduced from requested 128 to 50" (the other forms of a cap set at start-up)
+_CAPPED_RE = _Lazy(
+    r"max_running_requests (?:is|was|has been) (?:capped|reduced|limited|clamped|lowered|adjusted|set)"
+    r"(?: from (?:requested |the requested )?(\d+))? to (\d+)"
+    r"(?:(?: by| because of| because| due to| for) (?:the )?([^(.;]+?))?\s*(?:\(([^)]*)\))?(?:[.;]|$)"
+)
+_FLAG_RE = _Lazy(r"(--[a-z][a-z0-9-]+)(?: (?!or\b|and\b|to\b|by\b)([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*))?")
+# GitHub markdown around a pasted line, kubectl --prefix, journald heads; trailing backslash / backticks
+_WRAP_HEAD_RE = _Lazy(
+    r"^(?:\s*>)+ ?|^\s*[-*+] (?=\[|\d{4}-)|^\s*`{1,3}(?=\S)|^\s+(?=\[\d{4}-)|^\[pod/[^\]\s]+\] ?"
+    r"|^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w./@-]+(?:\[\d+\])?: "
+)
+_WRAP_TAIL_RE = _Lazy(r"(?:\s*\\|\s*`{1,3}|\s*<br\s*/?>)\s*$")
+
 _NO_HIGH: Version = (99, 0, 0)
 
 # Every line the parser can recognise contains one of these substrings (case-sensitive). A line with
@@ -160,7 +176,7 @@ TRIGGERS: tuple[str, ...] = (
     "Capturing batches",
     "hierarchical",
     "HiCache",
-    "max_running_requests was reduced",
+    "max_running_requests ",
     "max_num_reqs",
     "Max running requests is reset",
     "HTTP/",
@@ -170,10 +186,11 @@ TRIGGERS: tuple[str, ...] = (
     "Cuda graph is disabled",
     "leak detected",
     "Health check failed",
-    "Scheduler hit an exception",
     "Traceback",
+    *EVENT_TRIGGERS,  # crash, request-limit and PD lines (logevents)
 )
 TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
+_EVENT_TRIGGER_RE = _Lazy("|".join(re.escape(t) for t in (*EVENT_TRIGGERS, "Traceback")))
 TRIGGER_BYTES_RE = _Lazy("|".join(re.escape(t) for t in TRIGGERS).encode())  # the bulk reader's
 
 # decode-line fields → the first version that prints them (reference §3.3); "=" marks one-release fields

@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from diagnoser.engines.sglang import logevents
 from diagnoser.engines.sglang.config import facts_from_args
 from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoch_day … re-exported)
     _ACCESS_RE,
@@ -28,9 +29,12 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _AVAIL_RE,
     _BARE_PREFIX_RE,
     _BATCH_RE,
+    _CAPPED_RE,
     _DECODE_FIELDS,
     _DECODE_SINCE,
     _DECODE_UNTIL,
+    _EVENT_TRIGGER_RE,
+    _FLAG_RE,
     _GRAPH_BS_RE,
     _GRAPH_END_BS_RE,
     _GRAPH_END_RE,
@@ -59,6 +63,8 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _SUFFIX_PREFIXES,
     _SUMMARY_RE,
     _TAG_RE,
+    _WRAP_HEAD_RE,
+    _WRAP_TAIL_RE,
     TRIGGER_BYTES_RE,
     TRIGGER_RE,
     TRIGGERS,
@@ -99,6 +105,9 @@ class SGLangLogParser:
         self._highs: list[Version] = []
         self._retract_seen: set[tuple[float, str, str]] = set()
         self.saw_date = False
+        self._pending: list[LogEvent] = []  # events of side lines read before any timestamp
+        self.first_stamp: str | None = None  # the date of the first dated prefix (YYYY-MM-DD), for the version bound
+        self._pd_seen: set[tuple[str, str, str]] = set()
 
     # -- version hints -------------------------------------------------------------------------
     def hint_at_least(self, v: Version, why: str) -> None:
@@ -134,6 +143,8 @@ class SGLangLogParser:
         date, hh, mm, ss, frac = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
         if date:
             self.saw_date = True
+            if self.first_stamp is None:
+                self.first_stamp = date
             day = self._day_cache.get(date)
             if day is None:
                 y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
@@ -182,7 +193,11 @@ class SGLangLogParser:
         if not TRIGGER_RE.search(line):
             return False
         line = line.rstrip("\r\n")
+        if line[:1] in _WRAP_FIRST or line[-1:] in _WRAP_LAST or line.startswith(_WRAP_STARTS):
+            line = unwrap(line)
         m = _PREFIX_RE.match(line)
+        if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
+            line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
         if m:
             ts = self._ts(m)
             tag_text = m.group(6) or ""
@@ -202,7 +217,14 @@ class SGLangLogParser:
             # strip Ray / compose prefixes even without a timestamp
             msg = _BARE_PREFIX_RE.sub("", msg)
             rank, tags = "", {}
-            ts = self._untimed_ts()
+            glog = logevents.glog_prefix(msg) if msg[:1] in "IWEF" else None
+            if glog is not None:  # a C++ library's glog line (Mooncake): its own time, no year
+                (mo, d, hh, mi, ss, frac), msg = glog
+                ts = self._glog_ts(mo, d, hh, mi, ss, frac)
+            elif logevents.is_side_line(msg):
+                ts = self._side_ts()
+            else:
+                ts = self._untimed_ts()
         src = f"{self.source_name}:{line_no}"
         return self._message(msg, ts, rank, tags, src, line_no)
 
@@ -212,6 +234,33 @@ class SGLangLogParser:
         base = self.last_ts if self.last_ts is not None else 0.0
         self.last_ts = base + 1.0
         return self.last_ts
+
+    def _side_ts(self) -> float:
+        """A traceback or allocator-state line without a stamp: it belongs to the line before it, so it
+        takes that line's time without moving the clock; before any stamp, its events wait for one."""
+        self.untimed_lines += 1
+        return self.last_ts if self.last_ts is not None else float("nan")
+
+    def _glog_ts(self, mo: int, d: int, hh: int, mi: int, ss: int, frac: float) -> float:
+        """A glog stamp (month and day, no year): the year of the last stamp, else NaN (its events wait)."""
+        if self.last_ts is None:
+            return float("nan")
+        import time as _time
+
+        year = _time.gmtime(self.last_ts).tm_year
+        try:
+            return epoch_day(year, mo, d) + hh * 3600 + mi * 60 + ss + frac
+        except (ValueError, OverflowError):
+            return self.last_ts
+
+    def emit_event(self, event: LogEvent) -> None:
+        """Write an event; one read before any timestamp (NaN time) is kept until :meth:`finish`, which
+        gives it the log's first time."""
+        if event.ts != event.ts:
+            if len(self._pending) < 10_000:
+                self._pending.append(event)
+            return
+        self.sink.add_event(event)
 
     def bulk(self) -> Any:
         """The chunk reader for backfilling large logs (same result as :meth:`feed`, much faster)."""
@@ -229,10 +278,17 @@ class SGLangLogParser:
 
     def finish(self) -> None:
         """Emit what is only known at the end of the log (one access-log summary event, once)."""
+        if self._pending:
+            span = getattr(self.sink, "span", None)
+            first = span()[0] if span is not None else None
+            t0 = float(first) if first is not None else 0.0
+            for e in self._pending:
+                self.emit_event(LogEvent(e.kind, t0, e.line_no, e.source, e.fields, e.rank))
+            self._pending = []
         if self.access_last is not None and not self._finished:
             self._finished = True
             ts, line_no = self.access_last
-            self.sink.add_event(LogEvent("access_summary", ts, line_no, f"{self.source_name}:{line_no}", self.access_summary()))
+            self.emit_event(LogEvent("access_summary", ts, line_no, f"{self.source_name}:{line_no}", self.access_summary()))
 
     def _message(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
         sink = self.sink
@@ -250,6 +306,9 @@ class SGLangLogParser:
                 return True
         if msg.startswith("new fill batch."):
             return self._old_fill(msg, ts, rank, src)
+        side = _EVENT_TRIGGER_RE.search(msg) is not None and logevents.read(self, msg, ts, rank, src, line_no)
+        if side and msg.startswith('File "'):
+            return True
         if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
             fields = _split_fields(msg)
             self._emit(fields, _DECODE_FIELDS, ts, rank, src)
@@ -263,7 +322,7 @@ class SGLangLogParser:
         if "out of memory" in msg:
             om = _OOM_RE.search(msg)
             if om:
-                sink.add_event(LogEvent("oom", ts, line_no, src, {"phase": om.group(1).lower(), "text": msg[:200]}, rank))
+                self.emit_event(LogEvent("oom", ts, line_no, src, {"phase": om.group(1).lower(), "text": msg[:200]}, rank))
                 self.kinds["oom"] += 1
                 return True
         if "max_total_num_tokens=" in msg:
@@ -271,7 +330,7 @@ class SGLangLogParser:
         if msg.startswith("server_args=ServerArgs(") or msg.startswith("server_args="):
             args = parse_server_args_repr(msg)
             facts_from_args(args, sink, src)
-            sink.add_event(LogEvent("server_args", ts, line_no, src, {"count": len(args)}, rank))
+            self.emit_event(LogEvent("server_args", ts, line_no, src, {"count": len(args)}, rank))
             self.kinds["server_args"] += 1
             return True
         if "KV Cache is allocated" in msg or "KV cache allocated" in msg:
@@ -323,7 +382,7 @@ class SGLangLogParser:
                 return True
             he = _HOST_MEM_ERR_RE.search(msg)
             if he:
-                sink.add_event(LogEvent("hicache_host_oom", ts, line_no, src, {"requested_gb": float(he.group(1)), "free_gb": float(he.group(2))}, rank))
+                self.emit_event(LogEvent("hicache_host_oom", ts, line_no, src, {"requested_gb": float(he.group(1)), "free_gb": float(he.group(2))}, rank))
                 self.kinds["oom"] += 1
                 return True
         if "max_running_requests was reduced" in msg:
@@ -331,7 +390,7 @@ class SGLangLogParser:
             if rr:
                 sink.set_config("max_running_requests_requested", int(rr.group(1)), src)
                 sink.set_config("max_running_requests", int(rr.group(2)), src)
-                sink.add_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": int(rr.group(1)), "effective": int(rr.group(2))}, rank))
+                self.emit_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": int(rr.group(1)), "effective": int(rr.group(2))}, rank))
                 self.kinds["startup"] += 1
                 return True
         if "max_num_reqs" in msg:
@@ -345,12 +404,12 @@ class SGLangLogParser:
             sm = _SPEC_RESET_RE.search(msg)
             if sm:
                 sink.set_config("max_running_requests", int(sm.group(1)), src)
-                sink.add_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": None, "effective": int(sm.group(1)), "reason": "speculative decoding"}, rank))
+                self.emit_event(LogEvent("max_running_requests_reduced", ts, line_no, src, {"requested": None, "effective": int(sm.group(1)), "reason": "speculative decoding"}, rank))
                 self.hint_at_least((0, 5, 5) if "You can override" in msg else (0, 5, 4), "speculative max-running-requests reset notice")
                 self.kinds["startup"] += 1
                 return True
         if "fired up and ready to roll" in msg:
-            sink.add_event(LogEvent("ready", ts, line_no, src, {}, rank))
+            self.emit_event(LogEvent("ready", ts, line_no, src, {}, rank))
             self.kinds["startup"] += 1
             return True
         if "mem-fraction-static" in msg:
@@ -366,7 +425,7 @@ class SGLangLogParser:
                 if nk:
                     sink.set_config("mem_fraction_static", float(nk.group(1)), src)
                     self.hint_at_least((0, 5, 14), "'Loaded weights leave no GPU memory' message")
-                sink.add_event(LogEvent("startup_oom", ts, line_no, src, {"text": msg[:200]}, rank))
+                self.emit_event(LogEvent("startup_oom", ts, line_no, src, {"text": msg[:200]}, rank))
                 self.kinds["oom"] += 1
                 return True
         if "larger than the profiled value" in msg:
@@ -381,18 +440,38 @@ class SGLangLogParser:
             self.kinds["startup"] += 1
             return True
         if "leak detected" in msg:
-            sink.add_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.emit_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
             self.kinds["leak"] += 1
             return True
         if "Health check failed" in msg:
-            sink.add_event(LogEvent("health_failed", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.emit_event(LogEvent("health_failed", ts, line_no, src, {"text": msg[:200]}, rank))
             self.kinds["health"] += 1
             return True
-        if "Scheduler hit an exception" in msg or msg.startswith("Traceback"):
-            sink.add_event(LogEvent("exception", ts, line_no, src, {"text": msg[:200]}, rank))
-            self.kinds["exception"] += 1
-            return True
-        return False
+        if msg.startswith("max_running_requests ") and not side:
+            cm = _CAPPED_RE.search(msg)
+            if cm:
+                return self._capped(msg, cm, ts, rank, src, line_no)
+        return bool(side)
+
+    def _capped(self, msg: str, cm: re.Match[str], ts: float, rank: str, src: str, line_no: int) -> bool:
+        """``max_running_requests is capped to 9 by the mamba state cache (…). To raise it: increase
+        --mamba-full-memory-ratio or …``: the effective cap, the reason and the levers the line names."""
+        requested = int(cm.group(1)) if cm.group(1) else None
+        effective = int(cm.group(2))
+        reason = (cm.group(3) or "").strip() or None
+        detail = cm.group(4)
+        levers = []
+        for fm in _FLAG_RE.finditer(msg[cm.end():]):
+            levers.append((fm.group(1), fm.group(2)))
+        self.sink.set_config("max_running_requests", effective, src)
+        if requested:
+            self.sink.set_config("max_running_requests_requested", requested, src)
+        fields: dict[str, Any] = {"requested": requested, "effective": effective, "reason": reason, "levers": levers}
+        if detail:
+            fields["detail"] = detail
+        self.emit_event(LogEvent("max_running_requests_reduced", ts, line_no, src, fields, rank))
+        self.kinds["startup"] += 1
+        return True
 
     # -- startup lines -------------------------------------------------------------------------
     def _kv_alloc(self, msg: str, src: str) -> bool:
@@ -577,7 +656,7 @@ class SGLangLogParser:
         if len(self._retract_seen) > 4096:
             self._retract_seen.clear()
             self._retract_seen.add(key)
-        self.sink.add_event(LogEvent("retraction", ts, line_no, src, fields, rank))
+        self.emit_event(LogEvent("retraction", ts, line_no, src, fields, rank))
         self.sink.add("retracted_reqs", ts, float(n), src, rank)
         if rm.group(5):
             self.sink.add("new_token_ratio", ts, float(rm.group(5)), src, rank)
@@ -614,3 +693,20 @@ class SGLangLogParser:
             self.hint_at_most((0, 4, 6), "summary line without available_gpu_mem")
         self.kinds["startup"] += 1
         return True
+
+
+_WRAP_FIRST = frozenset(">`-*+ \t")
+_WRAP_LAST = frozenset("\\`>")
+_WRAP_STARTS = ("[pod/", "Jan ", "Feb ", "Mar ", "Apr ", "May ", "Jun ", "Jul ", "Aug ", "Sep ", "Oct ", "Nov ", "Dec ")
+
+
+def unwrap(line: str) -> str:
+    """A line as pasted or shipped, without what was put around it: GitHub markdown (``> `` quotes,
+    list bullets, backticks, a trailing backslash or ``<br>``), ``kubectl logs --prefix``'s
+    ``[pod/NAME/CONTAINER]`` and a journald/syslog ``Mon DD HH:MM:SS host unit[pid]:`` head."""
+    prev = None
+    while prev != line:
+        prev = line
+        line = _WRAP_HEAD_RE.sub("", line, count=1)
+        line = _WRAP_TAIL_RE.sub("", line, count=1)
+    return line

@@ -26,6 +26,35 @@ def parse_version(text: str | None) -> Version | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
 
 
+# PyPI release dates of the sglang package (wheel upload days), for the bound a log's own date puts on
+# its version: a line stamped on day D was printed by a release published by D, or by a development
+# build of the next one
+RELEASES: tuple[tuple[Version, str], ...] = (
+    ((0, 3, 5), "2024-11-13"), ((0, 3, 6), "2024-11-22"), ((0, 4, 0), "2024-12-03"), ((0, 4, 1), "2024-12-25"),
+    ((0, 4, 2), "2025-01-27"), ((0, 4, 3), "2025-02-14"), ((0, 4, 4), "2025-03-13"), ((0, 4, 5), "2025-04-07"),
+    ((0, 4, 6), "2025-04-27"), ((0, 4, 7), "2025-06-10"), ((0, 4, 8), "2025-06-24"), ((0, 4, 9), "2025-07-06"),
+    ((0, 4, 10), "2025-07-31"), ((0, 5, 1), "2025-08-23"), ((0, 5, 2), "2025-09-11"), ((0, 5, 3), "2025-10-06"),
+    ((0, 5, 4), "2025-10-24"), ((0, 5, 5), "2025-11-06"), ((0, 5, 6), "2025-12-03"), ((0, 5, 7), "2026-01-01"),
+    ((0, 5, 8), "2026-01-23"), ((0, 5, 9), "2026-02-23"), ((0, 5, 10), "2026-04-05"), ((0, 5, 11), "2026-05-07"),
+    ((0, 5, 12), "2026-05-16"), ((0, 5, 13), "2026-06-11"), ((0, 5, 14), "2026-06-26"), ((0, 5, 15), "2026-07-10"),
+    ((0, 5, 16), "2026-07-25"), ((0, 5, 17), "2026-08-08"), ((0, 5, 18), "2026-08-21"), ((0, 5, 19), "2026-09-04"),
+    ((0, 5, 20), "2026-09-18"), ((0, 5, 21), "2026-10-01"), ((0, 5, 22), "2026-10-15"), ((0, 5, 23), "2026-10-30"),
+)
+FIRST_RELEASE_DAY = "2024-01-01"  # earlier stamps are a wrong clock, not an old SGLang
+
+
+def newest_on(day: str) -> tuple[Version, str] | None:
+    """The newest version a line stamped ``day`` (``YYYY-MM-DD``) can come from: the first release after
+    that day (a development build between releases is at most the next one), with its date; None when
+    the day is after the last known release or before SGLang existed (a wrong clock)."""
+    if day < FIRST_RELEASE_DAY:
+        return None
+    for v, when in RELEASES:
+        if when > day:
+            return v, when
+    return None
+
+
 def fmt(v: Version) -> str:
     return f"{v[0]}.{v[1]}.{v[2]}"
 
