@@ -86,10 +86,9 @@ def evaluate(
                 continue
             if out is None:
                 continue
-            if isinstance(out, list):
-                findings.extend(out)
-            else:
-                findings.append(out)
+            for f in out if isinstance(out, list) else [out]:
+                rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
+                findings.append(f)
     fleet_rules = [r for r in instances if r.scope == "fleet"]
     for rule in fleet_rules:
         cfg = dict(rule.defaults)

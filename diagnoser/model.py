@@ -78,6 +78,9 @@ class Finding:
     docs: str = ""
     state: str = "firing"  # pending / firing / resolved (hysteresis in live mode)
     notes: list[str] = field(default_factory=list)
+    # what the finding stands on: {"readings": n, "span_s": s, "signal": name} for readings of a signal,
+    # {"events": n, "kind": kind} for log events, {"startup": True} for startup lines / config alone
+    basis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,7 +94,27 @@ class Finding:
             "docs": self.docs,
             "state": self.state,
             "notes": list(self.notes),
+            "basis": dict(self.basis),
         }
+
+
+def basis_text(basis: dict[str, Any]) -> str:
+    """``on 1 reading``, ``on 8 readings over 9 s``, ``on 2 log events``, ``on startup lines alone``."""
+    if not basis:
+        return ""
+    if "readings" in basis:
+        n = int(basis["readings"])
+        span = basis.get("span_s")
+        text = f"on {n} reading{'' if n == 1 else 's'}"
+        if n > 1 and isinstance(span, int | float) and span > 0:
+            text += f" over {span:.0f} s" if span < 600 else f" over {span / 60:.0f} min"
+        return text
+    if "events" in basis:
+        n = int(basis["events"])
+        return f"on {n} log event{'' if n == 1 else 's'}" + (f" ({basis['kind']})" if basis.get("kind") else "")
+    if basis.get("startup"):
+        return "on startup lines and configuration alone (no load readings)"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from diagnoser.model import basis_text
+
 WIDTH = 80
 HEADLINE = [
     ("running_reqs", "running", "{:.0f}"),
@@ -105,10 +107,11 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
         out.append(f"Findings ({len(findings)})")
         for f in findings:
             mark = SEV_MARK.get(f["severity"], f["severity"])
-            head = f"[{mark}] {f['rule']} ({f['confidence']} confidence)"
+            on = basis_text(f.get("basis") or {})
+            head = f"[{mark}] {f['rule']} ({f['confidence']} confidence{', ' + on if on else ''})"
             if len(doc.get("signals", {})) > 1:
                 head += f" · {f['target']}"
-            out.append(head[:WIDTH])
+            out.extend(_wrap(head, "    ", ""))
             out.extend(_wrap(f["summary"], "    "))
             if f.get("evidence"):
                 for e in f["evidence"][: (None if verbose else 4)]:

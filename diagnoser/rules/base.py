@@ -116,6 +116,50 @@ class RuleContext:
         return hit  # type: ignore[no-any-return]
 
 
+WINDOW_READINGS = 5  # readings of a signal from which a finding stands on a window, not on a snapshot
+
+
+def readings_confidence(n: int) -> str:
+    """The most confidence readings allow: low for one, medium for a few, high for a window."""
+    return "low" if n <= 1 else "medium" if n < WINDOW_READINGS else "high"
+
+
+def min_confidence(a: str, b: str) -> str:
+    order = {"low": 0, "medium": 1, "high": 2}
+    return a if order.get(a, 0) <= order.get(b, 0) else b
+
+
+def readings_basis(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any]:
+    """``{"readings": n, "span_s": s, "signal": signal}`` for one series of the window (empty when absent)."""
+    s = ctx.series(signal, rank)
+    if s is None:
+        return {}
+    n = len(s)
+    b = s.bounds()
+    span = None if b is None or ctx.timeline.untimed else round(float(b[1] - b[0]), 1)
+    return {"readings": n, "span_s": span, "signal": signal if not rank else f"{signal}[{rank}]"}
+
+
+def default_basis(ctx: RuleContext, signals: tuple[str, ...], kinds: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The basis of a finding: the readings of the most-read of ``signals``, else the log events of
+    ``kinds``, else startup lines (the window has no load reading)."""
+    best: dict[str, Any] = {}
+    if not signals and not kinds:
+        return best
+    for name in signals:
+        got = readings_basis(ctx, name)
+        if got and got["readings"] > best.get("readings", 0):
+            best = got
+    if best:
+        return best
+    evs = [e for k in kinds for e in ctx.events_of(k)]
+    if evs:
+        return {"events": len(evs), "kind": kinds[0] if len(kinds) == 1 else ", ".join(sorted({e.kind for e in evs}))}
+    if not any(ctx.series(s) is not None for s in ("running_reqs", "queue_reqs", "token_usage")):
+        return {"startup": True}
+    return {}
+
+
 def fast_summary(values: list[float]) -> dict[str, Any]:
     """:func:`diagnoser.timeline.summarize` computed with numpy (same linear quantiles; tested equal)."""
     if len(values) < 64:
@@ -174,6 +218,11 @@ class Rule:
     threshold_help: ClassVar[dict[str, str]] = {}
     for_seconds: ClassVar[float] = 60.0  # live hysteresis: how long the condition must hold
     scope: ClassVar[str] = "target"  # "target" or "fleet"
+    # the signals a finding judges (its basis: how many readings over how long) and the log events
+    # it can stand on; a rule may also give its finding's basis itself
+    reads: ClassVar[tuple[str, ...]] = ()
+    events: ClassVar[tuple[str, ...]] = ()
+    note: ClassVar[bool] = False  # a note about the inputs: never raises the exit status on its own
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -228,6 +277,7 @@ class Rule:
         confidence: str = "medium",
         severity: Severity | None = None,
         notes: list[str] | None = None,
+        basis: dict[str, Any] | None = None,
     ) -> Finding:
         return Finding(
             rule=self.name,
@@ -239,7 +289,18 @@ class Rule:
             suggestions=list(suggestions or []),
             docs=self.docs_ref(),
             notes=list(notes or []),
+            basis=dict(basis or {}),
         )
+
+    def settle_basis(self, ctx: RuleContext, f: Finding) -> None:
+        """Give a finding its basis (when the rule did not) and cap its confidence by it: a finding read
+        from one reading is at most low confidence, from a few at most medium (:func:`readings_confidence`).
+        A basis of log events or startup lines is what SGLang itself printed: it is not capped."""
+        if not f.basis:
+            f.basis = default_basis(ctx, self.reads or self.needs, self.events)
+        n = f.basis.get("readings")
+        if isinstance(n, int) and not f.basis.get("uncapped"):
+            f.confidence = min_confidence(f.confidence, readings_confidence(n))
 
 
 def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: str = "last", rank: str = "", window: str | None = None) -> Evidence:

@@ -1,33 +1,44 @@
-"""Too little was read to judge the server's load.
+"""A note on what the findings stand on: few or no load readings, or a server that was idle.
 
 What it detects:
-    A target with fewer than ``min_points`` (3) readings of every load signal (``running_reqs``,
-    ``queue_reqs``, ``token_usage``): warning when there is none at all (only startup lines, or a log of
-    something else), info when there are a few. Unreachable targets are left to ``source_unreachable``.
+    A target whose window holds fewer than ``min_points`` (3) readings of every load signal
+    (``running_reqs``, ``queue_reqs``, ``token_usage``): none at all (startup lines, a traceback, a log of
+    something else) or a few (one pasted line, one scrape). Also a server that was idle in every
+    reading: nothing running and nothing waiting (healthy-idle). Always info: a note, never a verdict.
+    It never raises the exit status on its own (``diagnose`` exits 1 only for another finding at or
+    above ``--fail-on``). Unreachable targets are left to ``source_unreachable``.
 
 Why it matters:
-    Rules need a window: one or two readings cannot show a persistent queue, a pinned pool or a trend.
-    Saying so is better than a confident verdict from nothing.
+    The other rules judge what is there: one reading can show a full pool with a queue, a startup line
+    a slot cap. Their confidence says how much there was (low for one reading, medium for a few, high
+    for a window; every finding shows its readings). This note says what a longer window would add,
+    and that an idle server has nothing to diagnose under load.
 
 Evidence:
-    The number of readings of each load signal, lines read and recognised.
+    The number of readings of each load signal, lines read and recognised, scrapes.
 
 Fix:
-    Sample longer (``--duration 60s``), pass the full server log (``--log``) including the Decode/Prefill
-    batch lines, or scrape ``/metrics`` with ``--url``. Logs need ``--log-level info`` for the batch lines.
+    Nothing to fix. For a firmer diagnosis sample longer (``--duration 60s``), pass the full server log
+    (``--log``, at ``--log-level info`` for the batch lines), or scrape ``/metrics`` with ``--url``;
+    for an idle server, send it the load you want judged.
 
 Known false positives:
-    An idle server legitimately produces few lines; then there is nothing to diagnose.
+    None: it is a statement about the inputs.
 
 References:
-    ../shared/reference/sglang.md §3.6 (cadence: a decode line every 40 steps, idle gauges every ~30 s),
-    §10 (what each source can show); case 035-sglang-30160 (two startup lines, no load readings).
+    SGLang's scheduler prints a Decode batch line every ``--decode-log-interval`` (40) decode steps and
+    a Prefill batch line per prefill batch (``python/sglang/srt/managers/scheduler_metrics_mixin.py`` at
+    v0.5.23); idle gauges are refreshed about every 30 s. Cases 035-sglang-30160 (two startup lines),
+    110-sglang-pr1461 (one idle scrape).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext
+from diagnoser.rules.columns import arrays
 
 LOAD = ("running_reqs", "queue_reqs", "token_usage")
 
@@ -35,11 +46,13 @@ LOAD = ("running_reqs", "queue_reqs", "token_usage")
 class InsufficientData(Rule):
     name = "insufficient_data"
     code = "IN03"
-    title = "Not enough data"
-    severity = Severity.WARNING
+    title = "Few readings (a note)"
+    severity = Severity.INFO
     for_seconds = 0.0
+    note = True
+    reads = LOAD
     defaults = {"min_points": 3}
-    threshold_help = {"min_points": "fewest readings of some load signal needed to judge"}
+    threshold_help = {"min_points": "fewer readings of every load signal than this make the note"}
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         from diagnoser.rules.in01_source_unreachable import target_error
@@ -48,7 +61,8 @@ class InsufficientData(Rule):
             return None
         counts = {s: len(ctx.series(s) or []) for s in LOAD}
         best = max(counts.values())
-        if best >= ctx.thresholds["min_points"]:
+        idle = best > 0 and self._idle(ctx)
+        if best >= ctx.thresholds["min_points"] and not idle:
             return None
         read = sum(i.lines_read for i in ctx.timeline.inputs if i.kind == "log")
         rec = sum(i.lines_recognized for i in ctx.timeline.inputs if i.kind == "log")
@@ -59,8 +73,30 @@ class InsufficientData(Rule):
             what.append(f"{rec} of {read} log lines recognised")
         if scrapes:
             what.append(f"{scrapes} scrape(s)")
-        sev = Severity.WARNING if best == 0 else Severity.INFO
-        summary = (f"Only {best} reading(s) of the load signals (running, queue, token usage)" + (f" ({', '.join(what)})" if what else "")
-                   + ": too little to judge the load over time.")
-        return self.finding(ctx, summary, evs, [], confidence="high", severity=sev,
-                            notes=["Sample longer (--duration 60s), pass the full server log with its Decode/Prefill batch lines, or scrape /metrics with --url."])
+        inputs = f" ({', '.join(what)})" if what else ""
+        notes = ["For a firmer diagnosis sample longer (--duration 60s), pass the full server log with its Decode/Prefill batch lines, or scrape /metrics with --url."]
+        if idle:
+            summary = (f"The server was idle in all {best} reading(s){inputs}: nothing running and nothing waiting. "
+                       "Healthy-idle: there is no load to diagnose.")
+            notes = ["Send the load you want judged, then diagnose again (or pass the log of a busy period)."]
+        elif best == 0:
+            summary = (f"No load reading (running, queue, token usage){inputs}: the findings stand on startup lines, "
+                       "configuration and log events alone.")
+        else:
+            summary = (f"Only {best} reading(s) of the load signals{inputs}: the findings judge what is there, "
+                       "at lower confidence (low for one reading, medium for a few).")
+        return self.finding(ctx, summary, evs, [], confidence="high", severity=Severity.INFO, notes=notes,
+                            basis={"readings": best, "uncapped": True} if best else {"startup": True})
+
+    @staticmethod
+    def _idle(ctx: RuleContext) -> bool:
+        """Nothing running and nothing waiting in any reading (a server with no load)."""
+        seen = False
+        for s in ("running_reqs", "queue_reqs", "pd_bootstrap_reqs", "pd_inflight_reqs", "pd_prealloc_reqs", "pd_transfer_reqs"):
+            got = arrays(ctx, s)
+            if got is None or not len(got[1]):
+                continue
+            seen = True
+            if bool(np.any(got[1] > 0)):
+                return False
+        return seen

@@ -99,9 +99,19 @@ def test_metrics_disabled_from_server_args_is_info() -> None:
 def test_insufficient_data_boundary() -> None:
     assert run(InsufficientData, window(running_reqs=[1, 2, 3])) is None
     f = run(InsufficientData, window(running_reqs=[1, 2]))
-    assert f is not None and f.severity == Severity.INFO
+    assert f is not None and f.severity == Severity.INFO and "Only 2 reading(s)" in f.summary
     tl = window()
     tl.inputs.append(InputReport(kind="log", source="x.log", lines_read=2, lines_recognized=2))
     f = run(InsufficientData, tl)
-    assert f is not None and f.severity == Severity.WARNING and "2 of 2 log lines" in f.summary
+    # a note, never a verdict: no reading at all is still info (the findings stand on startup lines)
+    assert f is not None and f.severity == Severity.INFO and "2 of 2 log lines" in f.summary and "No load reading" in f.summary
     assert run(InsufficientData, tl, extras={"unreachable": {"t": "refused"}}) is None
+
+
+def test_insufficient_data_calls_an_idle_server_healthy_idle() -> None:
+    f = run(InsufficientData, window(running_reqs=[0] * 20, queue_reqs=[0] * 20, token_usage=[0.0] * 20))
+    assert f is not None and f.severity == Severity.INFO and "Healthy-idle" in f.summary
+    assert run(InsufficientData, window(running_reqs=[0] * 19 + [1], queue_reqs=[0] * 20)) is None  # it ran something
+    # requests waiting in a PD bootstrap queue are not idle
+    f = run(InsufficientData, window(running_reqs=[0] * 5, queue_reqs=[0] * 5, pd_bootstrap_reqs=[40] * 5))
+    assert f is None
