@@ -110,7 +110,7 @@ class Planner:
         limits_new = {"the KV pool": kv_now * ratio, "max_running_requests": slot_new, client_name: client}
         l_now = min(kv_now, slot_now, client)
         l_new = min(limits_new.values())
-        if l_now == inf or l_new == inf:
+        if l_now == inf or l_new == inf or l_now <= 0:  # nothing runs now (e.g. a PD prefill server waiting on bootstraps)
             return run0
         binding = min(limits_new, key=lambda k: limits_new[k])
         sc.limit = binding if "(" in binding else f"{binding} ({limits_new[binding]:,.0f})"

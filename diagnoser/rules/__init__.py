@@ -11,6 +11,7 @@ from diagnoser.rules.ca01_low_cache_hit import LowCacheHit
 from diagnoser.rules.cg01_cuda_graph_disabled_or_exceeded import CudaGraphDisabledOrExceeded
 from diagnoser.rules.dp01_dp_imbalance import DPImbalance
 from diagnoser.rules.er01_oom import OOM
+from diagnoser.rules.er02_engine_crash import EngineCrash
 from diagnoser.rules.fl01_replica_imbalance import ReplicaImbalance
 from diagnoser.rules.fl02_config_drift import ConfigDrift
 from diagnoser.rules.in01_source_unreachable import SourceUnreachable
@@ -18,8 +19,10 @@ from diagnoser.rules.in02_metrics_disabled import MetricsDisabled
 from diagnoser.rules.in03_insufficient_data import InsufficientData
 from diagnoser.rules.kv01_kv_saturation import KVSaturation
 from diagnoser.rules.kv02_kv_retraction import KVRetraction
+from diagnoser.rules.kv03_kv_pool_too_small import KVPoolTooSmall
 from diagnoser.rules.oc01_low_batch_occupancy import LowBatchOccupancy
 from diagnoser.rules.oc02_client_bound import ClientBound
+from diagnoser.rules.pd01_pd_transfer import PDTransfer
 from diagnoser.rules.pf01_prefill_stall import PrefillStall
 from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference
 from diagnoser.rules.qu01_queue_buildup import QueueBuildup
@@ -30,6 +33,7 @@ from diagnoser.rules.sp01_low_spec_acceptance import LowSpecAcceptance
 REGISTRY: list[type[Rule]] = [
     KVSaturation,
     KVRetraction,
+    KVPoolTooSmall,
     QueueBuildup,
     LowBatchOccupancy,
     ClientBound,
@@ -40,7 +44,9 @@ REGISTRY: list[type[Rule]] = [
     LowCacheHit,
     DPImbalance,
     PrefillDecodeInterference,
+    PDTransfer,
     OOM,
+    EngineCrash,
     RunawayGeneration,
     SourceUnreachable,
     MetricsDisabled,

@@ -7,6 +7,12 @@ What it detects:
     eager one, unless the config names it). When no decode ran on a graph and the config says graphs
     are disabled, they are disabled. Warning when at least ``eager_share`` (20 %) of busy decode
     readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
+    Before load (start-up lines or server args only, or fewer than a window of decode readings): the
+    captured maximum (a full ``Capture cuda graph bs [...]`` list, ``Capture target decode CUDA graph
+    end. bs=[...]``, ``--cuda-graph-max-bs``) at or below ``startup_share`` (25 %) of what the server can
+    run — the smaller of the effective ``max_running_requests`` and the requests the pool holds at
+    ``startup_tokens_per_request`` (2,048) tokens each. Warning when even requests of the full context
+    length would outnumber the captured maximum (certain), or at half that share; info otherwise.
 
 Why it matters:
     A captured graph replays a whole decode step with one launch; eager mode pays kernel-launch and
@@ -34,7 +40,17 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, slot_cap, suggest
+from diagnoser.rules.base import (
+    WINDOW_READINGS,
+    Rule,
+    RuleContext,
+    evidence,
+    fmt_int,
+    next_pow2,
+    pool_tokens,
+    slot_cap,
+    suggest,
+)
 from diagnoser.rules.columns import pairs
 from diagnoser.timeline import quantile
 
@@ -44,10 +60,13 @@ class CudaGraphDisabledOrExceeded(Rule):
     code = "CG01"
     title = "Decode without CUDA graphs"
     severity = Severity.WARNING
-    defaults = {"eager_share": 0.2, "min_points": 2}
+    reads = ("cuda_graph",)
+    defaults = {"eager_share": 0.2, "min_points": 1, "startup_share": 0.25, "startup_tokens_per_request": 2048}
     threshold_help = {
         "eager_share": "share of busy decode readings run eagerly that makes it a warning",
-        "min_points": "fewest busy decode readings needed",
+        "min_points": "fewest busy decode readings needed (one reading judges, at low confidence)",
+        "startup_share": "captured maximum at or below this share of what the server can run is far below it (start-up path)",
+        "startup_tokens_per_request": "tokens per request assumed to count the requests the pool holds (start-up path)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
@@ -60,11 +79,11 @@ class CudaGraphDisabledOrExceeded(Rule):
         if len(pts) < t["min_points"]:
             if disabled_cfg:
                 return self._disabled(ctx, None)
-            return None
+            return self._startup(ctx)
         eager = [p for p in pts if p[1] < 0.5]
         graph = [p for p in pts if p[1] >= 0.5]
         if not eager:
-            return None
+            return self._startup(ctx) if len(pts) < WINDOW_READINGS else None
         eshare = len(eager) / len(pts)
         sev = Severity.WARNING if eshare >= t["eager_share"] else Severity.INFO
         if not graph:
@@ -100,6 +119,44 @@ class CudaGraphDisabledOrExceeded(Rule):
         summary = (f"{len(eager)} of {len(pts)} busy decode readings ran without a CUDA graph at batch sizes that also ran on a graph "
                    f"({min_off:.0f}–{max(p[2] for p in eager):.0f}); the cause is not the captured maximum.")
         return self.finding(ctx, summary, evs, [], confidence="low", severity=Severity.INFO)
+
+    def _startup(self, ctx: RuleContext) -> Finding | None:
+        """Before any (or much) load: the captured maximum (a full ``Capture cuda graph bs [...]`` list, a
+        ``... CUDA graph end. bs=[...]`` line, or the server args) far below both the slot cap and what the
+        pool holds means every batch above it will run without a graph once load arrives."""
+        t = ctx.thresholds
+        captured = ctx.cfg("cuda_graph_max_bs_captured") or ctx.cfg("arg.cuda_graph_max_bs") or ctx.cfg("arg.cuda_graph_max_bs_decode")
+        if not isinstance(captured, int | float) or isinstance(captured, bool) or captured <= 0:
+            return None
+        cap, cap_src = slot_cap(ctx)
+        pool, pool_src = pool_tokens(ctx)
+        if not cap or not pool:
+            return None
+        per = int(t["startup_tokens_per_request"])
+        fit = int(pool / per)
+        reach = min(cap, fit)
+        if captured > t["startup_share"] * reach:
+            return None
+        ctx_len = ctx.cfg("context_len")
+        certain = isinstance(ctx_len, int | float) and ctx_len > 0 and captured < min(cap, pool / ctx_len)
+        src = ctx.timeline.cfg_source("cuda_graph_max_bs_captured") or ctx.timeline.cfg_source("arg.cuda_graph_max_bs") or ctx.timeline.cfg_source("arg.cuda_graph_max_bs_decode")
+        evs = [evidence("largest captured decode batch", int(captured), f"<= {t['startup_share']:.0%} of {reach}", "", src),
+               evidence("max_running_requests (effective)", cap, None, "", cap_src),
+               evidence(f"requests the pool holds at {per:,} tokens each", fit, None, "", pool_src)]
+        proposed = min(512, next_pow2(reach))
+        summary = (f"CUDA graphs are captured only up to batch {int(captured)}, while the server admits up to {cap} requests and the pool "
+                   f"holds about {fmt_int(fit)} at {per:,} tokens each: under load every decode batch above {int(captured)} runs without a graph.")
+        sugg = []
+        if proposed > captured:
+            sugg.append(suggest(ctx, "cuda_graph_max_bs", int(captured), proposed,
+                                f"the captured maximum ({int(captured)}) is far below the batches the server can run ({reach})",
+                                "batches up to the new maximum replay a captured graph instead of launching kernels one by one",
+                                (f"requests average about {per:,} KV tokens (prompt + output); the operating batch reaches this size",
+                                 "enough free memory for the extra captured sizes (each costs some; SGLang's own auto maximum goes up to 512)")))
+        notes = ["Judged from start-up lines: no decode reading shows the batch yet. This will limit decode speed under load."]
+        return self.finding(ctx, summary, evs, sugg, confidence="medium" if certain else "low",
+                            severity=Severity.WARNING if certain or captured <= t["startup_share"] / 2 * reach else Severity.INFO,
+                            notes=notes, basis={"startup": True})
 
     def _disabled(self, ctx: RuleContext, eager: tuple[float, list] | None, sev: Severity = Severity.WARNING) -> Finding:  # type: ignore[type-arg]
         reason = ctx.cfg("cuda_graph_disabled_reason")

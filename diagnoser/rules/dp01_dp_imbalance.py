@@ -2,9 +2,11 @@
 
 What it detects:
     Per-DP-rank series (``dp_rank`` label, ``DPn`` log prefix): the mean running requests (else used
-    tokens) of each rank. Fires when the busiest rank's mean is at least ``max_ratio`` (1.5) times the
-    mean over ranks, with a mean of at least ``min_mean`` (2) requests, or when one rank queues
-    requests while another has half its load or less.
+    tokens), waiting requests and generation throughput of each rank. Fires when the busiest rank's
+    mean is at least ``max_ratio`` (1.5) times the mean over ranks — with a mean of at least
+    ``min_mean`` (2) running requests, ``min_queue`` (4) waiting or ``min_gen_tps`` (10) tokens/s — or
+    when one rank queues requests while another has half its load or less. One scrape (one reading
+    per rank) is enough, at low confidence.
 
 Why it matters:
     Under DP attention every rank waits for the slowest at each MLP sync: one overloaded rank sets the
@@ -33,7 +35,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence
+from diagnoser.rules.base import Rule, RuleContext, evidence, readings_basis
 
 
 class DPImbalance(Rule):
@@ -41,23 +43,32 @@ class DPImbalance(Rule):
     code = "DP01"
     title = "DP ranks unbalanced"
     severity = Severity.WARNING
-    defaults = {"max_ratio": 1.5, "min_mean": 2.0, "min_points": 2, "min_ranks": 2}
+    reads = ("running_reqs",)
+    defaults = {"max_ratio": 1.5, "min_mean": 2.0, "min_queue": 4.0, "min_gen_tps": 10.0, "min_points": 1, "min_ranks": 2}
     threshold_help = {
         "max_ratio": "busiest rank's mean over the mean of all ranks at or above this is imbalanced",
         "min_mean": "mean running requests per rank below this is too idle to judge",
-        "min_points": "fewest readings per rank",
+        "min_points": "fewest readings per rank (one scrape judges, at low confidence)",
+        "min_queue": "mean waiting requests per rank below this are too few to judge a queue imbalance",
+        "min_gen_tps": "mean generation throughput per rank below this is too idle to judge",
         "min_ranks": "fewest DP ranks",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        signal = "running_reqs"
+        found = self._judge(ctx, "running_reqs")
+        if found is None and len([r for r in ctx.ranks("running_reqs") if r.startswith("dp")]) < t["min_ranks"]:
+            found = self._judge(ctx, "used_tokens")
+        for signal in ("queue_reqs", "gen_throughput_tps"):
+            if found is None:
+                found = self._judge(ctx, signal)
+        return found
+
+    def _judge(self, ctx: RuleContext, signal: str) -> Finding | None:
+        t = ctx.thresholds
         ranks = [r for r in ctx.ranks(signal) if r.startswith("dp")]
         if len(ranks) < t["min_ranks"]:
-            signal = "used_tokens"
-            ranks = [r for r in ctx.ranks(signal) if r.startswith("dp")]
-            if len(ranks) < t["min_ranks"]:
-                return None
+            return None
         means: dict[str, float] = {}
         for r in ranks:
             st = ctx.stats(signal, r)
@@ -66,22 +77,27 @@ class DPImbalance(Rule):
         if len(means) < t["min_ranks"]:
             return None
         avg = sum(means.values()) / len(means)
-        if signal == "running_reqs" and avg < t["min_mean"]:
-            return None
-        if avg <= 0:
+        floor = {"running_reqs": t["min_mean"], "queue_reqs": t["min_queue"], "gen_throughput_tps": t["min_gen_tps"]}.get(signal, 0.0)
+        if avg < floor or avg <= 0:
             return None
         hi = max(means, key=lambda r: means[r])
         lo = min(means, key=lambda r: means[r])
         ratio = means[hi] / avg
-        queued = {r: ctx.stats("queue_reqs", r)["max"] or 0 for r in means}
-        q_skew = any(queued[r] > 0 for r in means) and means[lo] <= 0.5 * means[hi] and queued[lo] == 0
+        q_skew = False
+        if signal == "running_reqs":
+            queued = {r: ctx.stats("queue_reqs", r)["max"] or 0 for r in means}
+            q_skew = any(queued[r] > 0 for r in means) and means[lo] <= 0.5 * means[hi] and queued[lo] == 0
         if ratio < t["max_ratio"] and not q_skew:
             return None
         hs, ls = ctx.series(signal, hi), ctx.series(signal, lo)
         evs = [evidence(f"{signal}[{hi}] mean", round(means[hi], 1), f">= {t['max_ratio']} x mean", ctx.window_text(), hs.last_source() if hs else ""),
                evidence(f"{signal}[{lo}] mean", round(means[lo], 1), None, ctx.window_text(), ls.last_source() if ls else ""),
                evidence("max / mean over ranks", round(ratio, 2), t["max_ratio"], ctx.window_text(), "")]
-        summary = (f"Across {len(means)} DP ranks the mean {signal.replace('_', ' ')} ranged from {means[lo]:.1f} ({lo}) to {means[hi]:.1f} ({hi}); "
+        label = {"running_reqs": "running requests", "used_tokens": "used KV tokens", "queue_reqs": "waiting requests",
+                 "gen_throughput_tps": "generation throughput (tok/s)"}.get(signal, signal)
+        summary = (f"Across {len(means)} DP ranks the mean {label} ranged from {means[lo]:.1f} ({lo}) to {means[hi]:.1f} ({hi}); "
                    f"the busiest rank carries {ratio:.2f}x the average" + ("; a rank queued requests while another had half the load or less" if q_skew else "") + ".")
-        return self.finding(ctx, summary, evs, [], confidence="medium" if min(ctx.stats(signal, r)["n"] for r in means) >= 5 else "low",
+        fewest = min(ctx.stats(signal, r)["n"] for r in means)
+        basis = dict(readings_basis(ctx, signal, min(means, key=lambda r: ctx.stats(signal, r)["n"])), signal=f"{signal} per DP rank")
+        return self.finding(ctx, summary, evs, [], confidence="medium" if fewest >= 5 else "low", basis=basis,
                             notes=["Balance the dispatch: the DP controller's load-balance method (shortest queue / fewest tokens) or the router's cache-aware policy."])

@@ -6,6 +6,8 @@ What it detects:
     pool is nearly full (mean ``token_usage`` >= ``hot_usage``, default 0.9), or the running batch sits
     at the known ``max_running_requests`` — while others have room: nothing waits (mean queue <
     ``cold_queue``) and their KV use stays below ``cold_usage`` (default 0.5). It names both sets.
+    One sample per replica is enough to judge, at low confidence (medium from a few, high from a
+    window): a Prometheus with seconds of history names the saturated replica.
 
 Why it matters:
     Each replica schedules only the requests the router sends it. If the router (or a client pinned to
@@ -41,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule
+from diagnoser.rules.base import WINDOW_READINGS, Rule, min_confidence, readings_confidence
 from diagnoser.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -78,14 +80,14 @@ class ReplicaImbalance(Rule):
     severity = Severity.WARNING
     scope = "fleet"
     needs = ("queue_reqs", "running_reqs")
-    defaults = {"min_replicas": 2, "hot_queue": 1.0, "hot_usage": 0.9, "cold_queue": 0.5, "cold_usage": 0.5, "min_points": 2, "slot_share": 0.9}
+    defaults = {"min_replicas": 2, "hot_queue": 1.0, "hot_usage": 0.9, "cold_queue": 0.5, "cold_usage": 0.5, "min_points": 1, "slot_share": 0.9}
     threshold_help = {
         "min_replicas": "fewest replicas of a model with data to compare",
         "hot_queue": "mean waiting requests at or above which a replica is under pressure",
         "hot_usage": "mean KV token usage at or above which a replica is under pressure (0-1)",
         "cold_queue": "mean waiting requests below which a replica has room",
         "cold_usage": "mean KV token usage below which a replica has room (0-1)",
-        "min_points": "fewest running_reqs points a replica needs to be judged",
+        "min_points": "fewest running_reqs points a replica needs to be judged (one sample judges, at low confidence)",
         "slot_share": "running / max_running_requests at or above which a replica is full (when known)",
     }
 
@@ -173,5 +175,11 @@ class ReplicaImbalance(Rule):
             notes.append("Headroom counts free KV tokens only: max_running_requests is not in /metrics, so the slot limit "
                          "of the replicas with room is unknown.")
         conf = "high" if any((r.queue or 0) >= cfg["hot_queue"] for r in hot) else "medium"
+        fewest = min(len(by_target[r.target].get("running_reqs") or []) for r in hot + cold)
+        conf = min_confidence(conf, readings_confidence(fewest))  # one sample per replica: low
+        if fewest < WINDOW_READINGS:
+            notes.append(f"Judged from {fewest} sample(s) per replica: a longer range (more history) firms it up.")
         return Finding(rule=self.name, severity=self.severity, confidence=conf, target=f"fleet/{model}", summary=summary,
-                       evidence=ev, suggestions=[], docs=self.docs_ref(), notes=notes)
+                       evidence=ev, suggestions=[], docs=self.docs_ref(), notes=notes,
+                       basis={"readings": fewest, "span_s": round(end - start, 1) if start is not None and end is not None else None,
+                              "signal": "running_reqs per replica (fewest)", "uncapped": True})

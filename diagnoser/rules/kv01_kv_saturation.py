@@ -73,6 +73,7 @@ from diagnoser.rules.base import (
     tokens_per_request,
 )
 from diagnoser.rules.columns import argmax_source, arrays, pairs
+from diagnoser.rules.er01_oom import oom_detail
 
 
 def retraction_count(ctx: RuleContext) -> tuple[int, str]:
@@ -149,12 +150,15 @@ class KVSaturation(Rule):
     title = "KV pool full"
     severity = Severity.WARNING
     needs = ("token_usage",)
-    defaults = {"usage_high": 0.95, "min_share": 0.6, "min_points": 2, "critical_share": 0.9, "few_requests": 4,
+    reads = ("token_usage",)
+    events = ("retraction", "oom")
+    defaults = {"usage_high": 0.95, "waiting_usage": 0.9, "min_share": 0.6, "min_points": 1, "critical_share": 0.9, "few_requests": 4,
                 "retract_usage_floor": 0.75, "fit_share": 0.8}
     threshold_help = {
         "usage_high": "token usage at or above this counts as full (0-1); the tuning guide calls > 0.9 healthy",
+        "waiting_usage": "token usage at or above this while requests wait counts as full (0-1): admission also reserves room for the running requests' remaining output",
         "min_share": "share of the points with a waiting queue that must be full",
-        "min_points": "fewest usage points needed to judge",
+        "min_points": "fewest usage readings needed to judge (one reading judges, at low confidence)",
         "critical_share": "share of full points that makes it critical when requests also wait and decode retracts",
         "few_requests": "a pool filled by this many requests or fewer is left to runaway_generation (no flag advice)",
         "retract_usage_floor": "with retractions (the pool ran out) and waiting requests, the sampled usage peak needed (0-1)",
@@ -165,14 +169,15 @@ class KVSaturation(Rule):
         t = ctx.thresholds
         usage = ctx.series("token_usage")
         if usage is None or len(usage) < t["min_points"]:
-            return None
+            return self._ran_out(ctx) if usage is None else None
         vals = arrays(ctx, "token_usage")[1]  # type: ignore[index]
         if not len(vals):
-            return None
+            return self._ran_out(ctx)
         high = t["usage_high"]
+        wait_high = min(high, t["waiting_usage"])
         peak = float(vals.max())
         n_retract, retract_src = retraction_count(ctx)
-        if not (peak >= high or t["min_share"] <= 0 or (n_retract > 0 and peak >= t["retract_usage_floor"])):
+        if not (peak >= wait_high or t["min_share"] <= 0 or (n_retract > 0 and peak >= t["retract_usage_floor"])):
             # neither the usage path nor the retraction path can hold: the footprint path needs the running
             # batch at fit_share of what the pool holds at full length (checked before the join)
             _, fit = fit_at_full_length(ctx)
@@ -181,7 +186,7 @@ class KVSaturation(Rule):
                 return None
         pts = pairs(ctx, "token_usage", "queue_reqs")
         waiting = pts.b > 0
-        full_waiting = (waiting & (pts.a >= high)).nonzero()[0]
+        full_waiting = (waiting & (pts.a >= wait_high)).nonzero()[0]
         wshare = len(full_waiting) / len(pts) if len(pts) else 0.0
         waiting = bool(waiting.any())
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
@@ -202,7 +207,7 @@ class KVSaturation(Rule):
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
         queue = ctx.stats("queue_reqs")
         pool, pool_src = pool_tokens(ctx)
-        evs = [ev(ctx, "token_usage", peak, high if peak >= high or path_wait else t["retract_usage_floor"], at="max")]
+        evs = [ev(ctx, "token_usage", peak, (wait_high if path_wait else high) if peak >= high or path_wait else t["retract_usage_floor"], at="max")]
         if path_wait:
             src = pts.src(full_waiting[0]) if len(full_waiting) else ""
             evs.append(evidence("share of waiting points with token_usage >= threshold", round(wshare, 2), t["min_share"], ctx.window_text(), src))
@@ -221,7 +226,8 @@ class KVSaturation(Rule):
             evs.append(evidence("share of readings with a queue", round(qshare, 2), t["min_share"], ctx.window_text(), argmax_source(ctx, "queue_reqs")))
         parts = [f"KV token usage peaked at {peak:.2f}"]
         if path_wait:
-            parts.append(f"it was >= {high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} readings with a queue")
+            parts.append(f"it was >= {wait_high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} reading(s) with a queue"
+                         + ("" if peak >= high else " (admission also reserves room for the running requests' remaining output, so a queue forms before usage reads 1.0)"))
         if waiting:
             parts.append(f"up to {queue['max']:.0f} requests waited")
         if running["n"]:
@@ -239,8 +245,6 @@ class KVSaturation(Rule):
         crit = (wshare >= t["critical_share"] or fshare >= t["critical_share"]) and bool(waiting) and n_retract > 0
         sev = Severity.CRITICAL if crit else self.severity
         conf = "high" if path_wait and path_retract else "medium" if path_wait or path_retract else "low"
-        if len(vals) < 5:
-            conf = "low"
         notes: list[str] = []
         sugg: list[Suggestion] = []
         tpr, _ = tokens_per_request(ctx)
@@ -253,6 +257,42 @@ class KVSaturation(Rule):
         else:
             sugg = self._suggestions(ctx, pool, tpr, running, queue)
         return self.finding(ctx, "; ".join(parts) + ".", evs, sugg, confidence=conf, severity=sev, notes=notes)
+
+    def _ran_out(self, ctx: RuleContext) -> Finding | None:
+        """No usage reading: SGLang's own statement that the pool ran out — a retraction line (decode
+        needed more slots than free + evictable) or a decode allocation failure — is the finding."""
+        n_retract, retract_src = retraction_count(ctx)
+        dec = [e for e in ctx.events_of("oom") if e.fields.get("phase") == "decode" and not e.fields.get("device_memory")]
+        if not n_retract and not dec:
+            return None
+        evs = []
+        parts = []
+        if n_retract:
+            evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
+            parts.append(f"{n_retract} retraction line(s): SGLang retracts running requests only when decode needs more KV "
+                         "slots than are free or evictable")
+        if dec:
+            e = dec[0]
+            evs.append(evidence("decode out of memory", str(e.fields.get("text", ""))[:120], None, "", e.source))
+            detail = oom_detail(ctx, e)
+            txt = "decode could not allocate KV slots for the next tokens (\"Decode out of memory\")"
+            if detail.get("available") is not None:
+                txt += (f": {fmt_int(detail['available'])} free and {fmt_int(detail.get('evictable', 0))} evictable token(s)"
+                        + (f" for {fmt_int(detail['requested'])} requested" if detail.get("requested") is not None else ""))
+                evs.append(evidence("free KV tokens at the failure", detail["available"], None, "", detail.get("source", "")))
+            parts.append(txt)
+        pool, pool_src = pool_tokens(ctx)
+        if pool:
+            evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
+            parts.append(f"pool {pool:,} tokens")
+        summary = "The KV pool ran out: " + "; ".join(parts) + "."
+        notes = ["No token-usage reading is in the inputs: the pool is judged from SGLang's own message; "
+                 "a Decode batch line or a /metrics scrape would show how often it is full."]
+        running, queue = ctx.stats("running_reqs"), ctx.stats("queue_reqs")
+        sugg = self._suggestions(ctx, pool, tokens_per_request(ctx)[0], running, queue)
+        kinds = (["retraction"] if n_retract else []) + (["decode out of memory"] if dec else [])
+        return self.finding(ctx, summary, evs, sugg, confidence="low" if n_retract + len(dec) <= 1 else "medium", notes=notes,
+                            basis={"events": n_retract + len(dec), "kind": ", ".join(kinds)})
 
     def _suggestions(self, ctx: RuleContext, pool: int | None, tpr: float | None, running: dict[str, Any], queue: dict[str, Any]) -> list[Suggestion]:
         out: list[Suggestion] = []

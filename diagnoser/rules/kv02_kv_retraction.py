@@ -37,7 +37,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, readings_basis, suggest
 from diagnoser.rules.columns import argmax_source, pairs
 from diagnoser.rules.kv01_kv_saturation import retractions
 
@@ -47,6 +47,7 @@ class KVRetraction(Rule):
     code = "KV02"
     title = "Requests retracted (KV full)"
     severity = Severity.WARNING
+    events = ("retraction",)
     defaults = {"frequent_per_min": 1.0, "frequent_count": 3, "pinned_usage": 0.99, "implied_drop": 0.05, "proposed_conservativeness": 1.3}
     threshold_help = {
         "frequent_per_min": "retractions per minute at or above this are frequent (the guide: about once a minute is fine)",
@@ -82,9 +83,11 @@ class KVRetraction(Rule):
             rank_txt += f", {reqs} requests in all"
         if frequent:
             summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
-            return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING)
+            return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING,
+                                basis={"events": n, "kind": "retraction"})
         summary = f"Decode retracted requests {n} time(s){when}{rank_txt}: occasional, which the tuning guide calls fine."
-        return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO)
+        return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO,
+                            basis={"events": n, "kind": "retraction"})
 
     def _conservativeness(self, ctx: RuleContext):  # type: ignore[no-untyped-def]
         cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
@@ -132,5 +135,5 @@ class KVRetraction(Rule):
         summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
                    f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
                    f"a retraction is implied{extra}.")
-        return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev,
+        return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev, basis=readings_basis(ctx, "token_usage"),
                             notes=["The 'KV cache pool is full. Retract requests.' line (WARNING from 0.5.7) would confirm it."])

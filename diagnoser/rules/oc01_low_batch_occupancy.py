@@ -52,11 +52,12 @@ class LowBatchOccupancy(Rule):
     code = "OC01"
     title = "Small decode batch"
     severity = Severity.INFO
-    defaults = {"max_share": 0.25, "small_batch": 8, "min_points": 3}
+    reads = ("running_reqs",)
+    defaults = {"max_share": 0.25, "small_batch": 8, "min_points": 1}
     threshold_help = {
         "max_share": "median busy batch at or below this share of max_running_requests is low",
         "small_batch": "median busy batch at or below this is low when the cap is unknown",
-        "min_points": "fewest busy running readings needed",
+        "min_points": "fewest busy running readings needed (one reading judges, at low confidence)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:

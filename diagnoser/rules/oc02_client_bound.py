@@ -53,12 +53,13 @@ class ClientBound(Rule):
     code = "OC02"
     title = "Client sends too little"
     severity = Severity.INFO
-    defaults = {"max_usage": 0.5, "max_queue_share": 0.1, "headroom_share": 0.5, "min_points": 3, "target_usage": 0.9}
+    reads = ("running_reqs",)
+    defaults = {"max_usage": 0.5, "max_queue_share": 0.1, "headroom_share": 0.5, "min_points": 1, "target_usage": 0.9}
     threshold_help = {
         "max_usage": "KV usage p95 below this counts as headroom",
         "max_queue_share": "largest share of readings with a non-empty queue",
         "headroom_share": "running p95 below this share of the server's capacity counts as headroom",
-        "min_points": "fewest busy running readings needed",
+        "min_points": "fewest busy running readings needed (one reading judges, at low confidence)",
         "target_usage": "pool usage the fill concurrency aims at",
     }
 

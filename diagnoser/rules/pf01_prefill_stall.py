@@ -1,13 +1,16 @@
 """Prefill admits too little while requests wait and KV has room: capped prefill batches or an admission stall.
 
 What it detects:
-    Two shapes. (1) Capped prefill: at least ``min_batches`` (5) prefill batches, of which at least
-    ``cap_share`` (50 %) compute exactly the per-batch cap (``--chunked-prefill-size`` or
-    ``--max-prefill-tokens``, from the config; else a power-of-two batch size that repeats in half the
-    batches, inferred), while a backlog waits (``#queue-req`` > 0 or ``#pending-token`` above
-    ``pending_factor`` × the cap) in at least half of them and KV usage p95 stays below ``kv_room``
-    (0.9). (2) Admission stall: requests wait for ``stall_seconds`` (20 s) or more with no prefill batch
-    at all, KV usage below ``kv_room``, fewer running than the slot cap and no retraction.
+    Two shapes. (1) Capped prefill: prefill batches of which at least ``cap_share`` (50 %) compute
+    exactly the per-batch cap (``--chunked-prefill-size`` or ``--max-prefill-tokens``, from the config;
+    else the largest power-of-two batch size that repeats in half the batches, inferred; or a batch
+    size that repeats exactly while the next request of that size would not have fitted the
+    power-of-two budget above it — the scheduler adds requests to a batch until the budget is spent),
+    while a backlog waits (``#queue-req`` > 0 or ``#pending-token`` above ``pending_factor`` × the cap)
+    in at least half of them and KV usage p95 stays below ``kv_room`` (0.9). One batch is enough to
+    judge (at low confidence). (2) Admission stall: requests wait for ``stall_seconds`` (20 s) or more
+    with no prefill batch at all, KV usage below ``kv_room``, fewer running than the slot cap and no
+    retraction.
 
 Why it matters:
     Time to first token is the queue wait plus the prefill time. A small prefill cap splits each prompt
@@ -42,7 +45,7 @@ import bisect
 import numpy as np
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, slot_cap, suggest
+from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, slot_cap, suggest
 from diagnoser.rules.columns import aligned, argmax_source, raw_arrays, times_in_order
 
 
@@ -51,9 +54,10 @@ class PrefillStall(Rule):
     code = "PF01"
     title = "Prefill admits too little"
     severity = Severity.WARNING
-    defaults = {"min_batches": 5, "cap_share": 0.5, "kv_room": 0.9, "stall_seconds": 20.0, "pending_factor": 2.0, "target_chunk": 8192}
+    reads = ("prefill_new_tokens",)
+    defaults = {"min_batches": 1, "cap_share": 0.5, "kv_room": 0.9, "stall_seconds": 20.0, "pending_factor": 2.0, "target_chunk": 8192}
     threshold_help = {
-        "min_batches": "fewest prefill batches needed to judge capping",
+        "min_batches": "fewest prefill batches needed to judge capping (one batch judges, at low confidence)",
         "cap_share": "share of prefill batches at the cap that counts as capped",
         "kv_room": "KV usage below this counts as room",
         "stall_seconds": "seconds of waiting without any admission that count as a stall",
@@ -72,11 +76,29 @@ class PrefillStall(Rule):
                 known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
         if known:
             return min(known)
-        uniq, counts = np.unique(raw_arrays(ctx, "prefill_new_tokens")[1].astype(int), return_counts=True)
-        k = int(np.argmax(counts))
-        value, count = int(uniq[k]), int(counts[k])
-        if count >= self_share(vals) and value >= 64 and value & (value - 1) == 0:
-            return value, "inferred", "the most common prefill batch size"
+        pv = raw_arrays(ctx, "prefill_new_tokens")[1]
+        pv = pv[~np.isnan(pv)].astype(int)
+        if not len(pv):
+            return None, "", ""
+        uniq, counts = np.unique(pv, return_counts=True)
+        common = [(int(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist(), strict=True) if c >= self_share(vals)]
+        pow2 = [u for u, _c in common if u >= 64 and u & (u - 1) == 0]
+        if pow2:  # the largest power of two in half the batches: a chunk budget (smaller batches are chunk tails)
+            return max(pow2), "inferred", "the most common prefill batch size"
+        # a batch size that repeats exactly in half the batches (at least two) while the next request would not
+        # have fitted a power-of-two budget: the per-batch budget (max_prefill_tokens / chunk) stopped admission
+        seqs = aligned(ctx, "prefill_new_tokens", "prefill_new_seqs")
+        for u, c in sorted(common, key=lambda uc: -uc[1]):
+            if c < 2 or u < 64:
+                continue
+            sel = seqs[raw_arrays(ctx, "prefill_new_tokens")[1] == u] if len(seqs) else seqs
+            sel = sel[~np.isnan(sel)]
+            n = float(np.median(sel)) if len(sel) else np.nan
+            if not n or n != n or n < 2:
+                continue
+            budget = next_pow2(u + 1)
+            if u + u / n > budget:
+                return budget, "budget", f"{u:,} tokens in {c} batches of about {n:.0f} requests: one more would pass {budget:,}"
         return None, "", ""
 
     def _capped(self, ctx: RuleContext) -> Finding | None:
@@ -84,11 +106,17 @@ class PrefillStall(Rule):
         p = ctx.series("prefill_new_tokens")
         if p is None or len(p) < t["min_batches"]:
             return None
+        if any(e.fields.get("phase") in ("prefill", "extend") for e in ctx.events_of("oom")):
+            return None  # prefill ran out of memory: a larger prefill budget is the wrong way (see oom)
         cap, cap_name, cap_src = self._cap(ctx, p.values)
         if not cap:
             return None
         _, pv = raw_arrays(ctx, "prefill_new_tokens")
         at_mask = pv >= 0.98 * cap
+        if cap_name == "budget":  # admitted up to the budget: the next request would not have fitted
+            seqs = np.nan_to_num(aligned(ctx, "prefill_new_tokens", "prefill_new_seqs"), nan=1.0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                at_mask = at_mask | ((seqs >= 2) & (pv + pv / np.maximum(seqs, 1) > cap))
         at_cap = at_mask.nonzero()[0]
         cshare = len(at_cap) / len(p)
         if not len(at_cap) or cshare < t["cap_share"]:  # none at the cap is never "capped", even at cap_share 0
@@ -112,6 +140,20 @@ class PrefillStall(Rule):
             evs.append(evidence("pending_tokens", ps["max"], f"> {t['pending_factor']:.0f} x cap", ctx.window_text(), argmax_source(ctx, "pending_tokens")))
         if usage["n"]:
             evs.append(evidence("token_usage p95", round(usage["p95"], 3), f"< {t['kv_room']}", ctx.window_text(), ""))
+        if cap_name == "budget":
+            summary = (f"{cshare:.0%} of {len(p)} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} tokens: "
+                       f"{cap_src}) while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
+                       + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
+            notes = ["Each prefill step already computes a large batch: a larger budget admits more per step but the gain is modest "
+                     "when prefill compute is the limit (more prefill capacity: DP, replicas, or PD disaggregation)."]
+            sugg = []
+            mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
+            sugg.append(suggest(ctx, "max_prefill_tokens", mpt, 2 * cap,
+                                f"each prefill batch stopped at about {cap:,} tokens while {qs['max'] or 0:.0f} requests waited"
+                                + ("" if mpt is not None else "; the current value is not in the inputs (default 16384)"),
+                                "more waiting requests admitted per prefill step, so a shorter queue wait",
+                                ("the GPU has activation memory for the larger batch", "--chunked-prefill-size is not the smaller budget")))
+            return self.finding(ctx, summary, evs, sugg, confidence="medium", notes=notes)
         summary = (f"{cshare:.0%} of {len(p)} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
                    f"while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
                    + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")

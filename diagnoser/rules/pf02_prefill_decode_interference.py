@@ -18,7 +18,9 @@ Evidence:
 Fix:
     ``--enable-mixed-chunk`` (mix decode tokens into prefill batches), a smaller
     ``--chunked-prefill-size`` / ``--max-prefill-tokens`` (shorter prefill steps, each one interrupts
-    less), or PD disaggregation for heavy prefill traffic.
+    less), or PD disaggregation for heavy prefill traffic. When more requests wait for prefill than run
+    (a prefill-bound queue with KV room, see ``prefill_stall``), smaller prefill batches would lengthen
+    that queue: only ``--enable-mixed-chunk`` is proposed then.
 
 Known false positives:
     A start-up burst (no request running yet) is excluded by ``min_running``. Logs shipped without
@@ -77,6 +79,7 @@ class PrefillDecodeInterference(Rule):
     code = "PF02"
     title = "Prefills starve decode"
     severity = Severity.WARNING
+    reads = ("prefill_new_tokens",)
     defaults = {"min_run": 3, "min_batch_tokens": 8192, "min_running": 1, "dip_ratio": 0.5, "min_scrapes": 6}
     threshold_help = {
         "min_run": "fewest consecutive prefill batches with no decode between",
@@ -187,6 +190,11 @@ class PrefillDecodeInterference(Rule):
                                + ("" if mixed is not None else "; the current value is not in the inputs (default off)"),
                                "running requests keep getting tokens during prefill bursts: lower ITL spikes, steadier generation",
                                ("not with EAGLE speculative decoding, which disables mixed chunks",)))
+        queue, running = ctx.stats("queue_reqs"), ctx.stats("running_reqs")
+        if (queue["p50"] or 0) > 0 and (queue["p50"] or 0) >= (running["p50"] or 0) and (ctx.stats("token_usage")["p95"] or 0) < 0.9:
+            # more requests wait for prefill than run: the queue is prefill-bound, and smaller prefill batches would
+            # lengthen it (prefill_stall); mixing decode into the prefill batches helps both sides
+            return out
         chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
         basis = mean_tok if mean_tok else (chunk if isinstance(chunk, int | float) and chunk > 0 else 16384)
         p = 2048

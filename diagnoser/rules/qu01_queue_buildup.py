@@ -1,13 +1,17 @@
 """Requests keep waiting in the scheduler queue: a persistent or growing queue, its growth and queue time.
 
 What it detects:
-    ``queue_reqs`` (``#queue-req`` in scheduler lines, ``sglang:num_queue_reqs``) above zero in at least
-    ``persist_share`` (default 80 %) of at least ``min_points`` (3) readings. It is a warning when the
+    ``queue_reqs`` (``#queue-req`` in scheduler lines, ``#remaining_req`` in v0.1 ``new fill batch``
+    lines, ``sglang:num_queue_reqs``; on a PD prefill server plus the bootstrap queue, whose requests
+    wait too) above zero in at least ``persist_share`` (default 80 %) of the readings. One reading is
+    enough to judge (at low confidence; medium from 3 readings, high from 10). It is a warning when the
     queue grows by ``growth_per_min`` (default 10) requests a minute or more, when the p95 queue time
     (``sglang:queue_time_seconds``) reaches ``queue_time_high_s`` (default 5 s), or when the queue
-    exceeds ``healthy_max`` (default 2000); a steady queue is info. Without any queue reading, a
-    running-request cap cut at startup below what the operator asked for (or below
-    ``--client-concurrency``) implies a queue: reported at low confidence, saying what is missing.
+    exceeds ``healthy_max`` (default 2000); a steady queue is info. A queue with KV usage below 0.9 and
+    the running batch below the slot cap is admission-limited: the note names the candidate causes.
+    Without any queue reading, a running-request cap cut at startup below what the operator asked for
+    (or below ``--client-concurrency``) implies a queue: reported at low confidence, saying what is
+    missing.
 
 Why it matters:
     Every waiting request adds its wait to time-to-first-token. A steady queue keeps batches full
@@ -41,7 +45,8 @@ import numpy as np
 
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
-from diagnoser.rules.columns import arrays
+from diagnoser.rules.columns import aligned, arrays
+from diagnoser.timeline import summarize
 
 
 def slope_per_min(ts: Any, vals: Any) -> float:
@@ -64,9 +69,10 @@ class QueueBuildup(Rule):
     code = "QU01"
     title = "Requests queue"
     severity = Severity.WARNING
-    defaults = {"min_points": 3, "persist_share": 0.8, "growth_per_min": 10.0, "queue_time_high_s": 5.0, "healthy_max": 2000}
+    reads = ("queue_reqs",)
+    defaults = {"min_points": 1, "persist_share": 0.8, "growth_per_min": 10.0, "queue_time_high_s": 5.0, "healthy_max": 2000}
     threshold_help = {
-        "min_points": "fewest queue readings needed",
+        "min_points": "fewest queue readings needed (one reading judges, at low confidence)",
         "persist_share": "share of readings with a non-empty queue that makes it persistent",
         "growth_per_min": "queue growth (requests per minute) that makes it a warning",
         "queue_time_high_s": "p95 queue time (s) that makes it a warning",
@@ -81,10 +87,15 @@ class QueueBuildup(Rule):
         qts, vals = arrays(ctx, "queue_reqs")  # type: ignore[misc]
         if len(vals) < t["min_points"]:
             return None
+        boot = None
+        if ctx.series("pd_bootstrap_reqs") is not None:  # PD prefill: requests waiting for the decode side's bootstrap wait too
+            boot = np.nan_to_num(aligned(ctx, "queue_reqs", "pd_bootstrap_reqs"))
+            if len(boot) == len(vals):
+                vals = vals + boot
         busy_share = np.count_nonzero(vals > 0) / len(vals)  # a bool mean: the count over n
         if busy_share < t["persist_share"]:
             return None
-        st = ctx.stats("queue_reqs")
+        st = summarize(vals) if boot is not None else ctx.stats("queue_reqs")
         slope = 0.0 if ctx.timeline.untimed else slope_per_min(qts, vals)
         qt = ctx.stats("queue_time_seconds_p95")
         running = ctx.stats("running_reqs")
@@ -102,18 +113,48 @@ class QueueBuildup(Rule):
         slow = bool(qt["n"]) and qt["p50"] >= t["queue_time_high_s"]
         huge = st["max"] > t["healthy_max"]
         sev = Severity.WARNING if growing or slow or huge else Severity.INFO
-        parts = [f"{st['p50']:.0f} requests waited at the median (max {st['max']:.0f}) in {busy_share:.0%} of {len(vals)} readings"]
+        parts = [f"{st['p50']:.0f} requests waited at the median (max {st['max']:.0f}) in {busy_share:.0%} of {len(vals)} reading(s)"
+                 + (" (the scheduler queue and the PD bootstrap queue)" if boot is not None and bool(np.any(boot > 0)) else "")]
         if slope:
             parts.append(f"the queue {'grew' if slope > 0 else 'shrank'} by {abs(slope):.1f} requests/min")
         if qt["n"]:
             parts.append(f"p95 queue time {qt['p50']:.2f} s (median of the scrapes)")
         if running["n"]:
             parts.append(f"while {running['p50']:.0f} ran")
-        conf = "high" if len(vals) >= 10 else "medium" if len(vals) >= 5 else "low"
+        conf = "high" if len(vals) >= 10 else "medium" if len(vals) >= 3 else "low"
         notes = ["A queue is a symptom: see kv_saturation, max_running_requests_cap or prefill_stall for the cause."]
+        why = self._admission(ctx)
+        if why:
+            notes.append(why)
         if sev == Severity.INFO:
             notes.append("A steady queue keeps batches full; the tuning guide calls 100–2000 waiting healthy for throughput.")
         return self.finding(ctx, "; ".join(parts) + ".", evs, [], confidence=conf, severity=sev, notes=notes)
+
+    @staticmethod
+    def _admission(ctx: RuleContext) -> str:
+        """A queue with free KV and the running batch far below the slot cap is admission-limited: the
+        scheduler admits a waiting request only when its prompt fits the batch's prefill budget and the
+        pool holds it plus the reserved room for every running request's remaining output
+        (new_token_ratio x the rest of max_new_tokens). Name what can hold it back."""
+        usage = ctx.stats("token_usage")
+        running = ctx.stats("running_reqs")
+        if usage["n"] == 0 or running["n"] == 0 or (usage["p95"] or 0) >= 0.9:
+            return ""
+        cap, _ = slot_cap(ctx)
+        if cap and (running["p50"] or 0) >= 0.8 * cap:
+            return ""  # at the slot cap: max_running_requests_cap names it
+        causes = [
+            "the future-token reservation (new_token_ratio x each running request's remaining max_new_tokens; "
+            "--schedule-conservativeness lowers it)",
+            "the prefill budget per batch (--max-prefill-tokens / --chunked-prefill-size; see prefill_stall)",
+            "prefill compute itself when prompts are long (a backlog of pending tokens)",
+        ]
+        if ctx.series("pd_bootstrap_reqs") is not None:
+            causes.append("the PD bootstrap (see pd_transfer)")
+        if ctx.series("grammar_queue_reqs") is not None:
+            causes.append("grammar compilation (requests wait in the grammar queue)")
+        return (f"Admission-limited queue: KV usage stayed at or below {usage['max']:.2f} and {running['p50']:.0f} ran"
+                + (f" of {cap} slots" if cap else "") + "; candidate causes: " + "; ".join(causes) + ".")
 
     def _implied(self, ctx: RuleContext) -> Finding | None:
         cap, cap_src = slot_cap(ctx)

@@ -1,10 +1,14 @@
 """A few requests generate far longer than the rest and hold the KV pool by themselves.
 
 What it detects:
-    A median running batch of ``max_running`` (4) or fewer requests whose KV tokens fill at least
-    ``pool_share`` (80 %) of the pool (token usage p50), so each request holds a large share of the pool,
-    with the held tokens still growing (the requests keep generating). From logs: ``#token`` and
-    ``#running-req`` on Decode lines; from ``/metrics``: ``num_used_tokens`` and ``num_running_reqs``.
+    Two shapes. (1) A median running batch of ``max_running`` (4) or fewer requests whose KV tokens fill
+    at least ``pool_share`` (80 %) of the pool (token usage p50), so each request holds a large share of
+    the pool, with the held tokens still growing (the requests keep generating). (2) Without a full
+    pool: ``#token / #running-req`` (``num_used_tokens / num_running_reqs``) of ``long_tokens`` (32768)
+    or more at a median of ``max_running_long`` (16) running requests or fewer, still growing when
+    there are two readings, and at least ``prompt_factor`` (8) times the prompts the Prefill lines show
+    when there are some: the requests hold far more than any prompt, so their outputs run on (info;
+    warning once they fill ``pool_share`` of the pool). One reading judges, at low confidence.
 
 Why it matters:
     Requests without a bounded ``max_tokens`` (or with EOS ignored) keep decoding until the pool or the
@@ -35,7 +39,7 @@ import numpy as np
 
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pool_tokens
-from diagnoser.rules.columns import pairs
+from diagnoser.rules.columns import argmax_source, pairs
 
 
 class RunawayGeneration(Rule):
@@ -43,18 +47,22 @@ class RunawayGeneration(Rule):
     code = "RG01"
     title = "Runaway outputs hold the pool"
     severity = Severity.WARNING
-    defaults = {"max_running": 4, "pool_share": 0.8, "min_points": 3}
+    reads = ("used_tokens",)
+    defaults = {"max_running": 4, "pool_share": 0.8, "min_points": 1, "long_tokens": 32768, "max_running_long": 16, "prompt_factor": 8.0}
     threshold_help = {
         "max_running": "median running requests at or below this count as a few",
         "pool_share": "token usage (p50) at or above this counts as holding the pool",
-        "min_points": "fewest decode readings with #token and #running-req",
+        "min_points": "fewest decode readings with #token and #running-req (one reading judges, at low confidence)",
+        "long_tokens": "KV tokens per running request at or above which outputs look unbounded (without a full pool)",
+        "max_running_long": "median running requests at or below which long requests are judged",
+        "prompt_factor": "tokens per request must be this many times the prompts the prefill lines show",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         p50 = ctx.stats("token_usage")["p50"]
         if p50 is None or p50 < t["pool_share"]:
-            return None  # a few requests do not hold the pool (checked before the join: the pass has the stats)
+            return self._long(ctx)  # a few requests do not hold the pool (checked before the join: the pass has the stats)
         pr = pairs(ctx, "used_tokens", "running_reqs")
         k = (pr.b > 0).nonzero()[0]
         if len(k) < t["min_points"]:
@@ -79,3 +87,50 @@ class RunawayGeneration(Rule):
                    + f", about {fmt_int(per)} tokens each, and kept growing by {fmt_int(growth)} tokens over the window.")
         return self.finding(ctx, summary, evs, [], confidence="medium",
                             notes=["Bound max_tokens on the client and honour EOS/stop strings; server flags do not fix runaway outputs."])
+
+    def _long(self, ctx: RuleContext) -> Finding | None:
+        """Requests holding far more KV tokens than any prompt while they keep generating: ``#token /
+        #running-req`` at or above ``long_tokens`` (and ``prompt_factor`` x the prompts the prefill lines
+        show, when they show some). One reading shows the size; growth needs two."""
+        t = ctx.thresholds
+        pr = pairs(ctx, "used_tokens", "running_reqs")
+        k = (pr.b > 0).nonzero()[0]
+        if not len(k):
+            return None
+        med_run = float(np.sort(pr.b[k]).item(len(k) // 2))
+        if med_run > t["max_running_long"]:
+            return None
+        per_all = pr.a[k] / pr.b[k]
+        per = float(np.sort(per_all).item(len(per_all) // 2))
+        if per < t["long_tokens"]:
+            return None
+        new, cached, seqs = ctx.stats("prefill_new_tokens"), ctx.stats("prefill_cached_tokens"), ctx.stats("prefill_new_seqs")
+        prompt = None
+        if new["n"] and seqs["n"] and (seqs["mean"] or 0) > 0:
+            prompt = ((new["mean"] or 0) + (cached["mean"] or 0)) / seqs["mean"]
+            if per < t["prompt_factor"] * prompt:
+                return None  # long prompts, not long outputs
+        first, last = int(k[0]), int(k[-1])
+        growth = float(pr.a[last] - pr.a[first]) if last != first else None
+        if growth is not None and growth <= 0:
+            return None  # not generating
+        usage = ctx.stats("token_usage")
+        pool, _ = pool_tokens(ctx)
+        evs = [evidence("KV tokens per running request (median)", round(per), f">= {t['long_tokens']}", ctx.window_text(), pr.src(last)),
+               evidence("running_reqs (median)", med_run, f"<= {t['max_running_long']}", ctx.window_text(), pr.src(int(k[len(k) // 2])))]
+        if growth is not None:
+            evs.append(evidence("used_tokens growth over the window", round(growth), "> 0 (still generating)", ctx.window_text(), f"{pr.src(first)} .. {pr.src(last)}"))
+        if prompt is not None:
+            evs.append(evidence("prompt tokens per admitted request (prefill lines)", round(prompt), None, ctx.window_text(), argmax_source(ctx, "prefill_new_tokens")))
+        if usage["n"]:
+            evs.append(evidence("token_usage", usage["max"], None, ctx.window_text(), argmax_source(ctx, "token_usage")))
+        summary = (f"{med_run:.0f} running request(s) hold about {fmt_int(per)} KV tokens each"
+                   + (f" ({per / prompt:.0f}x the {fmt_int(prompt)}-token prompts)" if prompt else " (far above a typical prompt)")
+                   + (f" and kept growing by {fmt_int(growth)} tokens over the window" if growth is not None else "")
+                   + ": outputs with no effective length bound" + (f"; they already fill {usage['max']:.0%} of the pool" + (f" ({fmt_int(pool)} tokens)" if pool else "") if usage["n"] else "") + ".")
+        sev = Severity.WARNING if (usage["max"] or 0) >= t["pool_share"] else Severity.INFO
+        notes = ["Check that the client's max_tokens reaches the server (a field it ignores leaves outputs unbounded) and that EOS/stop strings "
+                 "are honoured; server flags do not fix runaway outputs."]
+        if prompt is None:
+            notes.append("No prefill line shows the prompts: a workload of very long prompts (long-context documents) looks the same.")
+        return self.finding(ctx, summary, evs, [], confidence="low" if prompt is None else "medium", severity=sev, notes=notes)

@@ -4,9 +4,12 @@ What it detects:
     Readings with a waiting queue where ``running_reqs`` equals the effective ``max_running_requests``
     (summary line ``max_running_requests=N``, server info ``effective_max_running_requests_per_dp`` or
     server args) in at least ``at_cap_share`` (50 %) of them, with KV usage p95 below ``kv_room`` (0.9).
-    Also a cap reduced at startup below the value the operator asked for (``max_running_requests was
-    reduced from requested A to B``, or speculative decoding's reset to 48): that is evidence on its
-    own, even without runtime readings.
+    One reading is enough (at low confidence). Also a cap set at startup below what the operator asked
+    for or what the pool allows — ``max_running_requests was reduced from requested A to B``,
+    ``max_running_requests is capped to N by the mamba state cache (…). To raise it: …`` (hybrid
+    models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
+    readings ("will limit you under load"), and the levers the line itself names become suggestions,
+    spelled as the server printed them.
 
 Why it matters:
     Requests beyond the cap wait however much KV is free; the GPU decodes a smaller batch than the pool
@@ -20,7 +23,9 @@ Fix:
     Raise ``--max-running-requests`` to what the pool allows at the observed tokens per request (pool ×
     0.9 / tokens per request). For a cap reduced at startup (hybrid models size slots for the worst
     case: every request at the full context), lower ``--context-length`` to what the workload needs so
-    the derived slot count rises, or free memory (``--mem-fraction-static``).
+    the derived slot count rises, or free memory (``--mem-fraction-static``); for a cap set by the mamba
+    state cache, the flags its line names (``--mamba-full-memory-ratio``, ``--max-mamba-cache-size``,
+    ``--mamba-ssm-dtype``).
 
 Known false positives:
     A cap set deliberately low to protect latency. Under DP attention the cap is per DP rank, while the
@@ -34,6 +39,7 @@ References:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -58,11 +64,13 @@ class MaxRunningRequestsCap(Rule):
     code = "SL01"
     title = "Slot cap binds"
     severity = Severity.WARNING
-    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 3, "target_usage": 0.9}
+    reads = ("running_reqs",)
+    events = ("max_running_requests_reduced",)
+    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 1, "target_usage": 0.9}
     threshold_help = {
         "at_cap_share": "share of waiting readings with running == cap that counts as capped",
         "kv_room": "KV usage p95 below this counts as room",
-        "min_points": "fewest waiting readings needed",
+        "min_points": "fewest waiting readings needed (one reading judges, at low confidence)",
         "target_usage": "pool usage the proposed cap aims at",
     }
 
@@ -99,12 +107,52 @@ class MaxRunningRequestsCap(Rule):
             requested = e.fields.get("requested")
             why = e.fields.get("reason")
             evs.append(evidence("max_running_requests reduced at startup", f"{requested if requested else '?'} -> {e.fields.get('effective')}", None, "", e.source))
-            parts.append(f"the cap was cut at startup from {requested} to {e.fields.get('effective')}" if requested
+            parts.append(f"the cap was cut at startup from {requested} to {e.fields.get('effective')}" + (f" by the {why}" if why else "") if requested
+                         else f"the cap was set to {e.fields.get('effective')} at startup by the {why}" if why and e.fields.get("levers") is not None
                          else f"the cap was reset to {e.fields.get('effective')} at startup ({why or 'engine default'})")
         sugg = self._suggestions(ctx, cap, requested, runtime)
+        have = {x.flag for x in sugg}
+        for e in red:
+            for x in self._levers(ctx, e.fields, cap, requested):
+                if x.flag not in have:
+                    have.add(x.flag)
+                    sugg.append(x)
         conf = "high" if runtime and red else "medium"
         notes = [] if runtime else ["Only the startup sizing was read; a Decode batch line or scrape would show whether the load reaches the cap."]
-        return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes)
+        return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes,
+                            basis=None if runtime else {"startup": True})
+
+    @staticmethod
+    def _levers(ctx: RuleContext, fields: dict[str, Any], cap: int, requested: Any) -> list[Suggestion]:
+        """The flags the start-up line itself names (``To raise it: increase --mamba-full-memory-ratio or
+        --max-mamba-cache-size, or … --mamba-ssm-dtype bfloat16``), spelled as the server printed them."""
+        out: list[Suggestion] = []
+        detail = str(fields.get("detail") or "")
+        reason = fields.get("reason") or "a start-up limit"
+        known = dict(re.findall(r"(\w+)=(\d+)", detail))
+        per = re.search(r"(\d+) (?:state )?slots? per request", detail)
+        want = requested if isinstance(requested, int) and requested > cap else 2 * cap
+        for flag, value in fields.get("levers") or []:
+            name = flag.lstrip("-").replace("-", "_")
+            cur: Any = ctx.cfg(f"arg.{name}")
+            if value:
+                proposed: Any = value
+                effect = "about halves the memory each request's state takes, so about twice the requests fit"
+            elif name in known:
+                cur = int(known[name]) if cur is None else cur
+                slots = int(per.group(1)) if per else None
+                proposed = slots * want if slots else 2 * int(known[name])
+                effect = (f"room for about {want} requests at {slots} slots each" if slots else "about twice the cap")
+            else:
+                proposed = f"higher than the current{'' if cur is None else f' ({cur})'} (e.g. 2x)"
+                effect = "the cap rises with the memory the state cache gets"
+            if cur is not None and str(cur).lower() == str(proposed).lower():
+                continue
+            out.append(Suggestion(flag=flag, current=cur, proposed=proposed,
+                                  why=f"the server capped max_running_requests to {cap} because of the {reason}, and its start-up line names {flag} as a lever"
+                                  + ("" if cur is not None else "; the current value is not in the inputs"),
+                                  effect=effect, assumptions=("the GPU has memory for the larger state cache (it comes out of the KV pool)",)))
+        return out
 
     def _suggestions(self, ctx: RuleContext, cap: int, requested: Any, runtime: bool) -> list[Suggestion]:
         t = ctx.thresholds

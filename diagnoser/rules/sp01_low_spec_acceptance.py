@@ -45,12 +45,13 @@ class LowSpecAcceptance(Rule):
     code = "SP01"
     title = "Low speculative acceptance"
     severity = Severity.WARNING
-    defaults = {"min_accept_len": 2.2, "min_accept_rate": 0.55, "min_ratio": 0.5, "min_points": 2}
+    reads = ("spec_accept_len",)
+    defaults = {"min_accept_len": 2.2, "min_accept_rate": 0.55, "min_ratio": 0.5, "min_points": 1}
     threshold_help = {
         "min_accept_len": "mean accept length (tokens per verify step) below this is low when no rate is known",
         "min_accept_rate": "mean accept rate below this is low",
         "min_ratio": "accept length below this share of the draft length (steps + 1) is low",
-        "min_points": "fewest non-zero accept readings needed",
+        "min_points": "fewest non-zero accept readings needed (one reading judges, at low confidence)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:

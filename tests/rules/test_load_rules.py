@@ -22,7 +22,12 @@ def _kv(u: float) -> object:
 
 
 def test_kv_saturation_boundary() -> None:
-    assert _kv(0.94) is None
+    # with requests waiting the pool is full from 0.90: admission also reserves room for the running
+    # requests' remaining output, so the queue forms before usage reads 1.0
+    assert _kv(0.89) is None
+    f = _kv(0.91)
+    assert f is not None and "reserves room" in f.summary
+    assert run(KVSaturation, window(token_usage=[0.91] * 6, queue_reqs=[5] * 6, running_reqs=[20] * 6, config=CFG), waiting_usage=0.95) is None
     f = _kv(0.96)
     assert f is not None and f.severity == Severity.WARNING
     assert f.evidence[0].signal == "token_usage" and f.evidence[0].observed == 0.96 and f.evidence[0].source == "server.log:1"
@@ -176,7 +181,9 @@ def test_runaway_generation_boundary() -> None:
     def tl(u: float) -> object:
         return window(running_reqs=[2] * 5, token_usage=[u] * 5, used_tokens=[300_000 + 80 * i for i in range(5)])
     assert run(RunawayGeneration, tl(0.81)) is not None
-    assert run(RunawayGeneration, tl(0.79)) is None
+    f = run(RunawayGeneration, tl(0.79))  # the pool is not held: only the long-request shape, at info
+    assert f is not None and f.severity == Severity.INFO and "150,080 KV tokens each" in f.summary
+    assert run(RunawayGeneration, tl(0.79), long_tokens=200_000) is None
     still = window(running_reqs=[2] * 5, token_usage=[1.0] * 5, used_tokens=[300_000] * 5)
     assert run(RunawayGeneration, still) is None  # not growing: not generating
 
