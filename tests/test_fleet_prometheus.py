@@ -164,6 +164,55 @@ def test_unreachable_and_bad_query_are_one_line(replicas: tuple[Prom, dict[str, 
     assert "\n" not in line and "answered HTTP 400 to /api/v1/series" in line and "bad_data" in line and "check --selector" in line
 
 
+# -- (a2) a Prometheus with about 10 s of history --------------------------------------------------
+@pytest.fixture(scope="module")
+def young(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prom, dict[str, ReplayReplica]]]:
+    """Two replicas (one saturated, one idle) scraped every second by a Prometheus that has just started:
+    the whole history is about ten seconds."""
+    need_prometheus()
+    reps = {"busy": ReplayReplica(RUNS / "long-queue", 2, 60), "idle": ReplayReplica(RUNS / "client-bound-low-occupancy", 3, 60)}
+    cfg = scrape_config({"sglang": [r.address for r in reps.values()]}, interval="1s")
+    prom = start_prometheus(tmp_path_factory.mktemp("prom-young"), cfg)
+    try:
+        wait_for_samples(prom.url, '{__name__=~"sglang[:_]num_running_reqs"}', 2, 10)
+        yield prom, reps
+    finally:
+        prom.stop()
+        for r in reps.values():
+            r.close()
+
+
+def test_ten_seconds_of_history_names_the_saturated_replica(young: tuple[Prom, dict[str, ReplayReplica]]) -> None:
+    """`diagnose --once --prometheus URL` with the defaults: the step follows the scrape interval (1 s)
+    and the range the history there is, so the saturated replica is named from ~10 s of data."""
+    prom, reps = young
+    p = subprocess.run([*DIAGNOSE, "--once", "--prometheus", prom.url, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stdout.startswith("{"), p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    rng = doc["fleet"]["source"]["range"]
+    assert rng["scrape_interval_s"] == pytest.approx(1.0, abs=0.2) and rng["step_s"] <= 2
+    assert 8 <= rng["history_s"] <= 60 and set(rng["from_data"]) == {"range", "step", "rate_window"}
+    imb = [f for f in doc["findings"] if f["rule"] == "replica_imbalance"]
+    assert len(imb) == 1, [(f["rule"], f["summary"][:80]) for f in doc["findings"]]
+    busy_part, room_part = imb[0]["summary"].split(" while ", 1)
+    assert reps["busy"].address in busy_part and reps["idle"].address in room_part
+    assert reps["idle"].address not in busy_part
+    # the per-target rules see the saturated replica's queue too
+    assert any(f["rule"] == "queue_buildup" and f["target"] == reps["busy"].address for f in doc["findings"])
+
+
+def test_one_sample_per_replica_is_enough_at_low_confidence(young: tuple[Prom, dict[str, ReplayReplica]]) -> None:
+    """A fixed 30 s step over a 10 min range gives each replica a single point: still named, at low confidence."""
+    prom, reps = young
+    col = collect_prometheus(ns(prom.url, range=600.0, step=30.0, rate_window=60.0), get_adapter())
+    assert {len(tl.get("running_reqs") or []) for tl in col.timelines} == {1}
+    report = evaluate(col.timelines, get_adapter())
+    imb = [f for f in report.findings if f.rule == "replica_imbalance"]
+    assert len(imb) == 1 and imb[0].confidence == "low" and imb[0].basis["readings"] == 1
+    assert reps["busy"].address in imb[0].summary.split(" while ")[0]
+    assert any("1 sample(s) per replica" in n for n in imb[0].notes)
+
+
 # -- (b) 1,000 backfilled targets -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prom, FleetSpec]]:

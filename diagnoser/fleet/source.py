@@ -30,6 +30,7 @@ _second = itemgetter(1)
 QUERY_TIMEOUT_MIN = 30.0
 MAX_TARGETS = 5000  # one pass holds about 90 KiB per target (bench/bench_fleet.py)
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
+AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
 
 
@@ -46,10 +47,15 @@ class Window:
     end: float
     step: float
     rate_window: float
+    # which of range / step / rate window the user gave (the others follow the data, see fit_to_data)
+    given: tuple[bool, bool, bool] = (True, True, True)
+    scrape_interval: float | None = None
+    history: float | None = None
 
     @classmethod
     def from_args(cls, rng: float | None, step: float | None, rate_window: float | None, end: float | None) -> tuple[Window, list[str]]:
         notes: list[str] = []
+        given = (rng is not None, step is not None, rate_window is not None)
         rng = float(rng or 600.0)
         end = float(end if end is not None else time.time())
         st = float(step or max(15.0, round(rng / 20.0)))
@@ -57,7 +63,30 @@ class Window:
             st = math.ceil(rng / MAX_POINTS)
             notes.append(f"--step raised to {st:g} s to keep at most {MAX_POINTS} points per series.")
         rw = float(rate_window or max(60.0, 2 * st))
-        return cls(end - rng, end, st, rw), notes
+        return cls(end - rng, end, st, rw, given), notes
+
+    def fit_to_data(self, interval: float | None, first: float | None) -> str:
+        """Follow the data where the user gave nothing: the range no longer than the history there is
+        (plus one scrape), the step one scrape interval (at most ``AUTO_POINTS`` points), the rate window
+        four scrapes (at least two steps). Returns a note saying so, empty when nothing changed."""
+        if interval is None or interval <= 0:
+            return ""
+        self.scrape_interval = interval
+        rng = self.end - self.start
+        if first is not None:
+            self.history = max(0.0, self.end - first)
+            if not self.given[0]:
+                rng = min(rng, max(self.history + interval, 2 * interval))
+                self.start = self.end - rng
+        if not self.given[1]:
+            self.step = max(float(interval), math.ceil(rng / AUTO_POINTS))
+        if not self.given[2]:
+            self.rate_window = max(4 * float(interval), 2 * self.step)
+        if all(self.given):
+            return ""
+        hist = f", {self.history:.0f} s of history" if self.history is not None else ""
+        return (f"Query range {rng:.0f} s, step {self.step:g} s, rate window {self.rate_window:g} s from the data "
+                f"(scrape interval {interval:g} s{hist}); --range/--step/--rate-window set them.")
 
 
 def parse_end(text: Any) -> float | None:
@@ -173,7 +202,9 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
             api.close()
     col.fleet.update({
         "prometheus": api.shown, "selector": getattr(args, "selector", "") or "",
-        "range": {"start": iso(win.start), "end": iso(win.end), "step_s": win.step, "rate_window_s": win.rate_window},
+        "range": {"start": iso(win.start), "end": iso(win.end), "step_s": win.step, "rate_window_s": win.rate_window,
+                  "scrape_interval_s": win.scrape_interval, "history_s": None if win.history is None else round(win.history, 1),
+                  "from_data": [k for k, g in zip(("range", "step", "rate_window"), win.given, strict=True) if not g]},
         "queries": api.calls, "bytes": api.bytes_read, "query_seconds": round(api.seconds, 3),
         "collect_seconds": round(time.perf_counter() - t0, 3),
     })
@@ -226,6 +257,11 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         rep.messages.append(f"{MAX_TARGETS + len(extra)} targets match; the first {MAX_TARGETS} (by job and instance) are read. "
                             f"Narrow --selector to see the others.")
     targets.frozen = True
+    if not all(win.given):  # the step and range follow the data: its scrape interval and the history there is
+        interval, first = _probe(api, found, win)
+        note = win.fit_to_data(interval, first)
+        if note:
+            rep.messages.append(note)
     failed: dict[str, str] = {}
     plan = Q.plan(matchers, win.step, win.rate_window)
 
@@ -299,6 +335,46 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     rep.messages.extend(missing_core)
     col.fleet["failed_queries"] = dict(failed)
     col.fleet["missing"] = {tl.target: tl.meta["missing_signals"] for tl in col.timelines if tl.meta.get("missing_signals")}
+
+
+def _probe(api: PromAPI, found: list[dict[str, str]], win: Window) -> tuple[float | None, float | None]:
+    """(scrape interval, time of the first sample) from the raw samples of a few targets' core gauge in the
+    range: one range-vector query (``{…}[R]`` at the end time), as Prometheus stored them."""
+    picked: list[dict[str, str]] = []
+    for m in found:
+        if M.normalise(m.get("__name__", "")) in Q.CORE_GAUGES[:2] and m.get("instance"):
+            if all(p.get("instance") != m.get("instance") for p in picked):
+                picked.append(m)
+        if len(picked) >= 3:
+            break
+    if not picked:
+        return None, None
+    names = sorted({p["__name__"] for p in picked})
+    insts = sorted({p["instance"] for p in picked})
+    sel = ('{__name__=~"' + "|".join(_rx(n) for n in names) + '", instance=~"' + "|".join(_rx(i) for i in insts) + '"}')
+    span = max(1, int(round(win.end - win.start)))
+    try:
+        res = api.query(f"{sel}[{span}s]", win.end)
+    except PromError:
+        return None, None
+    gaps: list[float] = []
+    first: float | None = None
+    for r in res:
+        ts = sorted(float(v[0]) for v in r.get("values") or [])
+        if ts:
+            first = ts[0] if first is None else min(first, ts[0])
+        gaps.extend(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    if not gaps:
+        return None, first
+    gaps.sort()
+    return round(gaps[len(gaps) // 2], 3), first
+
+
+def _rx(text: str) -> str:
+    """A literal for a PromQL regex inside a double-quoted string (regex and string escapes)."""
+    import re as _re
+
+    return _re.escape(text).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _points(value_lists: list[list[Any]], how: str) -> dict[float, float]:
