@@ -63,6 +63,17 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
         tl.set_config("max_total_tokens", f.value, f.source)
 
 
+def log_facts(tl: Timeline, parser: Any) -> None:
+    """What a log's parser learnt beyond its lines' values: the first date (version bound) and the
+    device its batch lines name (``cpu graph`` / ``npu graph``)."""
+    if getattr(parser, "first_stamp", None):
+        tl.meta.setdefault("first_stamp", parser.first_stamp)
+    labels = getattr(parser, "graph_labels", set())
+    for dev in ("cpu", "npu", "musa"):
+        if dev in labels:
+            tl.set_config("device", dev, f"the '{dev} graph' field of the batch lines", override=False)
+
+
 def date_bound(tl: Timeline, version: VersionRange) -> None:
     """The earliest time read bounds the version from above: a release published after it cannot have
     printed it (a development build is at most the next release)."""
@@ -91,8 +102,7 @@ def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None,
         tl.inputs.append(reader.report)
         col.inputs.append(reader.report)
         tl.untimed = bool(reader.parser.untimed_lines) and not reader.parser.saw_date and reader.parser.untimed_lines >= reader.report.lines_recognized
-        if getattr(reader.parser, "first_stamp", None):
-            tl.meta["first_stamp"] = reader.parser.first_stamp
+        log_facts(tl, reader.parser)
         version = reader.parser.version
         finalize(tl, version)
         col.versions[tl.target] = version
@@ -145,8 +155,7 @@ def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin
         tl.inputs.append(reader.report)
         col.inputs.append(reader.report)
         version.merge(reader.parser.version)
-        if getattr(reader.parser, "first_stamp", None):
-            tl.meta.setdefault("first_stamp", reader.parser.first_stamp)
+        log_facts(tl, reader.parser)
     finalize(tl, version)
     col.versions[tl.target] = version
     col.timelines.append(tl)
@@ -235,6 +244,7 @@ def collect_once(
                     only.inputs.append(reader.report)
                     col.inputs.append(reader.report)
                     ranges[targets[0].url].merge(reader.parser.version)
+                    log_facts(only, reader.parser)
             else:
                 extra = collect_logs(adapter, logs, stdin)
                 col.timelines.extend(extra.timelines)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.bundle import decode_line
-from diagnoser.collect import Collection, finalize
+from diagnoser.collect import Collection, finalize, log_facts
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.model import InputReport
 from diagnoser.redact import redact
@@ -179,8 +179,7 @@ class ReplayIngest:
                     finish_report(self.adapter, reader)
                 inputs.append(reader.report)
                 version.merge(reader.parser.version)
-                if getattr(reader.parser, "first_stamp", None):
-                    tl.meta.setdefault("first_stamp", reader.parser.first_stamp)
+                log_facts(tl, reader.parser)
                 if t.metrics is None:
                     p = reader.parser
                     tl.untimed = bool(p.untimed_lines) and not p.saw_date and p.untimed_lines >= reader.report.lines_recognized

@@ -87,6 +87,8 @@ class CudaGraphDisabledOrExceeded(Rule):
         eshare = len(eager) / len(pts)
         sev = Severity.WARNING if eshare >= t["eager_share"] else Severity.INFO
         if not graph:
+            if not disabled_cfg and len(eager) < 3:
+                sev = Severity.INFO  # one or two eager readings cannot tell graphs off from a batch above the captured maximum
             return self._disabled(ctx, (eshare, eager), sev)
         max_on = max(p[2] for p in graph)
         min_off = min(p[2] for p in eager)

@@ -4,8 +4,10 @@ What it detects:
     Token usage (``sglang:token_usage`` or ``token usage:`` in Decode/Prefill lines; for hybrid models
     the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) while requests wait
     (``queue_reqs`` > 0 on the same line or scrape) in at least ``min_share`` (default 60 %) of the
-    points where both were read; or decode retracting requests (retraction lines or counters) while
-    requests wait or the pool is full in ``min_share`` of the window. A retraction is SGLang's own
+    points where both were read (from ``waiting_usage``, 0.9, when more than ``deep_queue`` (2000) wait:
+    beyond the tuning guide's healthy queue, admission's reservation for the running requests'
+    remaining output fills the pool before usage reads 1.0); or decode retracting requests (retraction
+    lines or counters) while requests wait or the pool is full in ``min_share`` of the window. A retraction is SGLang's own
     statement that the pool ran out ("KV cache pool is full. Retract requests": decode needed more
     slots than free + evictable, reference §3.4), so on that path sampled usage only has to reach
     ``retract_usage_floor`` (default 0.75): admission reserves room for future decode tokens
@@ -17,6 +19,9 @@ What it detects:
     have not grown to their full length yet, but admission reserves room for their remaining output
     (new_token_ratio, §5.2), so no more fit. The running batch must sit below the effective
     ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
+    One reading judges (a pasted line, one scrape), at low confidence. With no usage reading at all,
+    SGLang's own statement that the pool ran out — a retraction line, or ``Decode out of memory`` from
+    the KV allocator — is the finding (low confidence, from the log events).
 
 Why it matters:
     Every admitted request needs KV slots for its whole context. When the pool is full, the scheduler
@@ -152,11 +157,12 @@ class KVSaturation(Rule):
     needs = ("token_usage",)
     reads = ("token_usage",)
     events = ("retraction", "oom")
-    defaults = {"usage_high": 0.95, "waiting_usage": 0.9, "min_share": 0.6, "min_points": 1, "critical_share": 0.9, "few_requests": 4,
+    defaults = {"usage_high": 0.95, "waiting_usage": 0.9, "deep_queue": 2000, "min_share": 0.6, "min_points": 1, "critical_share": 0.9, "few_requests": 4,
                 "retract_usage_floor": 0.75, "fit_share": 0.8}
     threshold_help = {
         "usage_high": "token usage at or above this counts as full (0-1); the tuning guide calls > 0.9 healthy",
-        "waiting_usage": "token usage at or above this while requests wait counts as full (0-1): admission also reserves room for the running requests' remaining output",
+        "waiting_usage": "token usage at or above this counts as full while more than deep_queue requests wait (0-1): admission also reserves room for the running requests' remaining output",
+        "deep_queue": "waiting requests above which usage from waiting_usage counts as full (the tuning guide's healthy queue ends at 2000)",
         "min_share": "share of the points with a waiting queue that must be full",
         "min_points": "fewest usage readings needed to judge (one reading judges, at low confidence)",
         "critical_share": "share of full points that makes it critical when requests also wait and decode retracts",
@@ -186,7 +192,10 @@ class KVSaturation(Rule):
                 return None
         pts = pairs(ctx, "token_usage", "queue_reqs")
         waiting = pts.b > 0
-        full_waiting = (waiting & (pts.a >= wait_high)).nonzero()[0]
+        # full while requests wait: at usage_high; from waiting_usage when the queue is deeper than the tuning
+        # guide's healthy range (admission also reserves room for the running requests' remaining output)
+        full_waiting = (waiting & ((pts.a >= high) | ((pts.a >= wait_high) & (pts.b > t["deep_queue"])))).nonzero()[0]
+        deep = bool(len(full_waiting)) and bool(np.any(pts.a[full_waiting] < high))
         wshare = len(full_waiting) / len(pts) if len(pts) else 0.0
         waiting = bool(waiting.any())
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
@@ -207,7 +216,7 @@ class KVSaturation(Rule):
             return None  # the slot cap binds, not the pool (max_running_requests_cap)
         queue = ctx.stats("queue_reqs")
         pool, pool_src = pool_tokens(ctx)
-        evs = [ev(ctx, "token_usage", peak, (wait_high if path_wait else high) if peak >= high or path_wait else t["retract_usage_floor"], at="max")]
+        evs = [ev(ctx, "token_usage", peak, (wait_high if deep else high) if peak >= high or path_wait else t["retract_usage_floor"], at="max")]
         if path_wait:
             src = pts.src(full_waiting[0]) if len(full_waiting) else ""
             evs.append(evidence("share of waiting points with token_usage >= threshold", round(wshare, 2), t["min_share"], ctx.window_text(), src))
@@ -226,8 +235,9 @@ class KVSaturation(Rule):
             evs.append(evidence("share of readings with a queue", round(qshare, 2), t["min_share"], ctx.window_text(), argmax_source(ctx, "queue_reqs")))
         parts = [f"KV token usage peaked at {peak:.2f}"]
         if path_wait:
-            parts.append(f"it was >= {wait_high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} reading(s) with a queue"
-                         + ("" if peak >= high else " (admission also reserves room for the running requests' remaining output, so a queue forms before usage reads 1.0)"))
+            parts.append(f"it was >= {wait_high if deep else high:.2f} while requests waited in {wshare:.0%} of the {len(pts)} reading(s) with a queue"
+                         + (f" (more than {t['deep_queue']:,} waiting: admission also reserves room for the running requests' remaining output, "
+                            "so the queue forms before usage reads 1.0)" if deep else ""))
         if waiting:
             parts.append(f"up to {queue['max']:.0f} requests waited")
         if running["n"]:

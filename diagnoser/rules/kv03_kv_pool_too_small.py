@@ -8,10 +8,11 @@ What it detects:
     about pool - 6, when the context length is known and larger, or — with neither known — when M + 6
     is not a round context length (a multiple of 1024): context lengths are round, pool sizes are not.
     (2) A pool sized at start-up (``max_total_num_tokens=``, ``KV Cache is allocated. #tokens: N``,
-    server info) smaller than one request of the configured ``context_len``, or smaller than one prefill
-    batch (``max_prefill_tokens``, 16384 by default), judged when the inputs hold less than a window of
-    usage readings (with a window, ``kv_saturation`` judges the pool under the real load). Warning:
-    these numbers make the limit certain.
+    server info) smaller than one prefill batch (``max_prefill_tokens``, 16384 by default): warning,
+    these numbers make the limit certain; or smaller than one request of the configured
+    ``context_len``: info (only requests that long meet it). Judged when the inputs hold less than a
+    window of usage readings (with a window, ``kv_saturation`` judges the pool under the real load).
+    A rejected request (1) is a warning.
 
 Why it matters:
     A request longer than the pool can never be served: SGLang rejects it (or, in some versions,
@@ -108,17 +109,21 @@ class KVPoolTooSmall(Rule):
             budget, b_src = _int(ctx, "max_prefill_tokens", "arg.max_prefill_tokens")
             budget_known = budget is not None
             budget = budget or int(ctx.thresholds["prefill_budget"])
-            if ctx_len and pool < ctx_len:
-                parts.append(f"The KV pool holds {fmt_int(pool)} tokens, less than one request of the configured context length "
-                             f"({fmt_int(ctx_len)}): longer requests are rejected")
-                evs.append(evidence("context_len", ctx_len, None, "", ctx_src))
-            elif pool < budget:
+            sev = Severity.WARNING
+            if pool < budget:
                 parts.append(f"The KV pool holds {fmt_int(pool)} tokens, less than one prefill batch "
                              f"({fmt_int(budget)}, {'--max-prefill-tokens' if budget_known else 'the --max-prefill-tokens default'})")
                 if budget_known:
                     evs.append(evidence("max_prefill_tokens", budget, None, "", b_src))
+            elif ctx_len and pool < ctx_len:
+                # certain for a request that long, but only a workload that sends such requests meets it: info
+                sev = Severity.INFO
+                parts.append(f"The KV pool holds {fmt_int(pool)} tokens, less than one request of the configured context length "
+                             f"({fmt_int(ctx_len)}): requests longer than about {fmt_int(pool - MARGIN)} tokens are rejected")
             else:
                 return None
+            if ctx_len:
+                evs.append(evidence("context_len", ctx_len, None, "", ctx_src))
             parts.append(f"at 1,000 tokens per request about {max(1, int(0.9 * pool / 1000))} requests fit at once, "
                          "whatever the client sends")
         else:
@@ -130,7 +135,8 @@ class KVPoolTooSmall(Rule):
             notes.append("No load reading is in the inputs: this will limit the server under load (judged from start-up lines).")
         sugg = self._suggestions(ctx, pool, rejected is not None)
         basis: dict[str, Any] = {"events": 1, "kind": "request rejected"} if rejected is not None else {"startup": True}
-        return self.finding(ctx, summary, evs, sugg, confidence=conf, severity=Severity.WARNING, notes=notes, basis=basis)
+        return self.finding(ctx, summary, evs, sugg, confidence=conf, severity=Severity.WARNING if rejected is not None else sev,
+                            notes=notes, basis=basis)
 
     @staticmethod
     def _rejected(ctx: RuleContext, pool: int | None, ctx_len: int | None) -> tuple[Any, int, str] | None:

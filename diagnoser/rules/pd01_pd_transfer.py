@@ -95,9 +95,13 @@ class PDTransfer(Rule):
                                     "an RDMA-capable transfer backend moves KV without the CPU path",
                                     "KV transfers at RDMA speed", ("the backend's library is installed on both sides",)))
         notes = []
-        if backlog is not None and backlog[0] > backlog[1]:
+        if backlog is not None and backlog[0] > backlog[1] and backlog[2] == "prefill":
             notes.append("Most waiting requests are in the bootstrap queue: the decode side is not accepting them. Check its pool and "
                          "request slots (#prealloc-req and pre-allocated usage on its Decode lines) and lower the router's concurrency.")
+        elif backlog is not None and backlog[0] > backlog[1]:
+            notes.append("Most waiting requests wait for KV space on this decode server: its pool or request slots are taken (by running "
+                         "requests and by pre-allocations for transfers in flight). A larger decode pool (--mem-fraction-static, "
+                         "--kv-cache-dtype) or fewer requests routed at once drains it.")
         if fails and not slow and backlog is None:
             notes.append("Requests fail in the bootstrap: the decode side did not reserve KV for them in time (its pool or request "
                          "slots are full, or leak), or clients aborted them. The decode server's log shows which.")
@@ -106,8 +110,9 @@ class PDTransfer(Rule):
         conf = "medium" if backlog is not None or slow else "low"
         return self.finding(ctx, summary, evs, sugg, confidence=conf, severity=Severity.WARNING, notes=notes, basis=basis)
 
-    def _backlog(self, ctx: RuleContext, evs: list[Evidence], parts: list[str]) -> tuple[float, float] | None:
-        """(bootstrap, in-flight) at the worst reading where the hand-over queues hold the backlog."""
+    def _backlog(self, ctx: RuleContext, evs: list[Evidence], parts: list[str]) -> tuple[float, float, str] | None:
+        """(bootstrap or pre-allocation, in-flight or transfer, "prefill"/"decode") at the worst reading where
+        the hand-over queues hold the backlog."""
         t = ctx.thresholds
         for kind, boot_sig, fly_sig in (("prefill", "pd_bootstrap_reqs", "pd_inflight_reqs"), ("decode", "pd_prealloc_reqs", "pd_transfer_reqs")):
             base = boot_sig if ctx.series(boot_sig) is not None else fly_sig if ctx.series(fly_sig) is not None else None
@@ -142,9 +147,14 @@ class PDTransfer(Rule):
             else:
                 evs.append(evidence("PD decode transfer queue (waiting for KV)", f_, f">= {t['min_waiting']}", ctx.window_text(), src))
                 evs.append(evidence("PD decode pre-allocation queue", b, None, ctx.window_text(), src))
+                pre_use = aligned(ctx, base, "pd_prealloc_usage")
+                held = float(pre_use[k]) if len(pre_use) and pre_use[k] == pre_use[k] else None
+                if held is not None:
+                    evs.append(evidence("pre-allocated usage (pool reserved for incoming transfers)", held, None, ctx.window_text(), src))
                 parts.append(f"{fmt_int(f_)} requests wait for their KV to arrive and {fmt_int(b)} for KV to be reserved while "
-                             f"{float(run[k]):.0f} decode, in {share:.0%} of {len(ok)} reading(s)")
-            return b, f_
+                             f"{float(run[k]):.0f} decode, in {share:.0%} of {len(ok)} reading(s)"
+                             + (f"; {held:.0%} of the decode pool is reserved for incoming transfers" if held is not None else ""))
+            return b, f_, kind
         return None
 
     @staticmethod

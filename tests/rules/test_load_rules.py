@@ -22,12 +22,14 @@ def _kv(u: float) -> object:
 
 
 def test_kv_saturation_boundary() -> None:
-    # with requests waiting the pool is full from 0.90: admission also reserves room for the running
-    # requests' remaining output, so the queue forms before usage reads 1.0
-    assert _kv(0.89) is None
-    f = _kv(0.91)
-    assert f is not None and "reserves room" in f.summary
-    assert run(KVSaturation, window(token_usage=[0.91] * 6, queue_reqs=[5] * 6, running_reqs=[20] * 6, config=CFG), waiting_usage=0.95) is None
+    assert _kv(0.94) is None  # a short queue at 0.94: the tuning guide's well-used pool
+    # with more waiting than the guide's healthy queue (2000) the pool is full from 0.90: admission also
+    # reserves room for the running requests' remaining output, so the queue forms before usage reads 1.0
+    deep = {"token_usage": [0.91] * 6, "queue_reqs": [2500] * 6, "running_reqs": [20] * 6, "config": CFG}
+    f = run(KVSaturation, window(**deep))  # type: ignore[arg-type]
+    assert f is not None and "reserves room" in f.summary and f.evidence[0].threshold == 0.9
+    assert run(KVSaturation, window(**{**deep, "token_usage": [0.89] * 6})) is None  # type: ignore[arg-type]
+    assert run(KVSaturation, window(**deep), deep_queue=3000) is None  # type: ignore[arg-type]
     f = _kv(0.96)
     assert f is not None and f.severity == Severity.WARNING
     assert f.evidence[0].signal == "token_usage" and f.evidence[0].observed == 0.96 and f.evidence[0].source == "server.log:1"

@@ -86,7 +86,8 @@ CASES: list[tuple[str, str, str, str, bool, str]] = [
     ("kv_retraction", "one line", "log", "[2025-06-01 10:00:00 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_token_ratio: 0.3000 -> 0.6000", True, "occasional"),
     ("kv_retraction", "one line", "log", dec(q=3), False, ""),
     # kv_pool_too_small: a pool below one full-context request; a request rejected by the pool's limit
-    ("kv_pool_too_small", "startup only", "log", summary(pool=8050, ctx=131072), True, "less than one request"),
+    ("kv_pool_too_small", "startup only", "log", summary(pool=8050, ctx=131072), True, "less than one prefill batch"),
+    ("kv_pool_too_small", "startup only", "log", summary(pool=100_000, ctx=131072), True, "less than one request of the configured context length"),
     ("kv_pool_too_small", "startup only", "log", summary(), False, ""),
     ("kv_pool_too_small", "one line", "log", "[2025-03-03 06:49:28 TP0] Input length (160062 tokens) exceeds the maximum allowed length (59862 tokens). Use a shorter input or enable --allow-auto-truncate.", True, "the KV pool"),
     ("kv_pool_too_small", "one line", "log", "[2025-03-03 06:49:28 TP0] Input length (40000 tokens) exceeds the maximum allowed length (32762 tokens). Use a shorter input or enable --allow-auto-truncate.", False, ""),

@@ -107,6 +107,7 @@ class SGLangLogParser:
         self.saw_date = False
         self._pending: list[LogEvent] = []  # events of side lines read before any timestamp
         self.first_stamp: str | None = None  # the date of the first dated prefix (YYYY-MM-DD), for the version bound
+        self.graph_labels: set[str] = set()  # "cuda", "cpu", "npu", "musa": the device the batch lines name
         self._pd_seen: set[tuple[str, str, str]] = set()
 
     # -- version hints -------------------------------------------------------------------------
@@ -583,6 +584,9 @@ class SGLangLogParser:
             self._shapes_hinted.add(shape)
         hint_lo, hint_hi = self.hint_at_least, self.hint_at_most
         keys = {k for k, _ in fields}
+        for label in ("cpu graph", "npu graph", "musa graph", "cuda graph"):
+            if label in keys:
+                self.graph_labels.add(label.split()[0])
         if h.endswith(","):
             if "[" in h:
                 hint_lo((0, 5, 4), f"'{kind} batch [N],' header")
