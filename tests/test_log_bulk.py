@@ -39,6 +39,7 @@ def _state(tl: Timeline, reader: LogReader) -> dict[str, Any]:
         "paths": dict(p.access_paths),
         "access_last": p.access_last,
         "clock": (p.last_ts, p.saw_date, p.untimed_lines),
+        "first_stamp_and_devices": (p.first_stamp, sorted(p.graph_labels)),
         "report": reader.report.to_dict(),
     }
 
@@ -205,6 +206,42 @@ def test_bulk_equals_reference_with_junk_and_odd_lines(generated: bytes) -> None
         ref = _assert_same(data, chunk, workers)
     assert ref["report"]["errors"] > 0  # junk was counted
     assert ref["clock"][2] > 0  # untimed lines were ordered by the clock
+
+
+def test_bulk_equals_reference_with_pasted_and_crash_lines(generated: bytes) -> None:
+    """The shapes issue 15 reads (markdown around pasted lines, kubectl/journald heads, an outer stamp,
+    tracebacks before any stamp, allocator state, PD and glog lines, cpu/npu graph labels) between bulk
+    lines: the bulk reader still gives exactly the line parser's result, pending events and first date too."""
+    head = [b'  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2050, in run_batch',
+            b"RuntimeError: Decode out of memory. Try to lower your batch size.", b"Avaliable tokens: 2048"]
+    lines = generated.split(b"\n")[:4000]
+    odd = [
+        b"> [2026-11-29 09:32:06 TP0] Decode batch, #running-req: 5, #token: 1539, token usage: 0.75, cuda graph: True, gen throughput (token/s): 1035.84, #queue-req: 35",
+        b"`[2026-11-29 09:32:06 TP0] Decode batch, #running-req: 5, #token: 1539, token usage: 0.75, gen throughput (token/s): 1035.84, #queue-req: 35` \\",
+        b"[pod/sglang-0/sglang] [2026-11-29 09:32:06 TP0] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, token usage: 0.10, #running-req: 2, #queue-req: 1, #pending-token: 0, cuda graph: False, input throughput (token/s): 10.00",
+        b"Nov 29 09:32:06 node python3[11]: [2026-11-29 09:32:06 TP0] Decode batch, #running-req: 5, #token: 1539, token usage: 0.75, cpu graph: False, gen throughput (token/s): 1035.84, #queue-req: 35",
+        b"[2026-11-29 09:32:06] [2026-11-29 01:32:06 TP0] Decode batch. #running-req: 5, #token: 266623, token usage: 0.61, gen throughput (token/s): 136.00, #queue-req: 0",
+        b"[2026-11-29 09:32:06 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        b'  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1800, in forward_extend',
+        b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        b"I1129 09:32:07.155643 104603 transfer_engine.cpp:364] [Metrics] Transfer Engine Throughput: 4.44 MB/s (over last 5s)",
+        b"[2026-11-29 09:32:06 DP1 TP1] Prefill batch. #new-seq: 7, #new-token: 200, #cached-token: 0, token usage: 0.07, #running-req: 0, #unbootstrapped-req: 341, #queue-req: 0, #transferring-req: 155 ",
+        b"[2026-11-29 09:32:06 TP3] Prefill bootstrap failed for request rank=3 req.rid='ab' req.bootstrap_room=1 with exception KVTransferError(bootstrap_room=1): Aborted by AbortReq.",
+        b"max_running_requests is capped to 9 by the mamba state cache (max_mamba_cache_size=47, 5 state slots per request). To raise it: increase --max-mamba-cache-size.",
+    ]
+    mixed: list[bytes] = list(head)
+    for i, line in enumerate(lines):
+        mixed.append(line)
+        if i % 89 == 0:
+            mixed.append(odd[(i // 89) % len(odd)])
+    data = b"\n".join(mixed) + b"\n"
+    for chunk, workers in ((1 << 23, 0), (5555, 0), (5555, 2)):
+        ref = _assert_same(data, chunk, workers)
+    kinds = {e[0] for e in ref["events"]}
+    assert {"frame", "exception", "oom", "oom_detail", "crash_notice", "kv_transfer_rate", "pd_failure", "max_running_requests_reduced"} <= kinds
+    assert ref["first_stamp_and_devices"][1] == ["cpu", "cuda"]
+    first = next(e for e in ref["events"] if e[2] == 1)  # a frame before any stamp takes the log's first time
+    assert first[0] == "frame" and first[1] == min(t for s in ref["series"].values() for t in s[0][:1])
 
 
 def test_small_inputs_take_the_line_path_large_ones_the_bulk_path(generated: bytes) -> None:

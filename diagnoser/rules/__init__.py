@@ -12,6 +12,7 @@ from diagnoser.rules.cg01_cuda_graph_disabled_or_exceeded import CudaGraphDisabl
 from diagnoser.rules.dp01_dp_imbalance import DPImbalance
 from diagnoser.rules.er01_oom import OOM
 from diagnoser.rules.er02_engine_crash import EngineCrash
+from diagnoser.rules.er03_engine_leak import EngineLeak
 from diagnoser.rules.fl01_replica_imbalance import ReplicaImbalance
 from diagnoser.rules.fl02_config_drift import ConfigDrift
 from diagnoser.rules.in01_source_unreachable import SourceUnreachable
@@ -47,6 +48,7 @@ REGISTRY: list[type[Rule]] = [
     PDTransfer,
     OOM,
     EngineCrash,
+    EngineLeak,
     RunawayGeneration,
     SourceUnreachable,
     MetricsDisabled,

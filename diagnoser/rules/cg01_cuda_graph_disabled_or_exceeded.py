@@ -9,7 +9,8 @@ What it detects:
     readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
     Before load (start-up lines or server args only, or fewer than a window of decode readings): the
     captured maximum (a full ``Capture cuda graph bs [...]`` list, ``Capture target decode CUDA graph
-    end. bs=[...]``, ``--cuda-graph-max-bs``) at or below ``startup_share`` (25 %) of what the server can
+    end. bs=[...]``, the size at step 0 of the ``Capturing batches (bs=N …)`` progress bar,
+    ``--cuda-graph-max-bs`` or ``--cuda-graph-bs``) at or below ``startup_share`` (25 %) of what the server can
     run — the smaller of the effective ``max_running_requests`` and the requests the pool holds at
     ``startup_tokens_per_request`` (2,048) tokens each. Warning when even requests of the full context
     length would outnumber the captured maximum (certain), or at half that share; info otherwise.
@@ -128,6 +129,9 @@ class CudaGraphDisabledOrExceeded(Rule):
         pool holds means every batch above it will run without a graph once load arrives."""
         t = ctx.thresholds
         captured = ctx.cfg("cuda_graph_max_bs_captured") or ctx.cfg("arg.cuda_graph_max_bs") or ctx.cfg("arg.cuda_graph_max_bs_decode")
+        listed = ctx.cfg("arg.cuda_graph_bs")
+        if not captured and isinstance(listed, list | tuple) and listed and all(isinstance(x, int) for x in listed):
+            captured = max(listed)  # --cuda-graph-bs names the sizes themselves
         if not isinstance(captured, int | float) or isinstance(captured, bool) or captured <= 0:
             return None
         cap, cap_src = slot_cap(ctx)

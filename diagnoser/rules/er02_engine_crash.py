@@ -8,7 +8,8 @@ What it detects:
     segmentation fault, an NCCL error or watchdog timeout, a CUDA error, a device out-of-memory
     exception (``torch.OutOfMemoryError: CUDA out of memory`` / HIP / NPU), the KV allocator's
     ``Decode/Prefill out of memory`` raised as an exception, a start-up failure (no memory for the KV
-    pool). A traceback counts when its frames run through the engine (``sglang/srt/managers``,
+    pool), the scheduler watchdog's timeout; and, without any of those, a failed health check (the
+    server stopped answering: hung, or dead without its traceback in the lines). A traceback counts when its frames run through the engine (``sglang/srt/managers``,
     ``model_executor``, ``layers``, ``mem_cache``, ``disaggregation`` …) or when a crash notice is in the
     log; a truncated paste (an exception line without its frames, or the notice without its traceback)
     is enough. Tracebacks of helper code that the server survives (the HTTP server's post-warm-up
@@ -94,7 +95,7 @@ class EngineCrash(Rule):
     title = "Engine crashed"
     severity = Severity.CRITICAL
     for_seconds = 0.0
-    events = ("crash_notice", "fatal", "exception", "startup_oom")
+    events = ("crash_notice", "fatal", "exception", "startup_oom", "health_failed")
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         notices = ctx.events_of("crash_notice")
@@ -114,7 +115,10 @@ class EngineCrash(Rule):
             benign = bool(own) and not engine
             if engine or (fatal_type and not benign) or (notices and not benign):
                 crash_excs.append((e, own))
+        health = ctx.events_of("health_failed")
         if not (notices or fatals or startup or crash_excs):
+            if health:
+                return self._hung(ctx, health)
             return None
         # the exception to report: the one nearest before the first notice, else the last engine one
         main: tuple[LogEvent, list[LogEvent]] | None = None
@@ -176,6 +180,20 @@ class EngineCrash(Rule):
         n_events = len(notices) + len(fatals) + len(startup) + len(crash_excs)
         return self.finding(ctx, summary, evs, [], confidence=conf, severity=Severity.CRITICAL, notes=notes,
                             basis={"events": n_events, "kind": "crash"})
+
+    def _hung(self, ctx: RuleContext, health: list[LogEvent]) -> Finding:
+        """No exception in the inputs, but the server's health check failed: the scheduler or the
+        detokenizer stopped answering (hung, or died without its traceback in the lines)."""
+        e = health[0]
+        evs = [Evidence("health check failed", str(e.fields.get("text", ""))[:160], None, "", e.source)]
+        if len(health) > 1:
+            evs.append(Evidence("health check failures", len(health), None, "", health[-1].source))
+        summary = (f"The server stopped answering: its health check failed {len(health)} time(s) — the scheduler or the "
+                   "detokenizer is hung or died (no traceback is in the inputs).")
+        return self.finding(ctx, summary, evs, [], confidence="medium", severity=Severity.CRITICAL,
+                            notes=["Look for a traceback or 'hit an exception' just before in every process's log; a hang in a collective "
+                                   "(NCCL) shows as no progress on all ranks."],
+                            basis={"events": len(health), "kind": "health check"})
 
     @staticmethod
     def _context(ctx: RuleContext, line_no: int) -> str:

@@ -138,6 +138,12 @@ CASES: list[tuple[str, str, str, str, bool, str]] = [
     ("engine_crash", "one line", "log", "[2025-06-26 02:16:20 TP0] Scheduler hit an exception: Traceback (most recent call last):", True, "Scheduler process crashed"),
     ("engine_crash", "three lines", "log", '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2050, in run_batch\n  File "/sgl/python/sglang/srt/managers/tp_worker.py", line 240, in forward_batch_generation\nRuntimeError: CUDA error: an illegal memory access was encountered', True, "illegal memory access"),
     ("engine_crash", "three lines", "log", 'Traceback (most recent call last):\n  File "venv/lib/python3.11/site-packages/sglang/srt/entrypoints/http_server.py", line 2561, in _freeze_gc_after_server_warmup\nrequests.exceptions.ConnectionError: HTTPConnectionPool(host=\'127.0.0.1\', port=30000): Max retries exceeded', False, ""),
+    # engine_leak: the scheduler's idle self-check (formats of scheduler.py check_memory)
+    ("engine_leak", "one line", "log", "[2026-02-10 14:03:15 TP0] token_to_kv_pool_allocator memory leak detected! available_size=581120, evictable_size=0, max_total_num_tokens=582064", True, "not given back"),
+    ("engine_leak", "one line", "log", "[2024-12-10 14:03:15 TP0] KV cache pool leak detected!", True, "KV token slots"),
+    ("engine_leak", "one line", "log", dec(run=0, tok=0, use=0.0), False, ""),
+    # engine_crash: a failed health check alone (the server stopped answering)
+    ("engine_crash", "one line", "log", "[2026-02-10 14:03:15] Health check failed. Server couldn't get a response from detokenizer for last 20 seconds.", True, "stopped answering"),
     # runaway_generation: two requests holding 150k tokens each while the pool is half used
     ("runaway_generation", "three lines", "log", "\n".join(dec(i, run=2, tok=300000 + 80 * i, use=0.5) for i in range(3)), True, "150,040 KV tokens each"),
     ("runaway_generation", "three lines", "log", "\n".join(dec(i, run=2, tok=4000 + 80 * i, use=0.01) for i in range(3)), False, ""),

@@ -34,7 +34,7 @@ from diagnoser.model import LogEvent
 # substrings that route a line here (the parser's TRIGGERS include them)
 TRIGGERS: tuple[str, ...] = (
     "Error", "Exception", "hit an exception", '", line ', "sigquit", "SIGQUIT", "unexpectedly failed",
-    "Segmentation fault", "Watchdog caught", "NCCL", "Try to allocate", "able tokens:", "_size()=",
+    "Segmentation fault", "Watchdog caught", "watchdog timeout", "NCCL", "Try to allocate", "able tokens:", "_size()=",
     "exceeds the maximum allowed length", "longer than the model's context length", "maximum context length",
     "failed for request", "Transfer Engine Throughput",
 )
@@ -62,6 +62,7 @@ _FATAL = (
     ("Segmentation fault", "segmentation fault"),
     ("Fatal Python error", "fatal Python error"),
     ("Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
+    ("watchdog timeout", "the scheduler watchdog fired (a forward step hung)"),
 )
 _UNIT = {"KB": 1e-3, "MB": 1.0, "GB": 1e3}
 

@@ -310,6 +310,10 @@ class SGLangLogParser:
         side = _EVENT_TRIGGER_RE.search(msg) is not None and logevents.read(self, msg, ts, rank, src, line_no)
         if side and msg.startswith('File "'):
             return True
+        if "leak detected" in msg:  # before the summary line: the leak check prints max_total_num_tokens= too
+            self.emit_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
+            self.kinds["leak"] += 1
+            return True
         if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
             fields = _split_fields(msg)
             self._emit(fields, _DECODE_FIELDS, ts, rank, src)
@@ -440,10 +444,6 @@ class SGLangLogParser:
             sink.set_config("disable_cuda_graph", True, src)
             self.kinds["startup"] += 1
             return True
-        if "leak detected" in msg:
-            self.emit_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
-            self.kinds["leak"] += 1
-            return True
         if "Health check failed" in msg:
             self.emit_event(LogEvent("health_failed", ts, line_no, src, {"text": msg[:200]}, rank))
             self.kinds["health"] += 1
@@ -507,6 +507,13 @@ class SGLangLogParser:
 
     def _graph(self, msg: str, src: str) -> bool:
         sink = self.sink
+        if "Capturing batches" in msg:
+            # tqdm's progress bar: sizes are captured largest first, so the size shown at step 0/N is the maximum
+            # (a bar that shows only its last step, bs=1 at N/N, says nothing about the maximum)
+            for bs, step in re.findall(r"Capturing batches \(bs=(\d+)[^)]*\):[^\r]*?\|\s*(\d+)/\d+", msg):
+                if step == "0":
+                    sink.set_config("cuda_graph_max_bs_captured", int(bs), src)
+                    break
         capture = _GRAPH_BS_RE.search(msg)
         gb = capture or _GRAPH_END_BS_RE.search(msg)
         if gb:
