@@ -6,7 +6,8 @@ What it detects:
     mean is at least ``max_ratio`` (1.5) times the mean over ranks — with a mean of at least
     ``min_mean`` (2) running requests, ``min_queue`` (4) waiting or ``min_gen_tps`` (10) tokens/s — or
     when one rank queues requests while another has half its load or less. One scrape (one reading
-    per rank) is enough, at low confidence.
+    per rank) is enough, at low confidence, when the busiest rank carries at least ``min_spread`` (8)
+    requests above the mean (ranks log at their own moments: a few requests apart is noise).
 
 Why it matters:
     Under DP attention every rank waits for the slowest at each MLP sync: one overloaded rank sets the
@@ -35,7 +36,7 @@ References:
 from __future__ import annotations
 
 from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, readings_basis
+from diagnoser.rules.base import WINDOW_READINGS, Rule, RuleContext, evidence, readings_basis
 
 
 class DPImbalance(Rule):
@@ -44,13 +45,14 @@ class DPImbalance(Rule):
     title = "DP ranks unbalanced"
     severity = Severity.WARNING
     reads = ("running_reqs",)
-    defaults = {"max_ratio": 1.5, "min_mean": 2.0, "min_queue": 4.0, "min_gen_tps": 10.0, "min_points": 1, "min_ranks": 2}
+    defaults = {"max_ratio": 1.5, "min_mean": 2.0, "min_queue": 4.0, "min_gen_tps": 10.0, "min_spread": 8.0, "min_points": 1, "min_ranks": 2}
     threshold_help = {
         "max_ratio": "busiest rank's mean over the mean of all ranks at or above this is imbalanced",
         "min_mean": "mean running requests per rank below this is too idle to judge",
         "min_points": "fewest readings per rank (one scrape judges, at low confidence)",
         "min_queue": "mean waiting requests per rank below this are too few to judge a queue imbalance",
         "min_gen_tps": "mean generation throughput per rank below this is too idle to judge",
+        "min_spread": "with fewer than a window of readings per rank, the busiest rank must carry this many requests above the mean",
         "min_ranks": "fewest DP ranks",
     }
 
@@ -89,6 +91,9 @@ class DPImbalance(Rule):
             q_skew = any(queued[r] > 0 for r in means) and means[lo] <= 0.5 * means[hi] and queued[lo] == 0
         if ratio < t["max_ratio"] and not q_skew:
             return None
+        fewest = min(ctx.stats(signal, r)["n"] for r in means)
+        if fewest < WINDOW_READINGS and signal in ("running_reqs", "queue_reqs") and means[hi] - avg < t["min_spread"]:
+            return None  # a snapshot per rank (each logs at its own moment): a spread of a few requests is noise
         hs, ls = ctx.series(signal, hi), ctx.series(signal, lo)
         evs = [evidence(f"{signal}[{hi}] mean", round(means[hi], 1), f">= {t['max_ratio']} x mean", ctx.window_text(), hs.last_source() if hs else ""),
                evidence(f"{signal}[{lo}] mean", round(means[lo], 1), None, ctx.window_text(), ls.last_source() if ls else ""),
@@ -97,7 +102,6 @@ class DPImbalance(Rule):
                  "gen_throughput_tps": "generation throughput (tok/s)"}.get(signal, signal)
         summary = (f"Across {len(means)} DP ranks the mean {label} ranged from {means[lo]:.1f} ({lo}) to {means[hi]:.1f} ({hi}); "
                    f"the busiest rank carries {ratio:.2f}x the average" + ("; a rank queued requests while another had half the load or less" if q_skew else "") + ".")
-        fewest = min(ctx.stats(signal, r)["n"] for r in means)
         basis = dict(readings_basis(ctx, signal, min(means, key=lambda r: ctx.stats(signal, r)["n"])), signal=f"{signal} per DP rank")
         return self.finding(ctx, summary, evs, [], confidence="medium" if fewest >= 5 else "low", basis=basis,
                             notes=["Balance the dispatch: the DP controller's load-balance method (shortest queue / fewest tokens) or the router's cache-aware policy."])

@@ -13,7 +13,9 @@ What it detects:
     ``model_executor``, ``layers``, ``mem_cache``, ``disaggregation`` …) or when a crash notice is in the
     log; a truncated paste (an exception line without its frames, or the notice without its traceback)
     is enough. Tracebacks of helper code that the server survives (the HTTP server's post-warm-up
-    ``freeze_gc`` call, a client library) are not crashes. Always critical.
+    ``freeze_gc`` call, a client library) are not crashes, nor a request that ends with a front-end
+    error (``CancelledError`` when a client disconnects, a validation error; frames of the tokenizer
+    manager or the HTTP server only). Always critical.
 
 Why it matters:
     A scheduler that dies takes the whole server with it (the other processes are killed): every
@@ -60,11 +62,16 @@ ENGINE_DIRS = {"managers", "model_executor", "layers", "mem_cache", "disaggregat
                "models", "sampling", "model_loader", "lora", "constrained", "batch_overlap", "compilation", "eplb",
                "two_batch_overlap", "attention", "moe", "quantization", "hardware_backend", "dllm", "multimodal"}
 MEMORY_WORDS = ("out of memory", "outofmemory", "no gpu memory", "not enough memory")
+# the HTTP / tokenizer front end handles per-request errors (a client that disconnected, a bad request):
+# its frames are not the engine's, and these exception types are a request's end, not a process's
+FRONT_END = ("tokenizer_manager.py", "io_struct.py", "template_manager.py", "serving_chat.py", "serving_completions.py")
+BENIGN_TYPES = ("CancelledError", "ConnectionResetError", "BrokenPipeError", "ClientDisconnect", "ClientDisconnected",
+                "GeneratorExit", "StopIteration", "StopAsyncIteration", "ValidationError", "HTTPException", "JSONDecodeError")
 
 
 def _engine_frame(frame: LogEvent) -> bool:
     parts = str(frame.fields.get("file", "")).split("/")
-    return len(parts) >= 2 and parts[-2] in ENGINE_DIRS
+    return len(parts) >= 2 and parts[-2] in ENGINE_DIRS and parts[-1] not in FRONT_END
 
 
 def _phase(text: str, frames: list[LogEvent]) -> str:
@@ -110,6 +117,8 @@ class EngineCrash(Rule):
             own = [f for f in frames if prev < f.line_no < e.line_no]
             prev = e.line_no
             text = f"{e.fields.get('type', '')}: {e.fields.get('message', '')}".lower()
+            if str(e.fields.get("type", "")).rsplit(".", 1)[-1] in BENIGN_TYPES:
+                continue  # a request that ended (client gone, bad input), not a process that died
             fatal_type = any(w in text for w in MEMORY_WORDS) or "nccl" in text or "cuda error" in text
             engine = any(_engine_frame(f) for f in own)
             benign = bool(own) and not engine

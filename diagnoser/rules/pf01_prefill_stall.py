@@ -8,7 +8,8 @@ What it detects:
     power-of-two budget above it — the scheduler adds requests to a batch until the budget is spent),
     while a backlog waits (``#queue-req`` > 0 or ``#pending-token`` above ``pending_factor`` × the cap)
     in at least half of them and KV usage p95 stays below ``kv_room`` (0.9). One batch is enough to
-    judge (at low confidence). (2) Admission stall: requests wait for ``stall_seconds`` (20 s) or more
+    judge (at low confidence); fewer than ``few_batches`` (3) are info unless ``deep_queue`` (100)
+    requests wait (a long prompt being chunked while a few wait is normal work). (2) Admission stall: requests wait for ``stall_seconds`` (20 s) or more
     with no prefill batch at all, KV usage below ``kv_room``, fewer running than the slot cap and no
     retraction.
 
@@ -55,9 +56,11 @@ class PrefillStall(Rule):
     title = "Prefill admits too little"
     severity = Severity.WARNING
     reads = ("prefill_new_tokens",)
-    defaults = {"min_batches": 1, "cap_share": 0.5, "kv_room": 0.9, "stall_seconds": 20.0, "pending_factor": 2.0, "target_chunk": 8192}
+    defaults = {"min_batches": 1, "few_batches": 3, "deep_queue": 100, "cap_share": 0.5, "kv_room": 0.9, "stall_seconds": 20.0, "pending_factor": 2.0, "target_chunk": 8192}
     threshold_help = {
         "min_batches": "fewest prefill batches needed to judge capping (one batch judges, at low confidence)",
+        "few_batches": "below this many prefill batches a capped batch is info unless deep_queue requests wait",
+        "deep_queue": "waiting requests that make even one or two capped batches a warning",
         "cap_share": "share of prefill batches at the cap that counts as capped",
         "kv_room": "KV usage below this counts as room",
         "stall_seconds": "seconds of waiting without any admission that count as a stall",
@@ -153,7 +156,9 @@ class PrefillStall(Rule):
                                 + ("" if mpt is not None else "; the current value is not in the inputs (default 16384)"),
                                 "more waiting requests admitted per prefill step, so a shorter queue wait",
                                 ("the GPU has activation memory for the larger batch", "--chunked-prefill-size is not the smaller budget")))
-            return self.finding(ctx, summary, evs, sugg, confidence="medium", notes=notes)
+            few = len(p) < t["few_batches"]
+            return self.finding(ctx, summary, evs, sugg, confidence="medium", notes=notes,
+                                severity=Severity.INFO if few and (qs["max"] or 0) < t["deep_queue"] else None)
         summary = (f"{cshare:.0%} of {len(p)} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
                    f"while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
                    + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
@@ -170,7 +175,9 @@ class PrefillStall(Rule):
             sugg.append(suggest(ctx, "max_prefill_tokens", mpt, max(proposed, 16384),
                                 "the per-batch prefill budget is below the proposed chunk size", "lets a prefill batch use the larger chunk",
                                 ("16384 is SGLang's default",)))
-        return self.finding(ctx, summary, evs, sugg, confidence="high" if cap_name != "inferred" else "medium")
+        few = len(p) < t["few_batches"]  # one or two batches: a chunked long prompt with a short queue is normal work
+        return self.finding(ctx, summary, evs, sugg, confidence="high" if cap_name != "inferred" else "medium",
+                            severity=Severity.INFO if few and (qs["max"] or 0) < t["deep_queue"] else None)
 
     def _stall(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds

@@ -9,7 +9,8 @@ What it detects:
     ``max_running_requests is capped to N by the mamba state cache (…). To raise it: …`` (hybrid
     models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
     readings ("will limit you under load"), and the levers the line itself names become suggestions,
-    spelled as the server printed them.
+    spelled as the server printed them. Speculative decoding's own reset with no reading at the cap is
+    info (the engine's default, not a cut of what the operator asked for).
 
 Why it matters:
     Requests beyond the cap wait however much KV is free; the GPU decodes a smaller batch than the pool
@@ -119,8 +120,10 @@ class MaxRunningRequestsCap(Rule):
                     sugg.append(x)
         conf = "high" if runtime and red else "medium"
         notes = [] if runtime else ["Only the startup sizing was read; a Decode batch line or scrape would show whether the load reaches the cap."]
+        # speculative decoding's own default (48, no operator asked for more) limits only a load that reaches it
+        default_only = not runtime and all(e.fields.get("reason") == "speculative decoding" for e in red)
         return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes,
-                            basis=None if runtime else {"startup": True})
+                            basis=None if runtime else {"startup": True}, severity=Severity.INFO if default_only else None)
 
     @staticmethod
     def _levers(ctx: RuleContext, fields: dict[str, Any], cap: int, requested: Any) -> list[Suggestion]:

@@ -172,16 +172,24 @@ def test_low_cache_hit_needs_more_than_a_low_rate_without_hicache() -> None:
 
 
 # -- dp imbalance --------------------------------------------------------------------------------
-def _dp(hi: float) -> object:
-    return window(ranks={"dp0": {"running_reqs": [hi] * 3}, "dp1": {"running_reqs": [10.0] * 3},
-                         "dp2": {"running_reqs": [10.0] * 3}, "dp3": {"running_reqs": [10.0] * 3}})
+def _dp(hi: float, n: int = 5) -> object:
+    return window(ranks={"dp0": {"running_reqs": [hi] * n}, "dp1": {"running_reqs": [10.0] * n},
+                         "dp2": {"running_reqs": [10.0] * n}, "dp3": {"running_reqs": [10.0] * n}})
 
 
 def test_dp_imbalance_boundary() -> None:
-    # max/mean with one rank at x and three at 10: x / ((x + 30) / 4)
+    # max/mean with one rank at x and three at 10: x / ((x + 30) / 4), over a window of readings per rank
     assert run(DPImbalance, _dp(26.0)) is not None  # 26 / 14 = 1.86
     assert run(DPImbalance, _dp(17.0)) is None  # 17 / 11.75 = 1.45
     assert run(DPImbalance, _dp(18.5)) is not None  # 18.5 / 12.1 = 1.53
+
+
+def test_dp_imbalance_on_snapshots_needs_a_material_spread() -> None:
+    # one or a few readings per rank (each rank logs at its own moment): a few requests apart is noise
+    assert run(DPImbalance, _dp(18.5, n=1)) is None  # 6.4 above the mean
+    f = run(DPImbalance, _dp(26.0, n=1))  # 12 above the mean
+    assert f is not None and f.basis["readings"] == 1
+    assert run(DPImbalance, _dp(18.5, n=1), min_spread=6.0) is not None
 
 
 # -- oom -----------------------------------------------------------------------------------------

@@ -225,3 +225,17 @@ def test_metrics_file_errors_are_one_sentence(tmp_path: Path, capsys: pytest.Cap
     assert rc == 2 and "HTML page" in err
     rc = cli_main(["--once", "--metrics-file", "m.txt", "--url", "http://127.0.0.1:9"])
     assert rc == 2 and "without --url" in capsys.readouterr().err
+
+
+def test_snapshots_of_normal_work_are_not_warnings(tmp_path: Path) -> None:
+    """What a healthy server prints now and then: a long prompt chunked while a few wait, speculative
+    decoding's own cap of 48, a client that disconnected mid-stream. Found as info, or not at all."""
+    _, doc = diagnose(tmp_path, pre(new=8192, q=3, pend=20000, use=0.3, run=60))
+    f = by_rule(doc).get("prefill_stall")
+    assert f is not None and f["severity"] == "info"
+    _, doc = diagnose(tmp_path, "[2026-03-01 10:00:00] Max running requests is reset to 48 for speculative decoding. You can override this by explicitly setting --max-running-requests.")
+    assert by_rule(doc)["max_running_requests_cap"]["severity"] == "info"
+    _, doc = diagnose(tmp_path, 'Traceback (most recent call last):\n  File "/sgl/python/sglang/srt/managers/tokenizer_manager.py", line 900, in _wait_one_response\nasyncio.exceptions.CancelledError')
+    assert "engine_crash" not in by_rule(doc)
+    loud = [f for f in doc["findings"] if f["severity"] != "info"]
+    assert not loud, loud
