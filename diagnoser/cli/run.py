@@ -122,6 +122,18 @@ def load_thresholds(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         raise UsageError(str(e)) from None
 
 
+def looks_like_exposition(path: str) -> bool:
+    """A file whose first lines are a Prometheus exposition of SGLang (``# TYPE sglang…`` / ``sglang:…``)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    lines = [ln.strip() for ln in head if ln.strip()][:40]
+    expo = sum(1 for ln in lines if ln.startswith(("# HELP sglang", "# TYPE sglang", "sglang:", "sglang_")))
+    return len(lines) >= 1 and expo >= max(1, len(lines) // 2)
+
+
 def gather(args: argparse.Namespace, adapter: Any) -> Any:
     """Collect the inputs the arguments name into a Collection."""
     if args.replay:
@@ -135,6 +147,13 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
         from diagnoser.fleet import collect_prometheus
 
         return collect_prometheus(args, adapter)
+    if args.log and not args.url and not args.metrics_file:
+        # a saved /metrics dump passed as --log (people do): read it as the exposition it is
+        dumps = [p for p in args.log if p != "-" and looks_like_exposition(p)]
+        if dumps:
+            args.metrics_file = dumps
+            args.log = [p for p in args.log if p not in dumps]
+            args.exposition_as_log = dumps
     if args.metrics_file:
         if args.url:
             raise UsageError("--metrics-file reads saved expositions: use it without --url (or drop it and scrape the server)")
@@ -142,7 +161,13 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
             raise UsageError("stdin can feed --metrics-file - or --log -, not both")
         from diagnoser.collect import collect_files
 
-        return collect_files(adapter, args.metrics_file, args.log)
+        col = collect_files(adapter, args.metrics_file, args.log)
+        for path in getattr(args, "exposition_as_log", None) or []:
+            for rep in col.inputs:
+                if rep.kind == "metrics":
+                    rep.messages.append(f"{path} is a /metrics exposition, read as one scrape (--metrics-file says so explicitly).")
+                    break
+        return col
     if not args.url and not args.log:
         raise UsageError("nothing to read: pass --url http://HOST:30000 and/or --log PATH (or --log - for stdin), or --metrics-file FILE")
     if args.url:

@@ -239,3 +239,11 @@ def test_snapshots_of_normal_work_are_not_warnings(tmp_path: Path) -> None:
     assert "engine_crash" not in by_rule(doc)
     loud = [f for f in doc["findings"] if f["severity"] != "info"]
     assert not loud, loud
+
+
+def test_a_metrics_dump_passed_as_log_is_read_as_one_scrape(tmp_path: Path) -> None:
+    """People pass a saved /metrics dump with --log: it is read as the exposition it is, and said so."""
+    rc, doc = diagnose(tmp_path, scrape(40, 25, 0.96))  # written as server.log, passed with --log
+    assert rc == 1 and "kv_saturation" in by_rule(doc)
+    (inp,) = [i for i in doc["inputs"] if i["kind"] == "metrics"]
+    assert inp["scrapes"] == 1 and any("read as one scrape" in m for m in inp["messages"])
