@@ -4,7 +4,7 @@ one prefill batch. Read from start-up lines or a rejected request, before any lo
 What it detects:
     (1) A request rejected because the pool cannot hold it: ``Input length (N tokens) exceeds the
     maximum allowed length (M tokens)``. SGLang caps an input at ``min(context_len, pool) - 6`` tokens
-    (``max_req_input_len`` in the scheduler), so M comes from the pool when the pool is known and M is
+    (``max_req_input_len``, from the TP worker), so M comes from the pool when the pool is known and M is
     about pool - 6, when the context length is known and larger, or — with neither known — when M + 6
     is not a round context length (a multiple of 1024): context lengths are round, pool sizes are not.
     (2) A pool sized at start-up (``max_total_num_tokens=``, ``KV Cache is allocated. #tokens: N``,
@@ -39,8 +39,9 @@ Known false positives:
     which requests would not fit).
 
 References:
-    ``python/sglang/srt/managers/scheduler.py`` at v0.5.23 (``max_req_len = min(context_len - 1,
-    max_total_num_tokens - 1)``, ``max_req_input_len = max_req_len - 5``, the input length check);
+    ``python/sglang/srt/managers/tp_worker.py`` at v0.5.23 (``max_req_len = min(context_len - 1,
+    max_total_num_tokens - 1)``, ``max_req_input_len = max_req_len - 5``) and ``scheduler.py`` (the
+    input length check and its message);
     ``python/sglang/srt/model_executor/model_runner.py`` (pool sizing from the memory left after
     weights); cases 109-sglang-4048 (a 160k request against a 59,868-token pool), 117-sglang-pr13466
     (an 8,050-token pool on an 8-GPU node).
