@@ -129,10 +129,11 @@ class KVPoolTooSmall(Rule):
                          "whatever the client sends")
         else:
             return None
-        evs.insert(0, evidence("max_total_tokens (KV pool)", pool, None, "", pool_src or (evs[0].source if evs else "")))
+        if pool_src:
+            evs.insert(0, evidence("max_total_tokens (KV pool)", pool, None, "", pool_src))
         summary = "; ".join(parts) + "."
         notes = []
-        if ctx.stats("token_usage")["n"] == 0:
+        if rejected is None and ctx.stats("token_usage")["n"] == 0:
             notes.append("No load reading is in the inputs: this will limit the server under load (judged from start-up lines).")
         sugg = self._suggestions(ctx, pool, rejected is not None)
         basis: dict[str, Any] = {"events": 1, "kind": "request rejected"} if rejected is not None else {"startup": True}
