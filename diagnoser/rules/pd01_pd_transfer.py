@@ -90,7 +90,14 @@ class PDTransfer(Rule):
                                 "transfers at the link's speed (GB/s): the in-flight queue drains and TTFT drops",
                                 ("the nodes have RDMA NICs (InfiniBand or RoCE)",)))
             be = ctx.cfg("arg.disaggregation_transfer_backend")
-            if be not in ("mooncake", "nixl"):
+            if be is None and ctx.events_of("kv_transfer_rate"):
+                be = "mooncake"  # the rate lines are Mooncake's transfer engine's
+            if be == "mooncake":
+                sugg.append(suggest(ctx, "disaggregation_transfer_backend", "mooncake", "nixl",
+                                    "Mooncake moves the KV at TCP speed here; NIXL (UCX) is the other RDMA-capable backend, if Mooncake "
+                                    "cannot be pointed at the RDMA devices", "KV transfers at RDMA speed",
+                                    ("--disaggregation-ib-device did not fix Mooncake's rate", "NIXL and UCX are installed on both sides")))
+            elif be != "nixl":
                 sugg.append(suggest(ctx, "disaggregation_transfer_backend", be, "mooncake (or nixl)",
                                     "an RDMA-capable transfer backend moves KV without the CPU path",
                                     "KV transfers at RDMA speed", ("the backend's library is installed on both sides",)))
