@@ -69,6 +69,9 @@ def test_target_page_has_findings_evidence_config_sources_and_eta(client: TestCl
     assert [c["id"] for c in doc["charts"]] == ["batch", "usage", "gen", "prefill", "retract", "latency"]
     html = client.get("/target/0").text
     assert "kv_saturation" in html and "Job ETA" in html and "Configuration" in html
+    # each finding says what it stands on, as in the text report
+    n = kv["basis"]["readings"]
+    assert n >= 1 and f"confidence, {kv['basis_text']}" in html and kv["basis_text"].startswith(f"on {n} reading")
 
 
 def test_series_json_is_downsampled_and_bounded(client: TestClient) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diagnoser.model import iso
+from diagnoser.model import basis_text, iso
 from diagnoser.outputs.report import config_table
 from diagnoser.redact import redact, redact_text
 from diagnoser.rules import REGISTRY, by_name
@@ -92,6 +92,7 @@ def finding_doc(f: Any) -> dict[str, Any]:
     d["severity"] = f.severity.label
     d["rule_page"] = f"/rules/{f.rule}"
     d["anchor"] = f"f-{f.rule}"
+    d["basis_text"] = basis_text(f.basis)  # "on 1 reading", "on 8 readings over 9 s", "on 2 log events"
     d["suggestions"] = [present_suggestion(s) for s in d.get("suggestions") or []]
     return d
 
