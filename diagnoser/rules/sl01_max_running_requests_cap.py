@@ -4,7 +4,9 @@ What it detects:
     Readings with a waiting queue where ``running_reqs`` equals the effective ``max_running_requests``
     (summary line ``max_running_requests=N``, server info ``effective_max_running_requests_per_dp`` or
     server args) in at least ``at_cap_share`` (50 %) of them, with KV usage p95 below ``kv_room`` (0.9).
-    One reading is enough (at low confidence). Also a cap set at startup below what the operator asked
+    One reading is enough (at low confidence). Without the cap in the inputs, a running count identical in
+    every reading with a queue (at least ``pinned_points``, 3) while KV usage stays below ``kv_room``
+    implies one (low confidence). Also a cap set at startup below what the operator asked
     for or what the pool allows — ``max_running_requests was reduced from requested A to B``,
     ``max_running_requests is capped to N by the mamba state cache (…). To raise it: …`` (hybrid
     models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
@@ -67,19 +69,20 @@ class MaxRunningRequestsCap(Rule):
     severity = Severity.WARNING
     reads = ("running_reqs",)
     events = ("max_running_requests_reduced",)
-    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 1, "target_usage": 0.9}
+    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 1, "target_usage": 0.9, "pinned_points": 3}
     threshold_help = {
         "at_cap_share": "share of waiting readings with running == cap that counts as capped",
         "kv_room": "KV usage p95 below this counts as room",
         "min_points": "fewest waiting readings needed (one reading judges, at low confidence)",
         "target_usage": "pool usage the proposed cap aims at",
+        "pinned_points": "readings with a queue at one identical running count that imply a cap not in the inputs",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         cap, cap_src = slot_cap(ctx)
         if not cap:
-            return None
+            return self._pinned(ctx)
         red = [e for e in ctx.events_of("max_running_requests_reduced")]
         p95 = ctx.stats("token_usage")["p95"]
         if not red and p95 is not None and not p95 < t["kv_room"]:
@@ -124,6 +127,45 @@ class MaxRunningRequestsCap(Rule):
         default_only = not runtime and all(e.fields.get("reason") == "speculative decoding" for e in red)
         return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes,
                             basis=None if runtime else {"startup": True}, severity=Severity.INFO if default_only else None)
+
+    def _pinned(self, ctx: RuleContext) -> Finding | None:
+        """No cap in the inputs, but the running batch held at exactly one count in every reading with a
+        queue (at least ``pinned_points``) while KV had room: a count that does not move with the queue is
+        a cap (SGLang admits up to max_running_requests), inferred at low confidence."""
+        t = ctx.thresholds
+        p = pairs(ctx, "running_reqs", "queue_reqs")
+        waiting = (p.b > 0).nonzero()[0]
+        if len(waiting) < t["pinned_points"]:
+            return None
+        run = p.a[waiting]
+        value = float(run[0])
+        if value < 1 or not bool(np.all(run == value)):
+            return None
+        usage = ctx.stats("token_usage")
+        if usage["n"] == 0 or not (usage["p95"] or 0) < t["kv_room"]:
+            return None  # without a usage reading, a full pool cannot be ruled out
+        qs = ctx.stats("queue_reqs")
+        evs = [evidence("running_reqs in every reading with a queue", int(value), f"the same in >= {t['pinned_points']} readings",
+                        ctx.window_text(), p.src(int(waiting[0]))),
+               ev(ctx, "queue_reqs", qs["max"], "> 0", at="max"),
+               ev(ctx, "token_usage", usage["p95"], f"< {t['kv_room']}", at="max")]
+        pool, _ = pool_tokens(ctx)
+        tpr, how = tokens_per_request(ctx)
+        cap = int(value)
+        if pool and tpr:
+            fit = int(t["target_usage"] * pool / tpr)
+            proposed: Any = max(cap + 1, fit - fit % 8 if fit >= 16 else fit)
+            why = f"the pool holds about {fmt_int(fit)} requests at {fmt_int(tpr)} tokens each ({how}); {cap} ran"
+        else:
+            proposed, why = f"higher than {cap} (e.g. {2 * cap})", f"{cap} ran in every reading while requests waited and KV had room"
+        sugg = [suggest(ctx, "max_running_requests", None, proposed, why + "; the cap itself is not in the inputs (inferred)",
+                        "more requests run at once while the queue lasts, until the pool fills",
+                        ("the pinned count is max_running_requests (check the summary line or server info)",))]
+        summary = (f"{cap} requests ran in every one of {len(waiting)} readings with a queue (up to {qs['max']:.0f} waiting) while KV usage "
+                   f"stayed at or below {usage['max']:.2f}: a count that does not move with the queue is a cap — max_running_requests, "
+                   "inferred (it is not in the inputs).")
+        return self.finding(ctx, summary, evs, sugg, confidence="low",
+                            notes=["Pass the startup log (its summary line prints max_running_requests) or --url for server info to confirm."])
 
     @staticmethod
     def _levers(ctx: RuleContext, fields: dict[str, Any], cap: int, requested: Any) -> list[Suggestion]:

@@ -247,3 +247,14 @@ def test_a_metrics_dump_passed_as_log_is_read_as_one_scrape(tmp_path: Path) -> N
     assert rc == 1 and "kv_saturation" in by_rule(doc)
     (inp,) = [i for i in doc["inputs"] if i["kind"] == "metrics"]
     assert inp["scrapes"] == 1 and any("read as one scrape" in m for m in inp["messages"])
+
+
+def test_a_running_count_pinned_with_a_queue_implies_a_cap(tmp_path: Path) -> None:
+    """No summary line: 32 running in every line while 200 wait and KV is at 0.3 is a cap (inferred)."""
+    rc, doc = diagnose(tmp_path, "\n".join(dec(i, run=32, tok=30000 + 40 * i, use=0.3, q=200) for i in range(4)))
+    f = by_rule(doc)["max_running_requests_cap"]
+    assert f["confidence"] == "low" and "inferred" in f["summary"]
+    assert f["suggestions"][0]["flag"] == "--max-running-requests"
+    # a running count that moves with the load is not a cap
+    _, doc = diagnose(tmp_path, "\n".join(dec(i, run=30 + i, tok=30000, use=0.3, q=200) for i in range(4)))
+    assert "max_running_requests_cap" not in by_rule(doc)
