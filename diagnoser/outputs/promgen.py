@@ -7,7 +7,7 @@
 - ``diagnoser``: one alert per rule in ``diagnoser.rules.REGISTRY`` on the exporter's
   ``diagnoser_finding_active{rule,severity,target}`` gauge, plus alerts on the exporter's own health;
 - ``sglang``: direct alerts on raw SGLang series for teams that run no diagnoser. Every selector takes
-  both the ``sglang:`` and the ``sglang_`` spelling (reference §1.5, the colon-to-underscore trap).
+  both the ``sglang:`` and the ``sglang_`` spelling (docs/sglang.md#spelling, the colon-to-underscore trap).
 
 The YAML is written by a small emitter (every scalar is a JSON string, which YAML reads as a
 double-quoted scalar), so generating needs no YAML library at run time.
@@ -90,7 +90,7 @@ def quoted_signals(rule: type[Rule]) -> list[str]:
 
 
 def first_line(rule: type[Rule]) -> str:
-    """The rule's one-line doc, rST literals (``x``) shown as Markdown ones (`x`)."""
+    """The rule's one-line doc, in Markdown as the rule docs are (code spans in single backticks)."""
     return rule.summary_line().replace("``", "`")
 
 

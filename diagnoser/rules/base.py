@@ -257,7 +257,7 @@ class Rule:
         pattern = re.compile(r"^(" + "|".join(re.escape(h) for h in DOC_HEADINGS) + r"):?\s*$", re.M)
         parts = pattern.split(text)
         for i in range(1, len(parts) - 1, 2):
-            out[parts[i]] = parts[i + 1].strip()
+            out[parts[i]] = inspect.cleandoc(parts[i + 1])
         return out
 
     @classmethod

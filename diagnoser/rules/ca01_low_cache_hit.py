@@ -1,12 +1,12 @@
 """A prefix cache (radix cache or HiCache) is enabled but earns little.
 
 What it detects:
-    The prefix-cache hit rate: cached / (cached + new) tokens summed over ``Prefill batch`` lines, else
-    the mean of ``sglang:cache_hit_rate``. (a) HiCache is enabled (``--enable-hierarchical-cache``,
-    host-pool startup lines) and the hit rate is below ``min_hit`` (10 %): warning, the host pool costs
+    The prefix-cache hit rate: cached / (cached + new) tokens summed over `Prefill batch` lines, else
+    the mean of `sglang:cache_hit_rate`. (a) HiCache is enabled (`--enable-hierarchical-cache`,
+    host-pool startup lines) and the hit rate is below `min_hit` (10 %): warning, the host pool costs
     RAM and copy bandwidth for nothing. (b) The radix cache's hit rate fell by half or more between the
-    first and second half of the window to below ``min_hit`` while KV usage p95 was at or above
-    ``high_usage`` (0.9): evictions are dropping reusable prefixes (info).
+    first and second half of the window to below `min_hit` while KV usage p95 was at or above
+    `high_usage` (0.9): evictions are dropping reusable prefixes (info).
 
 Why it matters:
     Every cached prefix token is a prefill token not computed: a good hit rate cuts TTFT and prefill
@@ -19,18 +19,23 @@ Evidence:
 
 Fix:
     (a) Turn HiCache off when the workload shares no prefixes, or check the routing keeps sessions on one
-    server. (b) ``--enable-hierarchical-cache`` with a host pool (``--hicache-ratio`` 2 by default) keeps
-    evicted prefixes in host RAM; it raises prefix reuse, never decode concurrency (reference §5.5).
+    server. (b) `--enable-hierarchical-cache` with a host pool (`--hicache-ratio` 2 by default) keeps
+    evicted prefixes in host RAM; it raises prefix reuse, never decode concurrency
+    ([HiCache flags](docs/sglang.md#hicache-flags)).
 
 Known false positives:
     Workloads with unique prompts (each begins with a distinct line) have a low hit rate whatever the
-    cache; that is why (b) needs a falling rate with a full pool, not a low rate alone (the cpu-real runs
-    stay silent). Before 0.4.4 the gauge was cumulative since start.
+    cache; that is why (b) needs a falling rate with a full pool, not a low rate alone (the recorded
+    CPU runs stay silent). Before 0.4.4 the gauge was cumulative since start.
 
 References:
-    ../shared/reference/sglang.md §2.1 (cache_hit_rate versions), §2.7 (HiCache metrics), §3.2
-    (#cached-token), §3.5 (HiCache startup lines), §5.5 (HiCache flags), §7, §8; hand-built case
-    hicache-low-hit (no public real case yet).
+    - How diagnoser reads SGLang: [`cache_hit_rate` across versions](docs/sglang.md#metrics-scheduler),
+      [HiCache metrics](docs/sglang.md#metrics-cache), [`#cached-token` in the Prefill batch
+      line](docs/sglang.md#prefill-line), [HiCache start-up lines](docs/sglang.md#startup-lines), [HiCache
+      flags](docs/sglang.md#hicache-flags).
+    - SGLang's [hyperparameter tuning
+      guide](https://docs.sglang.ai/advanced_features/hyperparameter_tuning.html).
+    - No public real case yet: tested on a constructed log in SGLang's start-up and batch-line shapes.
 """
 
 from __future__ import annotations

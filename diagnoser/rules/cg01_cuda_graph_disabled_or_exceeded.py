@@ -1,11 +1,11 @@
 """Decode runs without CUDA graphs: the batch is larger than the captured maximum, or graphs are off.
 
 What it detects:
-    Decode readings with ``cuda graph: False`` (or ``sglang:is_cuda_graph`` 0) while requests run. When
+    Decode readings with `cuda graph: False` (or `sglang:is_cuda_graph` 0) while requests run. When
     graph and eager readings both occur and every eager batch is larger than every graph batch, the
     batch exceeded the captured maximum (which lies between the largest graph batch and the smallest
     eager one, unless the config names it). When no decode ran on a graph and the config says graphs
-    are disabled, they are disabled. Warning when at least ``eager_share`` (20 %) of busy decode
+    are disabled, they are disabled. Warning when at least `eager_share` (20 %) of busy decode
     readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
     Before load (start-up lines or server args only, or fewer than a window of decode readings): the
     captured maximum (a full ``Capture cuda graph bs [...]`` list, ``Capture target decode CUDA graph
@@ -24,18 +24,24 @@ Evidence:
     batch, and the captured maximum from the config when known.
 
 Fix:
-    Raise the captured maximum to cover the operating batch: ``--cuda-graph-max-bs`` (0.3.5–0.5.13) or
-    ``--cuda-graph-max-bs-decode`` (0.5.14+) set to the next power of two at or above the p95 batch
+    Raise the captured maximum to cover the operating batch: `--cuda-graph-max-bs` (0.3.5–0.5.13) or
+    `--cuda-graph-max-bs-decode` (0.5.14+) set to the next power of two at or above the p95 batch
     (each captured size costs some memory). When graphs are disabled, re-enable them (remove
-    ``--disable-cuda-graph``, or ``--cuda-graph-backend-decode`` other than ``disabled`` from 0.5.14).
+    `--disable-cuda-graph`, or `--cuda-graph-backend-decode` other than `disabled` from 0.5.14).
 
 Known false positives:
     The end of a benchmark, when the batch drains through the threshold; large batches running eagerly
     for a few readings during a burst.
 
 References:
-    ../shared/reference/sglang.md §3.3 (cuda graph field), §3.5 (capture lines), §5.3 (graph flags per
-    version, auto max bs table), §8 (graph ceiling), §9 (issue #33483); case 009-sglang-pr13023.
+    - How diagnoser reads SGLang: [the `cuda graph` field of the Decode batch
+      line](docs/sglang.md#decode-line), [graph capture lines](docs/sglang.md#startup-lines), [graph flags
+      by version and the automatic limit](docs/sglang.md#cuda-graph-flags), [from signals to a
+      bottleneck](docs/sglang.md#bottlenecks).
+    - Issue [#33483](https://github.com/sgl-project/sglang/issues/33483): an automatic graph limit of 32
+      next to a `max_running_requests` of 4096.
+    - Real case: PR [#13023](https://github.com/sgl-project/sglang/pull/13023), decode running eagerly above
+      the captured maximum.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The engine ran out of memory: prefill or decode allocation failures, or no room for the KV pool at startup.
 
 What it detects:
-    ``Prefill out of memory. Try to lower your batch size.`` / ``Decode out of memory. Try to lower your
-    batch size.`` (and the older ``{phase} out of memory`` wording), startup failures ``Not enough
-    memory. Please try to increase --mem-fraction-static.`` / ``Loaded weights leave no GPU memory for
-    the KV cache``, and HiCache's ``Not enough host memory available``. Always critical: requests fail
-    or the server does not start. (Retraction lines are not OOM; see ``kv_retraction``.)
+    `Prefill out of memory. Try to lower your batch size.` / `Decode out of memory. Try to lower your
+    batch size.` (and the older `{phase} out of memory` wording), startup failures `Not enough
+    memory. Please try to increase --mem-fraction-static.` / `Loaded weights leave no GPU memory for
+    the KV cache`, and HiCache's `Not enough host memory available`. Always critical: requests fail
+    or the server does not start. (Retraction lines are not OOM; see `kv_retraction`.)
 
 Why it matters:
     An allocation failure aborts the batch or the scheduler; clients see errors, and a crashed
@@ -15,17 +15,21 @@ Evidence:
     Each OOM line with its line number and phase; the batch sizes and token usage just before it.
 
 Fix:
-    The tuning guide: OOM in prefill → lower ``--chunked-prefill-size`` (e.g. 4096 or 2048); OOM in
-    decode → lower ``--max-running-requests``; no KV room at startup → raise ``--mem-fraction-static``
-    (or use a smaller model / more GPUs); host OOM for HiCache → lower ``--hicache-size`` to fit free
+    The tuning guide: OOM in prefill → lower `--chunked-prefill-size` (e.g. 4096 or 2048); OOM in
+    decode → lower `--max-running-requests`; no KV room at startup → raise `--mem-fraction-static`
+    (or use a smaller model / more GPUs); host OOM for HiCache → lower `--hicache-size` to fit free
     RAM minus 10 GiB.
 
 Known false positives:
     None known: these lines are printed only on a failure.
 
 References:
-    ../shared/reference/sglang.md §3.4 (OOM and startup messages per version), §3.5 (HiCache host
-    memory), §5.5, §7 (tuning guide on OOM); hand-built case oom-prefill (no public real case yet).
+    - How diagnoser reads SGLang: [OOM and capacity messages by version](docs/sglang.md#oom), [how the pool
+      is sized](docs/sglang.md#kv-budget), [HiCache host memory](docs/sglang.md#hicache-flags), [SGLang's
+      tuning guide on OOM](docs/sglang.md#tuning-guide).
+    - SGLang's [hyperparameter tuning
+      guide](https://docs.sglang.ai/advanced_features/hyperparameter_tuning.html).
+    - No public real case with a whole log yet: tested on a constructed log in SGLang's 0.4.10–0.5.2 shapes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Replicas of one model run different SGLang versions or different flags.
 
 What it detects:
-    Among the replicas of one model (same ``model_name`` label, else same job), any of:
+    Among the replicas of one model (same `model_name` label, else same job), any of:
     a version drift — two replicas whose version ranges cannot overlap (read from the metric names
     and label generations each exposes, or from server info when known);
-    a flag drift — a known setting (``--page-size`` and ``--context-length`` from the 0.5.11+ gauges;
-    from server info also ``--mem-fraction-static``, ``--chunked-prefill-size``,
-    ``--max-running-requests``, ``--kv-cache-dtype``, ``--tp-size``, ``--dp-size`` …) or the number of
+    a flag drift — a known setting (`--page-size` and `--context-length` from the 0.5.11+ gauges;
+    from server info also `--mem-fraction-static`, `--chunked-prefill-size`,
+    `--max-running-requests`, `--kv-cache-dtype`, `--tp-size`, `--dp-size` …) or the number of
     DP ranks differs from the value most replicas use;
-    a pool drift — ``max_total_num_tokens`` differs by more than ``pool_tolerance`` (default 10 %)
+    a pool drift — `max_total_num_tokens` differs by more than `pool_tolerance` (default 10 %)
     from the model's median.
 
 Why it matters:
@@ -24,18 +24,20 @@ Fix:
     Bring the odd replicas in line with the majority: the rule proposes the majority's value for a
     flag that differs (the spelling for the replica's version). When no value has a majority it says
     so and proposes nothing: the data cannot tell which one was intended. A version drift is fixed by
-    upgrading (no flag); a pool drift points at ``--mem-fraction-static``, ``--max-total-tokens``,
-    ``--kv-cache-dtype`` or different GPUs, which /metrics alone cannot tell apart.
+    upgrading (no flag); a pool drift points at `--mem-fraction-static`, `--max-total-tokens`,
+    `--kv-cache-dtype` or different GPUs, which /metrics alone cannot tell apart.
 
 Known false positives:
     A deliberate canary (new version or flags on a few replicas) is reported as drift; ignore the
-    rule for that job with ``--ignore config_drift`` while the canary runs. Version ranges come from
+    rule for that job with `--ignore config_drift` while the canary runs. Version ranges come from
     metric names, so a replica that has not yet exported a lazily created counter can look older
     only if no other hint narrows it; the rule only reports ranges that cannot overlap.
 
 References:
-    ../shared/reference/sglang.md §1.4 (label generations per version), §2 (metric added/removed per
-    release), §2.2 (page_size, context_len, max_total_num_tokens gauges), §4.1 (server info), §5 (flags).
+    - How diagnoser reads SGLang: [label generations](docs/sglang.md#labels), [metric names added and
+      removed](docs/sglang.md#metric-renames), [start-up constants](docs/sglang.md#metrics-constants)
+      (`page_size`, `context_len`, `max_total_num_tokens`), [server info](docs/sglang.md#server-info),
+      [flags](docs/sglang.md#flags), [how versions are narrowed](docs/sglang.md#versions).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A target named on the command line never answered.
 
 What it detects:
-    A ``--url`` target whose ``/metrics`` could not be fetched in any scrape of the window: connection
+    A `--url` target whose `/metrics` could not be fetched in any scrape of the window: connection
     refused, timeout, DNS failure, an HTML page instead of metrics, an HTTP error other than a missing
-    ``/metrics`` (that one is ``metrics_disabled``). The collector keeps a timeline for such a target so
+    `/metrics` (that one is `metrics_disabled`). The collector keeps a timeline for such a target so
     this finding appears on it. Critical: nothing can be judged for that target.
 
 Why it matters:
@@ -15,15 +15,16 @@ Evidence:
 
 Fix:
     Check the host and port (SGLang's default is 30000), that the server is running and that no
-    firewall or proxy blocks it; raise ``--timeout`` for an overloaded server.
+    firewall or proxy blocks it; raise `--timeout` for an overloaded server.
 
 Known false positives:
     A server still starting (loading weights) refuses connections for a while; retry after the
-    ``The server is fired up and ready to roll!`` line.
+    `The server is fired up and ready to roll!` line.
 
 References:
-    ../shared/reference/sglang.md §1.1 (where /metrics lives), §4.3 (health endpoints); hand-built
-    case unreachable (a closed port on 127.0.0.1, real connection error).
+    - How diagnoser reads SGLang: [where `/metrics` lives](docs/sglang.md#enable-metrics),
+      [health endpoints](docs/sglang.md#health).
+    - Tested on a real connection error (a closed port on 127.0.0.1).
 """
 
 from __future__ import annotations

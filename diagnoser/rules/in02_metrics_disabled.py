@@ -1,9 +1,9 @@
-"""The server runs without ``--enable-metrics``: no ``/metrics`` to read.
+"""The server runs without `--enable-metrics`: no `/metrics` to read.
 
 What it detects:
-    A target whose ``/metrics`` answered 404 (SGLang mounts the route only with ``--enable-metrics``), or
-    a configuration (server args from the startup log or server info) with ``enable_metrics`` false.
-    Warning when a ``--url`` target cannot be scraped for that reason; info when only a log was read (the
+    A target whose `/metrics` answered 404 (SGLang mounts the route only with `--enable-metrics`), or
+    a configuration (server args from the startup log or server info) with `enable_metrics` false.
+    Warning when a `--url` target cannot be scraped for that reason; info when only a log was read (the
     diagnosis then rests on the log alone).
 
 Why it matters:
@@ -11,18 +11,20 @@ Why it matters:
     and no live gauges; the diagnosis is limited to what the log prints every 40 decode steps.
 
 Evidence:
-    The HTTP answer from ``/metrics`` or the ``enable_metrics=False`` server argument, with its source.
+    The HTTP answer from `/metrics` or the `enable_metrics=False` server argument, with its source.
 
 Fix:
-    Restart SGLang with ``--enable-metrics`` (no measurable cost), then point ``--url`` at the server.
+    Restart SGLang with `--enable-metrics` (no measurable cost), then point `--url` at the server.
 
 Known false positives:
-    A proxy or router in front of the server that does not forward ``/metrics`` also answers 404; the
-    router's own ``/engine_metrics`` is not the engine's ``/metrics``.
+    A proxy or router in front of the server that does not forward `/metrics` also answers 404; the
+    router's own `/engine_metrics` is not the engine's `/metrics`.
 
 References:
-    ../shared/reference/sglang.md §1.1 (enabling metrics), §2.12 (router endpoint), §10 (what logs
-    alone cannot show); hand-built case metrics-disabled (real server_args line shape).
+    - How diagnoser reads SGLang: [enabling metrics](docs/sglang.md#enable-metrics), [the router's
+      `/engine_metrics`](docs/sglang.md#router), [what a log alone can show](docs/sglang.md#sources).
+    - SGLang's [production metrics page](https://docs.sglang.ai/references/production_metrics.html).
+    - Tested on a real SGLang 0.5.23 start-up log whose `server_args` say `enable_metrics` is false.
 """
 
 from __future__ import annotations

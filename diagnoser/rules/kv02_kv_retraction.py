@@ -1,13 +1,13 @@
 """Decode ran out of KV slots and retracted requests: occasional (fine) or frequent (costly).
 
 What it detects:
-    Retraction events: ``KV cache pool is full. Retract requests.`` / ``Decode out of memory happened.``
+    Retraction events: `KV cache pool is full. Retract requests.` / `Decode out of memory happened.`
     lines (each line the parser keeps is one event: the copies that the TP ranks of one DP group print
     for the same retraction are dropped, two retractions in the same second are two), the
-    ``sglang:num_retracted_requests_total`` counter or the ``num_retracted_reqs`` gauge. At least
-    ``frequent_count`` (default 3) events at ``frequent_per_min`` (default 1) or more per minute is
+    `sglang:num_retracted_requests_total` counter or the `num_retracted_reqs` gauge. At least
+    `frequent_count` (default 3) events at `frequent_per_min` (default 1) or more per minute is
     frequent (warning); fewer is occasional (info). When no retraction line was captured, a pool pinned
-    at ``pinned_usage`` (default 0.99) whose used tokens then drop by ``implied_drop`` (default 5 % of
+    at `pinned_usage` (default 0.99) whose used tokens then drop by `implied_drop` (default 5 % of
     the pool) while the running count does not fall (so no request finished to free them) implies a
     retraction (low confidence).
 
@@ -16,22 +16,29 @@ Why it matters:
     computed again later. Frequent retraction wastes compute and stalls the affected requests.
 
 Evidence:
-    Number of retraction events (and retracted requests when more), the rate per minute, the new_token_ratio jump, the line or scrape of
-    the first event; for the implied case, the pinned usage and the drop with line numbers.
+    Number of retraction events (and retracted requests when more), the rate per minute, the new_token_ratio
+    jump, the line or scrape of the first event; for the implied case, the pinned usage and the drop with
+    line numbers.
 
 Fix:
     SGLang's tuning guide: occasional retraction (about once a minute) is fine; frequent retraction
-    means raising ``--schedule-conservativeness`` (e.g. 1.0 → 1.3) so admission reserves more room for
-    future decode tokens. Growing the pool (``kv_saturation``) also helps.
+    means raising `--schedule-conservativeness` (e.g. 1.0 → 1.3) so admission reserves more room for
+    future decode tokens. Growing the pool (`kv_saturation`) also helps.
 
 Known false positives:
     A retraction during a burst at the start of a benchmark is normal. The implied case cannot tell a
     retraction from a request that finished while another was admitted in the same interval.
 
 References:
-    ../shared/reference/sglang.md §3.4 (retraction lines per version), §2.11 (retraction metrics),
-    §5.2 (schedule-conservativeness, new_token_ratio), §7 (tuning guide: about once a minute is fine),
-    §9 (issue #26248); cases 007-sglang-2746, 022-sglang-26248, cpu-real kv-full-retract.
+    - How diagnoser reads SGLang: [retraction lines by version](docs/sglang.md#retraction), [retraction
+      metrics](docs/sglang.md#metrics-queue), [`--schedule-conservativeness` and
+      `new_token_ratio`](docs/sglang.md#batching-flags), [SGLang's tuning
+      guide](docs/sglang.md#tuning-guide) (about once a minute is fine).
+    - SGLang's [hyperparameter tuning
+      guide](https://docs.sglang.ai/advanced_features/hyperparameter_tuning.html).
+    - Real cases: issues [#2746](https://github.com/sgl-project/sglang/issues/2746) and
+      [#26248](https://github.com/sgl-project/sglang/issues/26248), and the recorded SGLang 0.5.23 CPU run
+      `examples/kv-full-retract.dgb`.
 """
 
 from __future__ import annotations

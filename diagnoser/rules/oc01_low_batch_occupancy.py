@@ -1,9 +1,9 @@
 """The decode batch runs far fewer requests than the slots allow.
 
 What it detects:
-    The median busy ``running_reqs`` (readings with at least one request) at or below ``max_share``
-    (default 25 %) of the effective ``max_running_requests`` (summary line, server info or server
-    args); when the cap is unknown, a median batch of ``small_batch`` (default 8) or fewer. Info: a
+    The median busy `running_reqs` (readings with at least one request) at or below `max_share`
+    (default 25 %) of the effective `max_running_requests` (summary line, server info or server
+    args); when the cap is unknown, a median batch of `small_batch` (default 8) or fewer. Info: a
     small batch is a fact to explain, and the explanation is another rule.
 
 Why it matters:
@@ -17,18 +17,23 @@ Evidence:
 
 Fix:
     Depends on the cause, named in the summary: an empty queue and low usage → the client sends too
-    little (``client_bound``: raise client concurrency); a full pool held by a few requests →
-    ``runaway_generation``/``kv_saturation``; waiting requests with free KV → ``prefill_stall`` or
-    ``max_running_requests_cap``.
+    little (`client_bound`: raise client concurrency); a full pool held by a few requests →
+    `runaway_generation`/`kv_saturation`; waiting requests with free KV → `prefill_stall` or
+    `max_running_requests_cap`.
 
 Known false positives:
     Latency-sensitive deployments run small batches on purpose. Readings between requests (idle) are
     excluded, but a workload of rare single requests still shows as small.
 
 References:
-    ../shared/reference/sglang.md §2.1 (num_running_reqs), §3.3 (#running-req), §5.2
-    (max_running_requests), §8; cases 001-sglang-3909, 007-sglang-2746, 012-sglang-11948, cpu-real
-    client-bound-low-occupancy.
+    - How diagnoser reads SGLang: [`num_running_reqs`](docs/sglang.md#metrics-scheduler), [`#running-req` in
+      the Decode batch line](docs/sglang.md#decode-line),
+      [`--max-running-requests`](docs/sglang.md#batching-flags), [from signals to a
+      bottleneck](docs/sglang.md#bottlenecks).
+    - Real cases: issues [#3909](https://github.com/sgl-project/sglang/issues/3909) (low client
+      concurrency), [#2746](https://github.com/sgl-project/sglang/issues/2746) (a batch of one holding the
+      pool) and [#11948](https://github.com/sgl-project/sglang/issues/11948), and the recorded SGLang 0.5.23
+      CPU run `examples/client-bound.dgb`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The server has headroom and almost no queue: the client's concurrency is the limit.
 
 What it detects:
-    A queue that is empty in at least ``1 - max_queue_share`` of readings (default: non-empty in at most
-    10 %), KV usage p95 below ``max_usage`` (default 0.5) and the busy running batch (p95) below
-    ``headroom_share`` (default 50 %) of what the server could run (the smaller of
-    ``max_running_requests`` and the requests the pool holds at 0.9 usage). Info: the server is
+    A queue that is empty in at least `1 - max_queue_share` of readings (default: non-empty in at most
+    10 %), KV usage p95 below `max_usage` (default 0.5) and the busy running batch (p95) below
+    `headroom_share` (default 50 %) of what the server could run (the smaller of
+    `max_running_requests` and the requests the pool holds at 0.9 usage). Info: the server is
     healthy; the fix is on the client side.
 
 Why it matters:
@@ -13,20 +13,25 @@ Why it matters:
     nothing on the server is wrong.
 
 Evidence:
-    In-flight requests observed (running p95 and ``http_requests_active``), the queue, KV usage, and the
+    In-flight requests observed (running p95 and `http_requests_active`), the queue, KV usage, and the
     concurrency that would fill the server with the observed tokens per request.
 
 Fix:
-    Raise the client's concurrency (``--max-concurrency`` in bench_serving, the worker pool of your
+    Raise the client's concurrency (`--max-concurrency` in bench_serving, the worker pool of your
     batch job) toward the concurrency reported. No server flag changes help.
 
 Known false positives:
     A deliberately lightly loaded latency service; the end of a benchmark run (drain), when the client
-    has run out of requests. Judge on a window taken during steady load (``--last``).
+    has run out of requests. Judge on a window taken during steady load (`--last`).
 
 References:
-    ../shared/reference/sglang.md §2.1, §2.10 (http_requests_active), §5.2, §7, §8; cases
-    001-sglang-3909, 010-sglang-pr6081 (healthy, noted), cpu-real client-bound-low-occupancy.
+    - How diagnoser reads SGLang: [scheduler gauges](docs/sglang.md#metrics-scheduler),
+      [`http_requests_active`](docs/sglang.md#metrics-http),
+      [`--max-running-requests`](docs/sglang.md#batching-flags), [SGLang's tuning
+      guide](docs/sglang.md#tuning-guide), [from signals to a bottleneck](docs/sglang.md#bottlenecks).
+    - Real cases: issue [#3909](https://github.com/sgl-project/sglang/issues/3909) (throughput falls at low
+      concurrency), PR [#6081](https://github.com/sgl-project/sglang/pull/6081) (a healthy server: noted,
+      not a problem), and the recorded SGLang 0.5.23 CPU run `examples/client-bound.dgb`.
 """
 
 from __future__ import annotations

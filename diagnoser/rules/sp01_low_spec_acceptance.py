@@ -1,10 +1,10 @@
 """Speculative decoding accepts too few draft tokens per verify step for its draft settings.
 
 What it detects:
-    The mean ``accept len`` (``sglang:spec_accept_length``) and ``accept rate`` over busy decode
-    readings. Fires when the accept rate is below ``min_accept_rate`` (0.55), or, with no rate, the
-    accept length is below ``min_accept_len`` (2.2 tokens per step), or the accept length is below
-    ``min_ratio`` (50 %) of the draft length (``--speculative-num-steps`` + 1) when that is known. The
+    The mean `accept len` (`sglang:spec_accept_length`) and `accept rate` over busy decode
+    readings. Fires when the accept rate is below `min_accept_rate` (0.55), or, with no rate, the
+    accept length is below `min_accept_len` (2.2 tokens per step), or the accept length is below
+    `min_ratio` (50 %) of the draft length (`--speculative-num-steps` + 1) when that is known. The
     draft length is also inferred from accept len / accept rate on 0.5.4+ lines.
 
 Why it matters:
@@ -18,18 +18,21 @@ Evidence:
 
 Fix:
     First make the draft match the target (same chat template, domain, tokenizer): that is the usual
-    cause. Then shorten the draft to what is accepted: ``--speculative-num-steps`` ≈ the accept length
-    rounded up, ``--speculative-eagle-topk 1`` and ``--speculative-num-draft-tokens`` = steps + 1.
+    cause. Then shorten the draft to what is accepted: `--speculative-num-steps` ≈ the accept length
+    rounded up, `--speculative-eagle-topk 1` and `--speculative-num-draft-tokens` = steps + 1.
 
 Known false positives:
     Warm-up readings; workloads unlike the draft's training data (code vs chat) accept less by nature;
-    MTP heads on DeepSeek-style models accept 2.5–3 with 3 steps, which is fine (case
-    010-sglang-pr6081 stays silent).
+    MTP heads on DeepSeek-style models accept 2.5–3 with 3 steps, which is fine (the server of
+    PR #6081 stays silent).
 
 References:
-    ../shared/reference/sglang.md §2.3 (spec metrics), §3.3 (accept len / accept rate fields), §5.6
-    (speculative flags and auto defaults), §8; cases 012-sglang-11948 (fires), 010-sglang-pr6081
-    (silent).
+    - How diagnoser reads SGLang: [speculative metrics](docs/sglang.md#metrics-spec), [`accept len` and
+      `accept rate` in the Decode batch line](docs/sglang.md#decode-line), [speculative flags and their
+      automatic values](docs/sglang.md#speculative-flags).
+    - Real cases: issue [#11948](https://github.com/sgl-project/sglang/issues/11948), EAGLE-3 with a low
+      accept length (fires; `examples/eagle3-low-accept.dgb`), and PR
+      [#6081](https://github.com/sgl-project/sglang/pull/6081), MTP accepting 2.5–3 tokens (silent).
 """
 
 from __future__ import annotations
