@@ -4,6 +4,7 @@ Pages (each has a JSON twin: ``/path.json`` or ``Accept: application/json``):
     /                     overview, one card per target          (/index.json)
     /target/N             charts, findings, suggestions, config   (/target/N.json; chart data /target/N/series.json)
     /rules, /rules/NAME   rule docs from the catalogue            (/rules.json, /rules/NAME.json)
+    /docs/sglang          how diagnoser reads SGLang (docs/sglang.md) (/docs/sglang.json)
     /metrics              Prometheus exporter; /healthz liveness
 
 No endpoint takes a URL from the visitor: the targets are fixed at start-up. All assets are served from
@@ -25,6 +26,7 @@ from fastapi.templating import Jinja2Templates
 
 from diagnoser import __version__
 from diagnoser.outputs.exporter import CONTENT_TYPE, make_registry, render
+from diagnoser.web import docs as docs_page
 from diagnoser.web import fleet as fleet_page
 from diagnoser.web import views
 from diagnoser.web.head import HeadAsGet
@@ -68,6 +70,7 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
     app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescape on for .html
     templates.env.globals.update(version=__version__, ranges=list(views.RANGES))
+    templates.env.filters.update(markdown=docs_page.html, markdown_inline=docs_page.inline)  # rule docs (web/docs.py)
     registry = make_registry(lambda: monitor.snapshot)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     interval = float(getattr(monitor, "interval", 5.0))
@@ -180,5 +183,6 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
         return page(request, "rule.html", {"doc": doc, "title": doc["name"]})
 
     app.include_router(fleet_page.router(monitor, page, _json))  # /fleet: sort, filter, paginate (fleet.py)
+    app.include_router(docs_page.router(page, _json, not_found))  # /docs/sglang (web/docs.py)
     app.add_middleware(HeadAsGet)  # HEAD answers on every GET route (head.py), behind the same token check
     return app
