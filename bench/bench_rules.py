@@ -1,7 +1,7 @@
 """The rule pass for one engine's window against the cost of reading that window (issue 3 target: the
 rule pass ≤ 2 ms).
 
-For each real cpu-real run (../shared/data/sglang-cpu-real: ~20-30 /metrics scrapes taken every 2 s plus
+For each real CPU-engine run (tests/data/sglang-cpu-real: ~20-30 /metrics scrapes taken every 2 s plus
 the full server log), the window is read once the way ``diagnose --once --replay`` reads it (every
 scrape through :meth:`MetricsTarget.ingest_text`, the log through the adapter's parser), then the whole
 catalogue runs over it with :func:`diagnoser.evaluate.evaluate`. Reading writes the timeline's numpy
@@ -112,7 +112,7 @@ def instructions(reps: int = 5) -> list[float] | None:
 def main() -> int:
     runs = sorted(glob.glob(str(DATA / "sglang-cpu-real" / "*")))
     if not runs:
-        print(f"no cpu-real runs under {DATA}; set DIAGNOSER_SHARED")
+        print(f"no recorded CPU-engine runs under {DATA}/sglang-cpu-real (a fresh clone has them)")
         return 2
     if sys.argv[1:2] == ["--marked-passes"]:
         marked_passes(runs, int(sys.argv[2]))

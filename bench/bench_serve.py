@@ -2,7 +2,7 @@
 simulated 24 h for 8 targets.
 
 1. CPU. A helper process serves 100 loopback SGLang endpoints, each playing the REAL 0.5.23 scrapes of
-   /work/shared/data/sglang-cpu-real (50–75 KB expositions, all five runs mixed), gzipped when the request
+   tests/data/sglang-cpu-real (50–75 KB expositions, all five runs mixed), gzipped when the request
    asks for it as SGLang's prometheus_client exposition does (serve asks for identity). The real
    ``diagnose serve --interval 5`` polls all 100; its own CPU time (utime + stime from /proc, all its
    threads) over a measured stretch gives its share of one core. Target: < 10 %. Printed as a ratio to

@@ -4,7 +4,7 @@
 ``analyse()``). For each finding it
 
 * fills each suggestion's ``effect``, ``assumptions``, ``gain`` and ``projection`` from the what-if for
-  its flag (pool tokens, running requests, gen throughput, job ETA; reference §5);
+  its flag (pool tokens, running requests, gen throughput, job ETA; docs/sglang.md#what-ifs);
 * for ``kv_saturation``, adds the capacity-ranked changes the rule did not already propose: DP attention
   (MLA at TP > 1), ``--mem-fraction-static`` up to the largest value that keeps ≥ 6 GiB free, FP8 KV;
   and a note that HiCache grows the prefix cache, not decode concurrency;

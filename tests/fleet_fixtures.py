@@ -87,7 +87,7 @@ def wait_for_samples(url: str, query: str, want_series: int, min_samples: int, t
 
 
 # -- a generated 1,000-target fleet, backfilled with promtool ------------------------------------------
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0)  # 0.4.5+ bounds (§2.3), cut at 40
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0)  # 0.4.5+ bounds (docs/sglang.md#metrics-requests), cut at 40
 
 
 @dataclass

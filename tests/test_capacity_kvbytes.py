@@ -1,4 +1,4 @@
-"""KV bytes per token (reference §5.1), checked against the engine's own lines in tests/data.
+"""KV bytes per token (docs/sglang.md#kv-bytes), checked against the engine's own lines in tests/data.
 
 The model configs in tests/capacity_configs/ are written by us from the published architectures (see
 its README); the numbers they are checked against are the engine's, read by the real parser."""

@@ -206,7 +206,7 @@ def test_other_what_ifs_have_numbers(seed: Timeline) -> None:
     chunk = planner.chunked_prefill_size(16384)
     assert chunk.headroom_gib == pytest.approx(11.42 - 8192 * 1.5 / 1024)
     graph = planner.cuda_graph_max_bs(512)
-    per_bs = (planner.pool.graph_gib / 256) if planner.pool.graph_gib else 2 / 1024  # measured, else §5.1's 2 MiB per bs
+    per_bs = (planner.pool.graph_gib / 256) if planner.pool.graph_gib else 2 / 1024  # measured, else docs/sglang.md#mem-fraction-default's 2 MiB per bs
     assert graph.headroom_gib == pytest.approx(11.42 - 256 * per_bs)
     cons = planner.schedule_conservativeness(1.3)
     assert "0.70 → 0.91" in cons.assumptions[0]

@@ -138,7 +138,7 @@ def test_promtool_check_rejects_a_broken_expr(tmp_path: Path) -> None:
 @pytest.mark.prometheus
 def test_overview_falls_back_to_older_sglang_names(tmp_path: Path) -> None:
     """Retractions and ITL panels still draw for servers older than the names the e2e data has (0.4.x),
-    evaluated by promtool on series named as those versions name them (reference §2.3, §2.11)."""
+    evaluated by promtool on series named as those versions name them (docs/sglang.md#metrics-requests, #metric-renames)."""
     d = load("sglang-overview.json")
     expr = {(p["title"], t["refId"]): substitute(t["expr"]) for p in d["panels"] for t in p["targets"]}
     test = {

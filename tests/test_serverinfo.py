@@ -51,7 +51,7 @@ def test_real_server_info_facts(run: str, data_dir: Path) -> None:
     models = (CPU_REAL / run / "v1_models.json").read_bytes()
     tl, vr, rep, raw, asked = fetch({"/get_server_info": info, "/get_model_info": model, "/v1/models": models})
     mrr, pool, chunk = EXPECTED[run]
-    # the fallback order of reference §4: /server_info first, then /get_server_info
+    # the fallback order of docs/sglang.md#endpoints: /server_info first, then /get_server_info
     assert asked[:2] == ["/server_info", "/get_server_info"] and "/get_server_args" not in asked
     assert asked[2:5] == ["/model_info", "/get_model_info", "/v1/models"] and "/v1/loads" in asked
     assert tl.cfg("max_running_requests") == mrr
@@ -60,7 +60,7 @@ def test_real_server_info_facts(run: str, data_dir: Path) -> None:
     assert tl.cfg("chunked_prefill_size") == chunk
     assert tl.cfg_source("chunked_prefill_size") == "get_server_info chunked_prefill_size"
     assert tl.cfg("max_prefill_tokens") == (128 if run == "prefill-capped" else 16384)
-    # auto value: the reserve grows with chunked_prefill_size (reference §5.1), so the 128-token run differs
+    # auto value: the reserve grows with chunked_prefill_size (docs/sglang.md#mem-fraction-default), so the 128-token run differs
     assert tl.cfg("mem_fraction_static") == pytest.approx(0.843 if run == "prefill-capped" else 0.716)
     assert tl.cfg("page_size") == 1 and tl.cfg("tp_size") == 1 and tl.cfg("dp_size") == 1
     assert tl.cfg("dp_attention") is False

@@ -1,4 +1,4 @@
-"""Capacity model (reference §5): KV bytes per token, the pool and memory split from the engine, what-ifs,
+"""Capacity model (docs/sglang.md#kv-sizing): KV bytes per token, the pool and memory split from the engine, what-ifs,
 the decode throughput fit and the job ETA. Pure math over the timeline; rules and advice call it.
 
     kvbytes.py     bytes per token from a Hugging Face config (MHA/GQA, MLA, hybrid; kv dtype; pages)

@@ -1,4 +1,4 @@
-"""KV-cache bytes per token from a Hugging Face ``config.json`` (reference §5.1).
+"""KV-cache bytes per token from a Hugging Face ``config.json`` (docs/sglang.md#kv-bytes).
 
 * MHA/GQA: ``2 × max(1, kv_heads // attention_tp) × head_dim × layers × dtype`` per GPU rank, where
   ``attention_tp = tp`` (or ``tp / dp`` under DP attention).
@@ -201,7 +201,7 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         vhd = int(c.get("v_head_dim") or 0)
         qlr = int(c.get("q_lora_rank") or 0)
         if c.get("index_topk") or c.get("index_head_dim"):
-            notes.append("NSA/DSA model: the indexer's per-layer cache is not counted (reference §5.1), so bytes per token are a floor")
+            notes.append("NSA/DSA model: the indexer's per-layer cache is not counted (docs/sglang.md#kv-bytes), so bytes per token are a floor")
         q_b = (qlr if qlr else hidden) * heads * (nope + rope)
         kv_b = kvr * heads * (nope + vhd)
         o = heads * vhd * hidden

@@ -1,4 +1,4 @@
-"""Pool capacity and the GPU memory split, from the engine first (reference §3.5, §4.1, §5.1).
+"""Pool capacity and the GPU memory split, from the engine first (docs/sglang.md#startup-lines, docs/sglang.md#server-info, docs/sglang.md#kv-budget).
 
 Engine facts, in the order trusted: ``sglang:max_total_num_tokens`` / the summary line
 ``max_total_num_tokens=N … available_gpu_mem=X GB`` / ``KV Cache is allocated. #tokens: N, K size…`` /
@@ -220,7 +220,7 @@ def settle(p: PoolFacts) -> None:
     if p.kv_gib and p.pool_tokens and p.kv_gib >= 0.5:
         engine_bpt = p.kv_gib * GIB / p.pool_tokens
     if formula_bpt:
-        p.bpt, p.bpt_source = formula_bpt, "formula from the model config (reference §5.1)"
+        p.bpt, p.bpt_source = formula_bpt, "formula from the model config (docs/sglang.md#kv-bytes)"
         if engine_bpt and abs(engine_bpt / formula_bpt - 1) > 0.05:
             p.notes.append(
                 f"the engine's KV size implies {engine_bpt:,.0f} B/token but the config formula gives {formula_bpt:,.0f}; "

@@ -1,7 +1,7 @@
 """Decode throughput vs batch size: fitted from the window where the batch varied, else a stated fallback.
 
 Each ``Decode batch`` line (or scrape) gives the running batch B and gen throughput X; the decode step
-time is ``t = B / X`` (reference §3.3: the throughput covers the last 40 steps, prefill time included).
+time is ``t = B / X`` (docs/sglang.md#decode-line: the throughput covers the last 40 steps, prefill time included).
 We fit ``t(B) = a + b·B`` by weighted least squares (numpy) on each batch size's median step time. Projected throughput at another batch is
 ``B' / t(B')``. Where the batch did not vary enough, the fallback keeps the step time constant (throughput
 proportional to the batch), an upper bound marked low-confidence.

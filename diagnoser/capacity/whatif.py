@@ -1,7 +1,7 @@
 """What-ifs: what a flag change does to the pool, the running batch, gen throughput and the job's ETA.
 
 Every projection is anchored on what the server showed (its pool, its running batch at its token usage,
-its throughput) and moved by the formula of reference §5 only for the change itself:
+its throughput) and moved by the formulas of docs/sglang.md#kv-sizing only for the change itself:
 
 * pool: ``--mem-fraction-static`` adds ``Δf × free-before-weights`` GiB per rank; fp8 KV halves bytes per
   token; DP attention gives each DP rank its own pool, minus the attention weights it must now hold whole.
@@ -24,15 +24,15 @@ from diagnoser.capacity.scenario import Scenario, Workload, min_confidence, show
 from diagnoser.capacity.throughput import ThroughputModel
 from diagnoser.engines.sglang import flags
 
-MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (reference §7: 5-8 GB)
+MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (docs/sglang.md#tuning-guide: 5-8 GB)
 WARN_HEADROOM_GIB = 8.0
 RISK_HEADROOM_GIB = 5.0
 MAX_FRACTION = 0.95
-DP_ATTENTION_RESERVE_GIB = 4.0  # SGLang's auto fraction reserves this much more with DP attention (§5.1, 0.4.8-0.5.2)
+DP_ATTENTION_RESERVE_GIB = 4.0  # SGLang's auto fraction reserves this much more with DP attention (docs/sglang.md#mem-fraction-default, 0.4.8-0.5.2)
 MAX_EXTRAPOLATION = 3.0  # throughput is not projected past this multiple of the largest batch observed
-HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (§5.5)
-CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (§5.1, v0.5.3+ auto reserve)
-GRAPH_MIB_PER_BS = 2.0  # CUDA-graph reserve per captured batch size (§5.1, v0.5.3+ auto reserve)
+HOST_RESERVE_GIB = 10.0  # SGLang keeps 10 GiB of host RAM free when sizing HiCache (docs/sglang.md#hicache-flags)
+CHUNK_MIB_PER_TOKEN = 1.5  # activation reserve per chunked-prefill token (docs/sglang.md#mem-fraction-default, v0.5.3+ auto reserve)
+GRAPH_MIB_PER_BS = 2.0  # CUDA-graph reserve per captured batch size (docs/sglang.md#mem-fraction-default, v0.5.3+ auto reserve)
 
 
 class Planner:
@@ -149,7 +149,7 @@ class Planner:
             per_rank = tokens_for_budget(budget, p.bpt, p.page_size)
         sc = self._scenario(flag, cur, round(fraction, 2), per_rank)
         sc.assumptions.append(f"each +0.01 adds 1% of the {p.pre_gib:.1f} GiB free before weights ({p.pre_source or 'estimate'}) = "
-                              f"{0.01 * p.pre_gib * GIB / p.bpt:,.0f} tokens per rank (reference §5.1)")
+                              f"{0.01 * p.pre_gib * GIB / p.bpt:,.0f} tokens per rank (docs/sglang.md#kv-budget)")
         head = p.headroom_at(fraction)
         sc.headroom_gib = head
         if head is None:
@@ -188,10 +188,10 @@ class Planner:
         if s_now <= 1 or not p.pool_tokens:
             return None
         if p.device == "cpu":
-            return None  # FP8 KV is a GPU feature (reference §5.1); a CPU engine keeps its dtype
+            return None  # FP8 KV is a GPU feature (docs/sglang.md#memory-flags); a CPU engine keeps its dtype
         per_rank = int(p.pool_tokens * s_now // 1) // p.page_size * p.page_size
         sc = self._scenario(flag, p.kv_cache_dtype, "fp8_e4m3", per_rank)
-        sc.assumptions.append(f"same KV budget at 1 byte per element instead of {s_now:g} (reference §5.1): {s_now:g}× tokens")
+        sc.assumptions.append(f"same KV budget at 1 byte per element instead of {s_now:g} (docs/sglang.md#kv-bytes): {s_now:g}× tokens")
         sc.risks.append("FP8 KV can cost a little accuracy; check your eval, and that the attention backend supports it.")
         return sc
 
@@ -212,7 +212,7 @@ class Planner:
             flag, cur, prop = spell.flag, False, True
         extra_flags = [] if spell.flag == "--attn-dp-size" else [f"--dp-size {dp}"]
         assumptions = [f"each of the {dp} DP ranks gets its own pool (attention TP {p.tp} → {max(1, p.tp // dp)}); "
-                       "MoE/MLP stay tensor-parallel (reference §5.4)"]
+                       "MoE/MLP stay tensor-parallel (docs/sglang.md#parallelism-flags)"]
         if p.shape is None or not p.bpt:
             sc = self._scenario(flag, cur, prop, p.pool_tokens, pools=dp, confidence="low")
             sc.assumptions = assumptions + ["upper bound: the attention weights each rank must now hold whole are unknown without --model-config"]
@@ -244,7 +244,7 @@ class Planner:
         else:
             sc.risks.append("the throughput projection extrapolates the observed step-time model, and DP attention changes "
                             "the step (gathers for the MoE layers) and needs more activation memory (SGLang's auto fraction "
-                            "reserves about 4 GiB more for it, §5.1).")
+                            "reserves about 4 GiB more for it, docs/sglang.md#mem-fraction-default).")
             if fraction_note:
                 sc.risks.append(f"at the current fraction the replicated weights leave {budget_now:.1f} GiB of KV per rank "
                                 f"(too little), so this projection includes {fraction_note}.")
@@ -258,7 +258,7 @@ class Planner:
         return sc
 
     def max_total_tokens(self, n: int) -> Scenario:
-        """Lift (or set) the --max-total-tokens cap; SGLang keeps the profiled pool if the cap exceeds it (§3.4)."""
+        """Lift (or set) the --max-total-tokens cap; SGLang keeps the profiled pool if the cap exceeds it (docs/sglang.md#oom)."""
         p = self.pool
         flag = flags.spelling("max_total_tokens", self.version)
         profiled = None
@@ -292,7 +292,7 @@ class Planner:
         cap = min(pool // 2, slots) if pool else slots
         sc = self._scenario(flag, p.context_len, n, p.pool_tokens, running_cap=float(cap * p.pools))
         sc.assumptions.append(f"effective max_running_requests becomes min(pool // 2, clamp(pool / {n} × 512, 2048, 4096)) = {cap} "
-                              "when it is not set explicitly (reference §5.2); prompts longer than the new limit are refused")
+                              "when it is not set explicitly (docs/sglang.md#batching-flags); prompts longer than the new limit are refused")
         return sc
 
     def chunked_prefill_size(self, n: int) -> Scenario:
@@ -302,7 +302,7 @@ class Planner:
         cost = ((n - (p.chunked_prefill_size or n)) * CHUNK_MIB_PER_TOKEN) / 1024
         if p.headroom_gib is not None:
             sc.headroom_gib = p.headroom_gib - cost
-        sc.assumptions.append(f"activation memory ≈ {CHUNK_MIB_PER_TOKEN} MiB per chunk token ({cost:+.1f} GiB; §5.1 auto reserve); "
+        sc.assumptions.append(f"activation memory ≈ {CHUNK_MIB_PER_TOKEN} MiB per chunk token ({cost:+.1f} GiB; docs/sglang.md#mem-fraction-default); "
                               "larger chunks admit long prompts faster but stall decode longer per chunk")
         return sc
 
@@ -318,7 +318,7 @@ class Planner:
         flag = flags.spelling("schedule_conservativeness", self.version)
         cur = p.schedule_conservativeness if p.schedule_conservativeness is not None else 1.0
         sc = self._scenario(flag, cur, c, p.pool_tokens, confidence="low")
-        sc.assumptions.append(f"initial new_token_ratio {min(0.7 * cur, 1):.2f} → {min(0.7 * c, 1):.2f} (reference §5.2): "
+        sc.assumptions.append(f"initial new_token_ratio {min(0.7 * cur, 1):.2f} → {min(0.7 * c, 1):.2f} (docs/sglang.md#batching-flags): "
                               + ("fewer admissions, fewer retractions" if c > cur else "more admissions, higher usage, more retraction risk"))
         return sc
 
@@ -331,7 +331,7 @@ class Planner:
         cost = (n - (cur or n)) * per_bs
         if p.headroom_gib is not None:
             sc.headroom_gib = p.headroom_gib - cost
-        src = "the captured graphs' measured memory" if (p.graph_gib and cur) else f"{GRAPH_MIB_PER_BS} MiB per batch size (§5.1)"
+        src = "the captured graphs' measured memory" if (p.graph_gib and cur) else f"{GRAPH_MIB_PER_BS} MiB per batch size (docs/sglang.md#mem-fraction-default)"
         sc.assumptions.append(f"graph memory {cost:+.2f} GiB from {src}; decode batches above the captured size run eagerly (slower)")
         return sc
 

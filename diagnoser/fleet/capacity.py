@@ -2,10 +2,10 @@
 requests). Pure functions over timelines; the fleet rules and the fleet report both use them.
 
 Headroom in requests of one replica = free KV tokens / KV tokens per running request:
-    free = max_total_tokens × (1 − mean token_usage)           (reference §2.1: token_usage = used / pool)
+    free = max_total_tokens × (1 − mean token_usage)           (docs/sglang.md#metrics-scheduler: token_usage = used / pool)
     tokens per request = mean used_tokens / mean running_reqs  (this replica; else the model's median)
 and, when ``max_running_requests`` is known, never more than the free request slots. Averages are over
-the queried range. Metrics do not expose ``max_running_requests`` (reference §10), so in fleet mode the
+the queried range. Metrics do not expose ``max_running_requests`` (docs/sglang.md#sources), so in fleet mode the
 slot limit is usually unknown and the headroom is a KV-only upper bound; the row says so.
 """
 

@@ -3,7 +3,7 @@
 The metric → signal mapping is the adapter's own (``engines/sglang/metrics.py`` GAUGES, COUNTERS,
 HISTOGRAMS, CONFIG_GAUGES), so a Prometheus-fed timeline has the same signal names as a direct scrape.
 Every selector takes both spellings (``sglang:x`` as served, ``sglang_x`` after Prometheus 3 escaping or
-the router's ``/engine_metrics``; reference §1.5) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
+the router's ``/engine_metrics``; docs/sglang.md#spelling) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
 histogram quantiles are computed by Prometheus (``rate()``, ``histogram_quantile()``); gauges are
 read as they are stored (no server-side aggregation: measured 2-3x cheaper for Prometheus than ``max by``)
 and reduced per target and rank here with the same rule as the direct path (``max``, or ``sum`` over
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from diagnoser.engines.sglang import metrics as M
 
-# labels that identify a target and a rank (reference §1.4); everything else is reduced away
+# labels that identify a target and a rank (docs/sglang.md#labels); everything else is reduced away
 TARGET_LABELS = ("job", "instance", "model_name")
 RANK_LABELS = ("dp_rank", "pp_rank", "tp_rank")
-# `name` is the model label of the 2024 pre-release names (reference §2.11)
+# `name` is the model label of the 2024 pre-release names (docs/sglang.md#prerelease-names)
 GROUP = ", ".join(TARGET_LABELS + ("name",) + RANK_LABELS)
 HIST_GROUP = ", ".join(("le",) + TARGET_LABELS + ("name",))
 
@@ -57,7 +57,7 @@ def parse_selector(text: str | None) -> str:
 def name_selector(names: list[str] | tuple[str, ...], matchers: str, suffix: str = "", extra: str = "") -> str:
     """``{__name__=~"sglang[:_](a|b)_bucket", priority="", job="x"}``: both spellings, one selector.
 
-    ``priority=""`` keeps the totals and drops the per-priority split (0.5.10+, reference §1.4), as the
+    ``priority=""`` keeps the totals and drops the per-priority split (0.5.10+, docs/sglang.md#labels), as the
     direct path does."""
     alt = names[0] if len(names) == 1 else "(" + "|".join(names) + ")"
     rx = f"sglang[:_]{alt}{suffix}"
@@ -113,7 +113,7 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
     # Per-step counts come from the counter's value at each step, differenced here (a drop is a
     # restart: count from 0), as the direct path does between scrapes; increase() over one step would
     # need two scrapes inside every step. Retractions: the 0.5.7+ counter, else the 0.4.10-0.5.2
-    # cumulative gauge (reference §2.4).
+    # cumulative gauge (docs/sglang.md#metrics-queue).
     for prio, name in enumerate(("num_retracted_requests_total", "total_retracted_reqs")):
         out.append(SignalQuery("retracted_reqs", "delta", name_selector([name], matchers),
                                f"sglang:{name}", "sum", priority=prio, total="retractions_total"))

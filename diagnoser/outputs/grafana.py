@@ -4,10 +4,10 @@ The rendered JSON is committed under ``dashboards/`` (``python -m diagnoser.outp
 and provisioned by docker-compose. Rules every panel follows:
 
 - the datasource is the ``${datasource}`` variable, never a fixed UID (SGLang's own example broke on
-  that, reference §6.1);
-- raw SGLang selectors take both spellings, ``{__name__=~"sglang[:_]NAME"}`` (reference §1.5), and
+  that until PR https://github.com/sgl-project/sglang/pull/4051);
+- raw SGLang selectors take both spellings, ``{__name__=~"sglang[:_]NAME"}`` (docs/sglang.md#spelling), and
   gauges are folded with ``max by (instance, model_name, dp_rank)`` so TP/PP/CP ranks that repeat a
-  value count once while DP ranks stay apart (reference §1.3, §1.4);
+  value count once while DP ranks stay apart (docs/sglang.md#stats-rank, docs/sglang.md#labels);
 - every panel has a description; annotations mark when findings and alerts fire;
 - every division goes through :func:`ratio`, whose denominator keeps only samples above 0: a zero
   denominator (no prompt tokens in the interval, a target whose gen throughput reads 0) leaves a gap
@@ -153,7 +153,7 @@ def sglang_overview() -> dict[str, Any]:
     w = 12
     panels = [
         panel(1, "KV token usage",
-              "Share of the KV pool held by live requests (sglang:token_usage, reference §2.1), per DP rank; the worst "
+              "Share of the KV pool held by live requests (sglang:token_usage = used / pool), per DP rank; the worst "
               "pool for hybrid models. Above 0.9 with requests queued means the pool caps the batch (rule kv_saturation); "
               "above 0.9 with an empty queue is healthy.",
               [target(gauge("token_usage"), RANK_LEGEND, "A")], (0, 0, w, 8), unit="percentunit",
@@ -184,7 +184,7 @@ def sglang_overview() -> dict[str, Any]:
                target(f"sum by ({BY}) ({sg('num_retracted_reqs', SCHED)})", "last event " + RANK_LEGEND, "B")], (0, 16, w, 8)),
         panel(6, "KV pool: used vs capacity",
               "KV slots held by live requests (num_used_tokens) against the pool size (max_total_num_tokens, 0.5.6+), in "
-              "tokens. The pool size comes from --mem-fraction-static or --max-total-tokens (reference §5.1).",
+              "tokens. The pool size comes from --mem-fraction-static or --max-total-tokens (diagnoser's docs/sglang.md, KV-pool sizing).",
               [target(gauge("num_used_tokens"), "used " + RANK_LEGEND, "A"),
                target(gauge("max_total_num_tokens"), "capacity " + RANK_LEGEND, "B")], (w, 16, w, 8)),
         panel(7, "Time to first token",

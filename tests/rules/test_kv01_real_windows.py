@@ -3,7 +3,7 @@
 A live ``diagnose --once`` sees about 20 s of a run. In a KV-bound run, token usage read every couple of
 seconds is a saw-tooth: admission reserves room for future decode tokens and every retraction frees
 slots, so some 20 s windows never show usage >= 0.95 even though decode retracted requests because
-the pool ran out ("KV cache pool is full. Retract requests", reference §3.4). These tests slide a
+the pool ran out ("KV cache pool is full. Retract requests", docs/sglang.md#retraction). These tests slide a
 window over the real runs (every scrape plus the whole log, as ``--replay`` reads them) and check
 that every window with retractions and waiting requests is called KV-bound, and that the windows
 without them are not.

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 NAME = "sglang"
 
-# endpoints, in the order tried (reference §4)
+# endpoints, in the order tried (docs/sglang.md#endpoints)
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info", "/get_server_args")
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
 LOADS_PATH = "/v1/loads"

@@ -1,5 +1,5 @@
 """SGLang configuration from ``/server_info`` (``/get_server_info``, ``/get_server_args``), ``/model_info``
-and ``/v1/loads`` (reference §4), normalised into config facts with their source. Secrets are redacted
+and ``/v1/loads`` (docs/sglang.md#endpoints), normalised into config facts with their source. Secrets are redacted
 before anything is stored."""
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def facts_from_server_info(info: dict[str, Any], sink: SignalSink, source: str, 
         st = states[0] if isinstance(states[0], dict) else {}
         effs = [s.get("effective_max_running_requests_per_dp") for s in states if isinstance(s, dict)]
         eff = st.get("effective_max_running_requests_per_dp")
-        if eff:  # 0.5.8+: what the scheduler really admits, after clamps (reference §5.2)
+        if eff:  # 0.5.8+: what the scheduler really admits, after clamps (docs/sglang.md#server-info)
             dp = len(states)
             total = sum(int(e) for e in effs if e)
             where = f"{source} internal_states[*].effective_max_running_requests_per_dp"
@@ -147,7 +147,7 @@ def facts_from_model_info(info: dict[str, Any], sink: SignalSink, source: str) -
 
 
 def facts_from_loads(data: dict[str, Any], sink: SignalSink, source: str) -> None:
-    """``/v1/loads`` (0.5.8+, reference §4.4): accelerator type and count, per-DP-rank capacity. Only fills
+    """``/v1/loads`` (0.5.8+, docs/sglang.md#loads): accelerator type and count, per-DP-rank capacity. Only fills
     what server info did not already give (``override=False``)."""
     data = redact(data)
     if data.get("accelerator"):

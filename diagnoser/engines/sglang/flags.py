@@ -1,4 +1,4 @@
-"""Flag spellings per SGLang version (reference §5). Rules ask for a concept; this answers the spelling.
+"""Flag spellings per SGLang version (docs/sglang.md#flags, docs/sglang.md#flag-spellings). Rules ask for a concept; this answers the spelling.
 
 Examples: ``--cuda-graph-max-bs`` (0.3.5–0.5.13; a deprecated alias 0.5.14–0.5.19, removed 0.5.20) vs
 ``--cuda-graph-max-bs-decode`` (0.5.14+); ``--enable-dp-attention`` (0.3.6+, deprecated 0.5.22) vs
@@ -89,7 +89,7 @@ def version_note(version: Version | None) -> str:
     return f"spelling for SGLang {fmt(version)}" if version else f"spelling for SGLang {fmt(NEWEST_KNOWN)} (version unknown)"
 
 
-# first release that has the flag (reference §5); a suggestion must not name a flag the server lacks
+# first release that has the flag (docs/sglang.md#flags); a suggestion must not name a flag the server lacks
 SINCE: dict[str, Version] = {
     "enable_metrics": (0, 3, 5),
     "decode_log_interval": (0, 3, 5),

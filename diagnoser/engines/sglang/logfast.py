@@ -58,7 +58,7 @@ _F = rb"\d{1,30}\.\d{1,30}"
 _DECODE = (
     rb"(?P<dec>Decode) batch(?:(?P<d_hdr>\. |, )| \[\d{1,30}\], )"
     rb"#running-req: (?P<d_run>N), (?:#token: (?P<d_tok>N), token usage: (?P<d_use>F)|"
-    # hybrid SWA models (0.4.10+): a full and a sliding-window pool; token usage is the larger (§2.1)
+    # hybrid SWA models (0.4.10+): a full and a sliding-window pool; token usage is the larger (docs/sglang.md#metrics-scheduler)
     rb"#full token: (?P<d_ftok>N), full token usage: (?P<d_fuse>F), #swa token: \d{1,30}, swa token usage: (?P<d_suse>F)), "
     rb"(?:accept len: (?P<d_alen>F), |)(?:accept rate: (?P<d_arate>F), |)"
     rb"(?:(?P<d_glab>cuda|cpu|npu) graph: (?P<d_graph>True|False), |)"

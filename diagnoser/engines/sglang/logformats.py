@@ -1,4 +1,4 @@
-"""SGLang log-line formats (reference ``../shared/reference/sglang.md`` §3): the patterns, field tables
+"""SGLang log-line formats (docs/sglang.md#logs): the patterns, field tables
 and version tables the line parser (:mod:`diagnoser.engines.sglang.logs`) and the bulk reader
 (:mod:`diagnoser.engines.sglang.logfast`) share. Data only, no state."""
 
@@ -193,7 +193,7 @@ TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
 _EVENT_TRIGGER_RE = _Lazy("|".join(re.escape(t) for t in (*EVENT_TRIGGERS, "Traceback")))
 TRIGGER_BYTES_RE = _Lazy("|".join(re.escape(t) for t in TRIGGERS).encode())  # the bulk reader's
 
-# decode-line fields → the first version that prints them (reference §3.3); "=" marks one-release fields
+# decode-line fields → the first version that prints them (docs/sglang.md#decode-line); "=" marks one-release fields
 _DECODE_SINCE: dict[str, Version] = {
     "accept len": (0, 4, 2), "accept rate": (0, 5, 4), "pre-allocated usage": (0, 4, 6), "#retracted-req": (0, 4, 8),
     "#full token": (0, 4, 10), "full token usage": (0, 4, 10), "#swa token": (0, 4, 10), "swa token usage": (0, 4, 10),

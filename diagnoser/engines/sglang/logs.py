@@ -1,14 +1,14 @@
 """SGLang server log lines → canonical signals, events and config facts.
 
-Covers every scheduler-line format in ``../shared/reference/sglang.md`` §3 (0.1.x … 0.5.23):
+Covers every scheduler-line format SGLang printed from 0.1.x to 0.5.23 (docs/sglang.md#logs):
 
-* prefixes (§3.1): time-only ``[HH:MM:SS TP0]``, date-time, milliseconds, any order of DP/PP/ATTN_CP/
+* prefixes (docs/sglang.md#log-prefix): time-only ``[HH:MM:SS TP0]``, date-time, milliseconds, any order of DP/PP/ATTN_CP/
   MOE_DP/TP/EP tags, Ray's ``(SGLangEngine pid=…[, ip=…])``, docker-compose ``name  | ``, container
   RFC3339 stamps, and a missing leading ``[`` as pasted in issue threads;
-* "Prefill batch" / "Decode batch" lines (§3.2, §3.3) with ``.``, ``,`` or `` [N],`` headers, every field
+* "Prefill batch" / "Decode batch" lines (docs/sglang.md#prefill-line, docs/sglang.md#decode-line) with ``.``, ``,`` or `` [N],`` headers, every field
   optional, optional trailing comma and suffixes, hybrid SWA/SSM, PD, speculative and graph fields;
-* retraction (three generations) and OOM messages (§3.4);
-* startup lines (§3.5): the summary line, ``KV Cache is allocated``, CUDA-graph capture, HiCache
+* retraction (three generations) and OOM messages (docs/sglang.md#retraction, docs/sglang.md#oom);
+* startup lines (docs/sglang.md#startup-lines): the summary line, ``KV Cache is allocated``, CUDA-graph capture, HiCache
   allocation, ``server_args=ServerArgs(…)``, the reduced max_running_requests notices;
 * access-log lines (counted with their status codes).
 
@@ -171,7 +171,7 @@ class SGLangLogParser:
         return "/".join(parts), parsed
 
     def _tag_hints(self, tags: str) -> None:
-        """Rank-tag order per release (reference §3.1)."""
+        """Rank-tag order per release (docs/sglang.md#log-prefix)."""
         names = _TAG_RE.findall(tags)
         order = [k for k, _ in names]
         if "ATTN_CP" in order or "MOE_DP" in order:
@@ -577,11 +577,11 @@ class SGLangLogParser:
             if signal in ("full_token_usage", "swa_token_usage", "mamba_usage"):
                 usages.append(v)
         if usages and not any(k == "token usage" for k, _ in fields):
-            # hybrid models: the scheduler's token_usage gauge is max over the pools (§2.1)
+            # hybrid models: the scheduler's token_usage gauge is max over the pools (docs/sglang.md#metrics-scheduler)
             add("token_usage", ts, max(usages), src, rank)
 
     def _batch_version_hints(self, kind: str, header: str, body: str, fields: list[tuple[str, str]]) -> None:
-        """Version range implied by one batch line's shape (reference §3.2, §3.3)."""
+        """Version range implied by one batch line's shape (docs/sglang.md#prefill-line, docs/sglang.md#decode-line)."""
         h = header.rstrip()
         trailing = body.rstrip().endswith(",")
         shape = (kind, h[-1:], "[" in h, trailing, fields[-1][0] if fields else "", *(k for k, _ in fields))

@@ -1,5 +1,5 @@
 """SGLang metric names → canonical signals, and what each name or label says about the version
-(reference §1.4 labels, §2 inventory with added/removed columns). Data tables plus the version detector;
+(docs/sglang.md#labels for the labels, docs/sglang.md#signals for the inventory with added/removed releases). Data tables plus the version detector;
 parsing and ingestion live in :mod:`diagnoser.engines.sglang.metrics`."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ HISTOGRAM_QUANTILES: dict[str, tuple[float, ...]] = {
     "e2e_seconds": (0.95,),
     "queue_time_seconds": (0.95,),
 }
-# (sample name, low, high): version evidence from which names an exposition contains (§2)
+# (sample name, low, high): version evidence from which names an exposition contains (docs/sglang.md#signals)
 VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int] | None]] = [
     ("num_requests_total", (0, 4, 2), None),
     ("spec_accept_length", (0, 4, 2), None),
@@ -117,7 +117,7 @@ VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int]
     ("dp_attention_token_imbalance_ratio_count", (0, 5, 22), None),
     ("request_time_per_output_token_seconds_count", (0, 5, 22), None),
     ("prealloc_full_token_usage", (0, 5, 23), None),
-    # more of the §2 added/removed columns: they split the releases where flag spellings change
+    # more of the added/removed releases: they split the releases where flag spellings change
     ("swa_token_usage", (0, 5, 2), None),
     ("utilization", (0, 5, 2), None),
     ("num_paused_reqs", (0, 5, 2), None),
@@ -142,14 +142,14 @@ VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int]
     ("num_decode_host_receive_queue_reqs", (0, 5, 21), None),
     ("num_decode_deferred_kv_release_reqs", (0, 5, 22), None),
 ]
-# label on a scheduler gauge → at least this version (§1.4)
+# label on a scheduler gauge → at least this version (docs/sglang.md#labels)
 LABEL_HINTS: list[tuple[str, tuple[int, int, int]]] = [
     ("engine_type", (0, 4, 4)),
     ("tp_rank", (0, 4, 10)),
     ("moe_ep_rank", (0, 5, 7)),
     ("priority", (0, 5, 10)),
 ]
-# default TTFT bucket bounds per release (§2.3); overridable from 0.4.7, so a match is a hint
+# default TTFT bucket bounds per release (docs/sglang.md#metrics-requests); overridable from 0.4.7, so a match is a hint
 TTFT_BUCKETS: list[tuple[tuple[float, ...], tuple[int, int, int], tuple[int, int, int] | None]] = [
     ((0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 15, 20, 25, 30), (0, 3, 5), (0, 4, 1)),
     ((0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10, 20, 40, 60, 80, 120, 160), (0, 4, 2), (0, 4, 3)),

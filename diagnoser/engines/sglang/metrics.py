@@ -1,4 +1,4 @@
-"""SGLang ``/metrics`` expositions → canonical signals (reference §1–2).
+"""SGLang ``/metrics`` expositions → canonical signals (docs/sglang.md#metrics-endpoint, docs/sglang.md#signals).
 
 Handles both spellings (``sglang:x`` as served, ``sglang_x`` after a Prometheus or router hop), the
 2024 pre-release names with a ``name`` label, and every label generation (``model_name``,

@@ -1,6 +1,6 @@
 """SGLang versions: parsing, comparison, and a range narrowed by what the inputs show.
 
-The releases in ``../shared/reference/sglang.md`` (0.3.0 … 0.5.23; there is no 0.5.0). A hint such as
+The releases diagnoser knows (0.3.0 … 0.5.23; there is no 0.5.0; docs/sglang.md#versions). A hint such as
 "this log prints ``#pending-token``" means ``>= 0.5.11``; hints are intersected into one range.
 """
 

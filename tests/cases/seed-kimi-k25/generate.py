@@ -1,6 +1,6 @@
 """Writes server.log for the seed case from the issue's numbers (run: python generate.py).
 
-Not a test. The log is ours, not a capture: startup lines in SGLang 0.5.6–0.5.8 shapes (reference §3)
+Not a test. The log is ours, not a capture: startup lines in SGLang 0.5.6–0.5.8 shapes (docs/sglang.md#logs)
 with the memory split chosen so that SGLang's own sizing rule gives the issue's pool
 (avail_after − pre × (1 − 0.85) = 116,171 × 70,272 B), then a 10-minute excerpt of a saturated server:
 47–56 running, 90+ queued, token usage about 0.99, 780–890 tok/s. The decode step time is drawn as
