@@ -15,3 +15,5 @@ DIAG="${DIAGNOSE:-.venv/bin/diagnose}"
   --note "real public log from sgl-project/sglang issue #11948 (tests/data/cases/012-sglang-11948-eagle3-low-accept-len), verbatim"
 "$DIAG" record --force --from tests/cases/seed-kimi-k25 --name seed-kimi-k25 -o examples/seed-kimi-k25.dgb \
   --note "SYNTHETIC: written from the numbers of issue 4 (Kimi-K2.5, TP 8, pool 116,171 tokens); see tests/cases/seed-kimi-k25/source.md"
+# the docker compose demo (deploy/demo/) plays the same recording
+cp examples/kv-full-retract.dgb deploy/demo/kv-full-retract.dgb
