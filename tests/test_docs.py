@@ -93,8 +93,8 @@ def test_nothing_points_at_the_steering_data() -> None:
     """The issue's acceptance grep, over every tracked user-facing file (and the tests: no ../shared)."""
     bad = []
     for f in tracked(*USER_FACING, "tests", "bench", "examples", "scripts", "setup.py", "pyproject.toml", "CHANGELOG.md"):
-        if "tests/data/" in str(f):
-            continue  # real data, kept as posted
+        if "tests/data/" in str(f) or f == Path(__file__).resolve():
+            continue  # real data, kept as posted; this test names the patterns it looks for
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
             if re.search(r"(\.\./|/work/|\b)shared/(reference|data|engine)|DIAGNOSER_SHARED|reference/sglang\.md", line):
                 bad.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:120]}")

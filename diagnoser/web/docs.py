@@ -26,7 +26,7 @@ SEARCH = (HERE / "docs", HERE.parent.parent / "docs")
 
 
 def web_link(target: str) -> str | None:
-    """A doc's link target as the web app serves it: ``docs/sglang.md#x`` → ``/docs/sglang#x``, rules.md →
+    """A doc's link target as the web app serves it: ``docs/sglang.md#decode-line`` → ``/docs/sglang#decode-line``, rules.md →
     /rules; repository paths with no page here are not linked (shown as text)."""
     if target.startswith(("https://", "http://", "#")):
         return target
