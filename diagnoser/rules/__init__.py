@@ -2,6 +2,12 @@
 
 A finding's ``rule`` field takes exactly these names; ``diagnose rules`` lists them and
 ``diagnose explain NAME`` prints one rule's doc.
+
+A rule's doc is its module docstring: a one-line summary, then the sections of ``base.DOC_HEADINGS`` (a
+``Heading:`` line, the body indented under it), written in the Markdown subset of
+:mod:`diagnoser.outputs.docmd` (single-backtick code, ``- `` lists, ``[text](target)`` links). References
+link sections of ``docs/sglang.md`` (``docs/sglang.md#decode-line``), SGLang's docs, source files at a
+release tag and public issues; ``tests/test_docs.py`` checks the format and every anchor.
 """
 
 from __future__ import annotations
