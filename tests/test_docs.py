@@ -27,7 +27,7 @@ STABLE = {
     "sources", "metrics-endpoint", "enable-metrics", "multiprocess", "stats-rank", "labels", "spelling", "signals",
     "metrics-scheduler", "metrics-constants", "metrics-requests", "metrics-queue", "metrics-spec", "metrics-cache",
     "metrics-dp", "metrics-pd", "metrics-http", "metric-renames", "prerelease-names", "router", "logs", "log-prefix",
-    "prefill-line", "decode-line", "retraction", "oom", "startup-lines", "cadence", "endpoints", "server-info",
+    "prefill-line", "decode-line", "retraction", "oom", "crashes", "pd-logs", "startup-lines", "cadence", "endpoints", "server-info",
     "model-info", "health", "loads", "flags", "memory-flags", "batching-flags", "cuda-graph-flags", "parallelism-flags",
     "hicache-flags", "speculative-flags", "logging-flags", "flag-spellings", "kv-sizing", "kv-bytes", "kv-budget",
     "mem-fraction-default", "what-ifs", "tuning-guide", "bottlenecks", "versions", "threads", "limits", "public-sources",
@@ -124,6 +124,8 @@ def test_rule_doc_is_markdown_with_public_references(rule: type[Rule]) -> None:
             assert {b.kind for b in blocks} <= {"para", "list"}, (rule.name, head, [b.kind for b in blocks])
     refs = docmd.parse(sections["References"])
     assert [b.kind for b in refs] == ["list"], f"{rule.name}: References should be a list"
+    # a wrapped line that starts with "- " or "1. " would open a list by accident
+    assert all(len(item) == 1 for item in refs[0].items), f"{rule.name}: a References item holds a nested block"
     targets = docmd.links(sections["References"])
     assert any(t.startswith("docs/sglang.md#") for t in targets), f"{rule.name} cites no section of docs/sglang.md"
     for t in docmd.links(doc):

@@ -248,7 +248,8 @@ class Rule:
 
     @classmethod
     def summary_line(cls) -> str:
-        return cls.doc().splitlines()[0] if cls.doc() else cls.name
+        """The doc's first paragraph on one line (a summary may wrap in the docstring)."""
+        return " ".join(cls.doc().split("\n\n", 1)[0].split()) if cls.doc() else cls.name
 
     @classmethod
     def doc_sections(cls) -> dict[str, str]:

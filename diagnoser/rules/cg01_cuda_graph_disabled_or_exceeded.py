@@ -8,11 +8,11 @@ What it detects:
     are disabled, they are disabled. Warning when at least `eager_share` (20 %) of busy decode
     readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
     Before load (start-up lines or server args only, or fewer than a window of decode readings): the
-    captured maximum (a full ``Capture cuda graph bs [...]`` list, ``Capture target decode CUDA graph
-    end. bs=[...]``, the size at step 0 of the ``Capturing batches (bs=N …)`` progress bar,
-    ``--cuda-graph-max-bs`` or ``--cuda-graph-bs``) at or below ``startup_share`` (25 %) of what the server can
-    run — the smaller of the effective ``max_running_requests`` and the requests the pool holds at
-    ``startup_tokens_per_request`` (2,048) tokens each. Warning when even requests of the full context
+    captured maximum (a full `Capture cuda graph bs [...]` list, `Capture target decode CUDA graph
+    end. bs=[...]`, the size at step 0 of the `Capturing batches (bs=N …)` progress bar,
+    `--cuda-graph-max-bs` or `--cuda-graph-bs`) at or below `startup_share` (25 %) of what the server can
+    run — the smaller of the effective `max_running_requests` and the requests the pool holds at
+    `startup_tokens_per_request` (2,048) tokens each. Warning when even requests of the full context
     length would outnumber the captured maximum (certain), or at half that share; info otherwise.
 
 Why it matters:

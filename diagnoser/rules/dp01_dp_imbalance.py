@@ -1,12 +1,12 @@
 """Data-parallel ranks carry very different loads.
 
 What it detects:
-    Per-DP-rank series (``dp_rank`` label, ``DPn`` log prefix): the mean running requests (else used
+    Per-DP-rank series (`dp_rank` label, `DPn` log prefix): the mean running requests (else used
     tokens), waiting requests and generation throughput of each rank. Fires when the busiest rank's
-    mean is at least ``max_ratio`` (1.5) times the mean over ranks — with a mean of at least
-    ``min_mean`` (2) running requests, ``min_queue`` (4) waiting or ``min_gen_tps`` (10) tokens/s — or
+    mean is at least `max_ratio` (1.5) times the mean over ranks — with a mean of at least
+    `min_mean` (2) running requests, `min_queue` (4) waiting or `min_gen_tps` (10) tokens/s — or
     when one rank queues requests while another has half its load or less. One scrape (one reading
-    per rank) is enough, at low confidence, when the busiest rank carries at least ``min_spread`` (8)
+    per rank) is enough, at low confidence, when the busiest rank carries at least `min_spread` (8)
     requests above the mean (ranks log at their own moments: a few requests apart is noise).
 
 Why it matters:
@@ -20,17 +20,22 @@ Evidence:
 Fix:
     Balance the dispatch: the DP controller's load-balance method (shortest queue or fewest tokens
     instead of round robin), or the router's cache-aware policy with a lower balance threshold. Long
-    prompts landing on one rank also skew it; ``sglang:dp_attention_token_imbalance_ratio`` (0.5.22+)
+    prompts landing on one rank also skew it; `sglang:dp_attention_token_imbalance_ratio` (0.5.22+)
     shows it per step.
 
 Known false positives:
     Ranks report at different moments (every 40 decode steps each), so short windows look uneven; the
-    rule needs ``min_points`` readings per rank.
+    rule needs `min_points` readings per rank.
 
 References:
-    ../shared/reference/sglang.md §1.2–1.4 (DP rank labels and the pre-0.4.10 mostrecent problem),
-    §2.8 (DP attention metrics), §3.1 (DPn prefix), §8 (DP imbalance); case 010-sglang-pr6081 (balanced,
-    silent); hand-built case dp-imbalance.
+    - How diagnoser reads SGLang: [DP rank labels](docs/sglang.md#labels), [why DP gauges collided before
+      0.4.10](docs/sglang.md#multiprocess), [DP attention metrics](docs/sglang.md#metrics-dp), [the `DPn`
+      log prefix](docs/sglang.md#log-prefix), [DP and DP attention](docs/sglang.md#parallelism-flags).
+    - Issue [#6892](https://github.com/sgl-project/sglang/issues/6892): DP metrics were wrong before the
+      rank labels.
+    - Real case: PR [#6081](https://github.com/sgl-project/sglang/pull/6081), a balanced MTP + DP-attention
+      server (the rule stays silent); the imbalanced shape is tested on a constructed log in SGLang's DP
+      prefix format.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """The engine crashed: a scheduler or worker process died with an exception, or a fatal error stopped it.
 
 What it detects:
-    SGLang's own crash notices — ``Scheduler hit an exception: Traceback …`` (and ``TpModelWorkerClient``,
-    ``DataParallelController``, ``DetokenizerManager`` … ``hit an exception``), after which the process
-    sends SIGQUIT to the server and everything stops — and the fatal errors that kill it even when the
-    notice was not captured: a SIGQUIT received from a child, a child process that exited, a
-    segmentation fault, an NCCL error or watchdog timeout, a CUDA error, a device out-of-memory
-    exception (``torch.OutOfMemoryError: CUDA out of memory`` / HIP / NPU), the KV allocator's
-    ``Decode/Prefill out of memory`` raised as an exception, a start-up failure (no memory for the KV
-    pool), the scheduler watchdog's timeout; and, without any of those, a failed health check (the
-    server stopped answering: hung, or dead without its traceback in the lines). A traceback counts when its frames run through the engine (``sglang/srt/managers``,
-    ``model_executor``, ``layers``, ``mem_cache``, ``disaggregation`` …) or when a crash notice is in the
-    log; a truncated paste (an exception line without its frames, or the notice without its traceback)
-    is enough. Tracebacks of helper code that the server survives (the HTTP server's post-warm-up
-    ``freeze_gc`` call, a client library) are not crashes, nor a request that ends with a front-end
-    error (``CancelledError`` when a client disconnects, a validation error; frames of the tokenizer
-    manager or the HTTP server only). Always critical.
+    SGLang's own crash notices — `Scheduler hit an exception: Traceback …` (and `TpModelWorkerClient`,
+    `DataParallelController`, `DetokenizerManager` … `hit an exception`), after which the process sends
+    SIGQUIT to the server and everything stops — and the fatal errors that kill it even when the notice was
+    not captured: a SIGQUIT received from a child, a child process that exited, a segmentation fault, an
+    NCCL error or watchdog timeout, a CUDA error, a device out-of-memory exception (`torch.OutOfMemoryError:
+    CUDA out of memory` / HIP / NPU), the KV allocator's `Decode/Prefill out of memory` raised as an
+    exception, a start-up failure (no memory for the KV pool), the scheduler watchdog's timeout; and,
+    without any of those, a failed health check (the server stopped answering: hung, or dead without its
+    traceback in the lines). A traceback counts when its frames run through the engine
+    (`sglang/srt/managers`, `model_executor`, `layers`, `mem_cache`, `disaggregation` …) or when a crash
+    notice is in the log; a truncated paste (an exception line without its frames, or the notice without its
+    traceback) is enough. Tracebacks of helper code that the server survives (the HTTP server's post-warm-up
+    `freeze_gc` call, a client library) are not crashes, nor a request that ends with a front-end error
+    (`CancelledError` when a client disconnects, a validation error; frames of the tokenizer manager or the
+    HTTP server only). Always critical.
 
 Why it matters:
     A scheduler that dies takes the whole server with it (the other processes are killed): every
@@ -29,25 +29,31 @@ Evidence:
     too long, an out-of-memory message).
 
 Fix:
-    Depends on the cause, named in the finding: out of memory → see ``oom`` (lower
-    ``--chunked-prefill-size`` for prefill, ``--max-running-requests`` for decode, leave activation room
-    with a lower ``--mem-fraction-static`` for a device OOM); NCCL or CUDA errors → a GPU, the
-    interconnect or another rank failed (check every rank's log and ``dmesg``; ``NCCL_DEBUG=INFO``);
+    Depends on the cause, named in the finding: out of memory → see `oom` (lower
+    `--chunked-prefill-size` for prefill, `--max-running-requests` for decode, leave activation room
+    with a lower `--mem-fraction-static` for a device OOM); NCCL or CUDA errors → a GPU, the
+    interconnect or another rank failed (check every rank's log and `dmesg`; `NCCL_DEBUG=INFO`);
     any other exception is an engine bug or an input it does not handle: upgrade SGLang, and report the
     full traceback with the server arguments. No flag is proposed by this rule.
 
 Known false positives:
     A traceback pasted from a client or another program that happens to run SGLang code in-process
-    (offline ``Engine``): then the "server" is that program. An exception logged and handled by a
+    (offline `Engine`): then the "server" is that program. An exception logged and handled by a
     subsystem that keeps running (the frames decide; a handled one usually has no crash notice).
 
 References:
-    ``python/sglang/srt/managers/scheduler.py`` at v0.5.23 (``run_scheduler_process``: the exception is
-    logged as ``Scheduler hit an exception`` and SIGQUIT is sent to the parent),
-    ``python/sglang/srt/entrypoints/engine.py`` (the SIGQUIT handler kills the process tree),
-    ``python/sglang/srt/mem_cache/common.py`` (``Prefill/Decode out of memory. Try to lower your batch
-    size.``). Cases 109-sglang-4048 (a TypeError after an over-long input), 113-sglang-4602 (decode
-    out of memory with page size 64), 107-inferencex-2128 (no memory for the KV pool at start-up).
+    - How diagnoser reads SGLang: [crash notices](docs/sglang.md#crashes), [OOM and capacity
+      messages](docs/sglang.md#oom).
+    - SGLang's source at v0.5.23: `python/sglang/srt/managers/scheduler.py` (`run_scheduler_process` logs
+      `Scheduler hit an exception` and sends SIGQUIT to the parent),
+      `python/sglang/srt/entrypoints/engine.py` (the SIGQUIT handler kills the process tree),
+      `python/sglang/srt/mem_cache/allocation.py` (`Prefill/Decode out of memory. Try to lower your batch
+      size.`).
+    - Real cases: issue [#4048](https://github.com/sgl-project/sglang/issues/4048) (a TypeError after an
+      over-long input), issue [#4602](https://github.com/sgl-project/sglang/issues/4602) (decode out of
+      memory with page size 64), InferenceX issue
+      [#2128](https://github.com/SemiAnalysisAI/InferenceX/issues/2128) (no memory for the KV pool at
+      start-up).
 """
 
 from __future__ import annotations

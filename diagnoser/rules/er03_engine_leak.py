@@ -1,9 +1,9 @@
 """SGLang's own leak check fired: KV slots or request slots were not given back when requests ended.
 
 What it detects:
-    The scheduler's idle self-check lines ``KV cache pool leak detected!`` (older releases),
-    ``token_to_kv_pool_allocator memory leak detected!`` and ``req_to_token_pool memory leak
-    detected!``: when nothing runs, every token slot and request slot must be free or evictable, and
+    The scheduler's idle self-check lines `KV cache pool leak detected!` (older releases),
+    `token_to_kv_pool_allocator memory leak detected!` and `req_to_token_pool memory leak
+    detected!`: when nothing runs, every token slot and request slot must be free or evictable, and
     SGLang says so when some are not. Each line is SGLang's own statement; one is enough. Warning.
 
 Why it matters:
@@ -24,10 +24,12 @@ Known false positives:
     debug builds run it more often.)
 
 References:
-    ``python/sglang/srt/managers/scheduler_runtime_checker_mixin.py`` / ``scheduler.py`` at v0.5.23
-    (``check_memory``: ``token_to_kv_pool_allocator memory leak detected!``); SGLang issue #9266
-    (``req_to_token_pool`` entries leaking on the PD decode path,
-    https://github.com/sgl-project/sglang/issues/9266).
+    - How diagnoser reads SGLang: [the leak-check lines](docs/sglang.md#oom).
+    - SGLang's source at v0.5.23: `python/sglang/srt/managers/scheduler_components/invariant_checker.py`
+      (the idle check and its `… memory leak detected!` lines).
+    - Issue [#9266](https://github.com/sgl-project/sglang/issues/9266): `req_to_token_pool` entries leaking
+      on the PD decode path. No public log quotes the leak line yet: tested on a constructed log in SGLang's
+      format.
 """
 
 from __future__ import annotations

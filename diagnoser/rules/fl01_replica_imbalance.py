@@ -1,11 +1,11 @@
 """Load is concentrated on a few replicas of a model while other replicas of it have headroom.
 
 What it detects:
-    Among the replicas of one model (same ``model_name`` label, else same job) read in fleet mode,
-    some are under pressure — requests wait (mean ``queue_reqs`` >= ``hot_queue``, default 1), the KV
-    pool is nearly full (mean ``token_usage`` >= ``hot_usage``, default 0.9), or the running batch sits
-    at the known ``max_running_requests`` — while others have room: nothing waits (mean queue <
-    ``cold_queue``) and their KV use stays below ``cold_usage`` (default 0.5). It names both sets.
+    Among the replicas of one model (same `model_name` label, else same job) read in fleet mode,
+    some are under pressure — requests wait (mean `queue_reqs` >= `hot_queue`, default 1), the KV
+    pool is nearly full (mean `token_usage` >= `hot_usage`, default 0.9), or the running batch sits
+    at the known `max_running_requests` — while others have room: nothing waits (mean queue <
+    `cold_queue`) and their KV use stays below `cold_usage` (default 0.5). It names both sets.
     One sample per replica is enough to judge, at low confidence (medium from a few, high from a
     window): a Prometheus with seconds of history names the saturated replica.
 
@@ -18,7 +18,7 @@ Why it matters:
 Evidence:
     Per busy replica: mean queue_reqs, mean running_reqs and mean token_usage over the range; per
     replica with room: the same, plus its headroom in requests (free KV tokens / KV tokens per running
-    request, see ``diagnoser/fleet/capacity.py``). Every number cites the Prometheus series it came
+    request, see `diagnoser/fleet/capacity.py`). Every number cites the Prometheus series it came
     from.
 
 Fix:
@@ -29,13 +29,14 @@ Fix:
 
 Known false positives:
     A replica that has just started or was just added has no load yet. Replicas of one model name on
-    different hardware can have different capacities (see ``config_drift``). Averages over a range
-    that straddles a traffic shift can mix two states; narrow ``--range``.
+    different hardware can have different capacities (see `config_drift`). Averages over a range
+    that straddles a traffic shift can mix two states; narrow `--range`.
 
 References:
-    ../shared/reference/sglang.md §2.1 (num_queue_reqs, num_running_reqs, token_usage), §2.12 (router
-    metrics), §8 (DP imbalance, same idea within one server), §10 (max_running_requests is not in
-    /metrics).
+    - How diagnoser reads SGLang: [scheduler gauges](docs/sglang.md#metrics-scheduler) (`num_queue_reqs`,
+      `num_running_reqs`, `token_usage`), [router metrics](docs/sglang.md#router), [what `/metrics` cannot
+      show](docs/sglang.md#sources) (`max_running_requests`), [the same idea within one
+      server](docs/sglang.md#metrics-dp).
 """
 
 from __future__ import annotations

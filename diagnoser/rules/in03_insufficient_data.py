@@ -1,12 +1,12 @@
 """A note on what the findings stand on: few or no load readings, or a server that was idle.
 
 What it detects:
-    A target whose window holds fewer than ``min_points`` (3) readings of every load signal
-    (``running_reqs``, ``queue_reqs``, ``token_usage``): none at all (startup lines, a traceback, a log of
+    A target whose window holds fewer than `min_points` (3) readings of every load signal
+    (`running_reqs`, `queue_reqs`, `token_usage`): none at all (startup lines, a traceback, a log of
     something else) or a few (one pasted line, one scrape). Also a server that was idle in every
     reading: nothing running and nothing waiting (healthy-idle). Always info: a note, never a verdict.
-    It never raises the exit status on its own (``diagnose`` exits 1 only for another finding at or
-    above ``--fail-on``). Unreachable targets are left to ``source_unreachable``.
+    It never raises the exit status on its own (`diagnose` exits 1 only for another finding at or
+    above `--fail-on`). Unreachable targets are left to `source_unreachable`.
 
 Why it matters:
     The other rules judge what is there: one reading can show a full pool with a queue, a startup line
@@ -18,18 +18,21 @@ Evidence:
     The number of readings of each load signal, lines read and recognised, scrapes.
 
 Fix:
-    Nothing to fix. For a firmer diagnosis sample longer (``--duration 60s``), pass the full server log
-    (``--log``, at ``--log-level info`` for the batch lines), or scrape ``/metrics`` with ``--url``;
+    Nothing to fix. For a firmer diagnosis sample longer (`--duration 60s`), pass the full server log
+    (`--log`, at `--log-level info` for the batch lines), or scrape `/metrics` with `--url`;
     for an idle server, send it the load you want judged.
 
 Known false positives:
     None: it is a statement about the inputs.
 
 References:
-    SGLang's scheduler prints a Decode batch line every ``--decode-log-interval`` (40) decode steps and
-    a Prefill batch line per prefill batch (``python/sglang/srt/managers/scheduler_metrics_mixin.py`` at
-    v0.5.23); idle gauges are refreshed about every 30 s. Cases 035-sglang-30160 (two startup lines),
-    110-sglang-pr1461 (one idle scrape).
+    - How diagnoser reads SGLang: [how often lines and gauges update](docs/sglang.md#cadence) (a Decode
+      batch line every `--decode-log-interval` steps, a Prefill batch line per batch, idle gauges about
+      every 30 s), [what each source can show](docs/sglang.md#sources).
+    - SGLang's source at v0.5.23: `python/sglang/srt/managers/scheduler_components/metrics_reporter.py` (the
+      batch lines).
+    - Real cases: issue [#30160](https://github.com/sgl-project/sglang/issues/30160) (two start-up lines),
+      PR [#1461](https://github.com/sgl-project/sglang/pull/1461) (one idle scrape).
 """
 
 from __future__ import annotations

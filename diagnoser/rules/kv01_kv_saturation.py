@@ -1,27 +1,27 @@
 """The KV pool is the limit: token usage stays near capacity while requests wait or decode retracts.
 
 What it detects:
-    Token usage (``sglang:token_usage`` or ``token usage:`` in Decode/Prefill lines; for hybrid models
-    the worst of the full/SWA/Mamba pools) at or above ``usage_high`` (default 0.95) while requests wait
-    (``queue_reqs`` > 0 on the same line or scrape) in at least ``min_share`` (default 60 %) of the
-    points where both were read (from ``waiting_usage``, 0.9, when more than ``deep_queue`` (2000) wait:
-    beyond the tuning guide's healthy queue, admission's reservation for the running requests'
-    remaining output fills the pool before usage reads 1.0); or decode retracting requests (retraction
-    lines or counters) while requests wait or the pool is full in ``min_share`` of the window. A retraction is SGLang's own
-    statement that the pool ran out ("KV cache pool is full. Retract requests": decode needed more
-    slots than free + evictable, reference §3.4), so on that path sampled usage only has to reach
-    ``retract_usage_floor`` (default 0.75): admission reserves room for future decode tokens
-    (``new_token_ratio``, §5.2) and each retraction frees slots, so usage read every few seconds is a
-    saw-tooth that can miss the full moments. Third, the footprint path: requests wait in
-    ``min_share`` of the readings while the running batch already fills the pool at full length —
-    running >= ``fit_share`` (default 0.8) x pool / (mean prompt + mean output tokens of the finished
-    requests, from the token and request counters). Usage then reads low because the running requests
-    have not grown to their full length yet, but admission reserves room for their remaining output
-    (new_token_ratio, §5.2), so no more fit. The running batch must sit below the effective
-    ``max_running_requests`` (otherwise ``max_running_requests_cap`` is the limit).
-    One reading judges (a pasted line, one scrape), at low confidence. With no usage reading at all,
-    SGLang's own statement that the pool ran out — a retraction line, or ``Decode out of memory`` from
-    the KV allocator — is the finding (low confidence, from the log events).
+    Token usage (`sglang:token_usage` or `token usage:` in Decode/Prefill lines; for hybrid models the worst
+    of the full/SWA/Mamba pools) at or above `usage_high` (default 0.95) while requests wait (`queue_reqs` >
+    0 on the same line or scrape) in at least `min_share` (default 60 %) of the points where both were read
+    (from `waiting_usage`, 0.9, when more than `deep_queue` (2000) wait: beyond the tuning guide's healthy
+    queue, admission's reservation for the running requests' remaining output fills the pool before usage
+    reads 1.0); or decode retracting requests (retraction lines or counters) while requests wait or the pool
+    is full in `min_share` of the window. A retraction is SGLang's own statement that the pool ran out ("KV
+    cache pool is full. Retract requests": decode needed more slots than free + evictable; see
+    [retraction](docs/sglang.md#retraction)), so on that path sampled usage only has to reach
+    `retract_usage_floor` (default 0.75): admission reserves room for future decode tokens
+    (`new_token_ratio`, see [admission](docs/sglang.md#batching-flags)) and each retraction frees slots, so
+    usage read every few seconds is a saw-tooth that can miss the full moments. Third, the footprint path:
+    requests wait in `min_share` of the readings while the running batch already fills the pool at full
+    length — running >= `fit_share` (default 0.8) x pool / (mean prompt + mean output tokens of the finished
+    requests, from the token and request counters). Usage then reads low because the running requests have
+    not grown to their full length yet, but admission reserves room for their remaining output
+    (`new_token_ratio`), so no more fit. The running batch must sit below the effective
+    `max_running_requests` (otherwise `max_running_requests_cap` is the limit). One reading judges (a pasted
+    line, one scrape), at low confidence. With no usage reading at all, SGLang's own statement that the pool
+    ran out — a retraction line, or `Decode out of memory` from the KV allocator — is the finding (low
+    confidence, from the log events).
 
 Why it matters:
     Every admitted request needs KV slots for its whole context. When the pool is full, the scheduler
@@ -34,27 +34,35 @@ Evidence:
     cites the log line or scrape that shows it.
 
 Fix:
-    Grow the pool or shrink per-token cost: raise ``--mem-fraction-static`` while keeping 5–8 GB free
-    for activations and graphs (reference §7: available_gpu_mem 5–8 GB is right); when the pool is
-    capped by ``--max-total-tokens``, raise that cap; ``--kv-cache-dtype fp8_e4m3`` doubles tokens per
+    Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free
+    for activations and graphs (SGLang's tuning guide: `available_gpu_mem` 5–8 GB is right); when the pool is
+    capped by `--max-total-tokens`, raise that cap; `--kv-cache-dtype fp8_e4m3` doubles tokens per
     byte; for hybrid SWA models whose full-attention pool is full while the SWA pool is nearly empty,
-    lower ``--swa-full-tokens-ratio``; for MLA models at TP > 1, DP attention gives each rank its own
+    lower `--swa-full-tokens-ratio`; for MLA models at TP > 1, DP attention gives each rank its own
     pool (the capacity model adds the numbers). HiCache does not help here: it grows the prefix cache,
-    not the decode pool. ``--cpu-offload-gb`` is never suggested: it slows every step.
+    not the decode pool. `--cpu-offload-gb` is never suggested: it slows every step.
 
 Known false positives:
-    Usage above 0.9 with a short or empty queue is SGLang's own definition of healthy (hyperparameter
-    tuning guide, reference §7); this rule needs waiting requests or retractions as well, and the
-    default threshold is 0.95, above the guide's 0.9. A few requests with runaway outputs can fill the
-    pool by themselves; then flag changes do not help and none are proposed (see
-    ``runaway_generation``). The footprint path uses the mean length of the requests that finished in
-    the window: when only a few short requests finished, or lengths vary widely, the estimate is rough
-    (confidence low), and it needs requests waiting in most readings as well.
+    Usage above 0.9 with a short or empty queue is SGLang's own definition of healthy ([tuning
+    guide](docs/sglang.md#tuning-guide)); this rule needs waiting requests or retractions as well, and the
+    default threshold is 0.95, above the guide's 0.9. A few requests with runaway outputs can fill the pool
+    by themselves; then flag changes do not help and none are proposed (see `runaway_generation`). The
+    footprint path uses the mean length of the requests that finished in the window: when only a few short
+    requests finished, or lengths vary widely, the estimate is rough (confidence low), and it needs requests
+    waiting in most readings as well.
 
 References:
-    ../shared/reference/sglang.md §2.1 (token_usage, num_used_tokens), §3.3 (decode line), §3.4
-    (retraction), §5.1 (pool sizing), §7 (tuning guide), §8 (KV-bound), §9 (issue #26248); cases
-    007-sglang-2746, 022-sglang-26248, cpu-real kv-full-retract and medium-engine-bound-kv-full.
+    - How diagnoser reads SGLang: [`token_usage` and `num_used_tokens`](docs/sglang.md#metrics-scheduler),
+      [the Decode batch line](docs/sglang.md#decode-line), [retraction lines](docs/sglang.md#retraction),
+      [KV-pool sizing](docs/sglang.md#kv-sizing), [admission and
+      `new_token_ratio`](docs/sglang.md#batching-flags), [SGLang's tuning
+      guide](docs/sglang.md#tuning-guide), [from signals to a bottleneck](docs/sglang.md#bottlenecks).
+    - SGLang's [hyperparameter tuning
+      guide](https://docs.sglang.ai/advanced_features/hyperparameter_tuning.html).
+    - Real cases: issue [#2746](https://github.com/sgl-project/sglang/issues/2746) (outputs without a bound
+      fill the pool), issue [#26248](https://github.com/sgl-project/sglang/issues/26248) (a hybrid-SWA pool
+      pinned at 1.00), and two recorded SGLang 0.5.23 CPU runs: `examples/kv-full-retract.dgb` and an
+      engine-bound model whose pool fills (`tests/data/sglang-cpu-real/medium-engine-bound-kv-full`).
 """
 
 from __future__ import annotations
@@ -127,7 +135,7 @@ def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, f
     """(mean tokens per request at full length, requests the pool holds at that length, share of the
     usage readings with a queue). The length is (uncached prompt + generation token rates) /
     finished-request rate over the window (the prompt scaled by 1 - cache hit rate, since a shared
-    prefix is held once): SGLang counts both when a request finishes (reference §2.1), so it is the
+    prefix is held once): SGLang counts both when a request finishes (docs/sglang.md#metrics-requests), so it is the
     mean full length of the finished requests. None when no request finished or the pool is unknown."""
     qshare = np.count_nonzero(pts.b > 0) / len(pts) if len(pts) else 0.0  # a bool mean: the count over n
     foot, fit = fit_at_full_length(ctx)
@@ -200,7 +208,7 @@ class KVSaturation(Rule):
         waiting = bool(waiting.any())
         path_wait = len(pts) > 0 and wshare >= t["min_share"]
         fshare = np.count_nonzero(vals >= high) / len(vals)
-        # a retraction says the pool ran out (§3.4); it counts when requests waited or the pool was full
+        # a retraction says the pool ran out (docs/sglang.md#retraction); it counts when requests waited or the pool was full
         # most of the time: one retraction at a brief peak with nobody waiting is left to kv_retraction
         # (occasional, fine). Sampled usage misses the full moments (saw-tooth), hence the lower floor.
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (waiting or fshare >= t["min_share"])
@@ -247,7 +255,7 @@ class KVSaturation(Rule):
         if path_fit and foot is not None and fit is not None and not (path_wait or path_retract):
             parts.append(f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, "
                          f"and {running['p50']:.0f} ran at the median, so admission (which reserves room for the remaining output, "
-                         "reference §5.2) has no room for the waiting ones although usage reads lower")
+                         "docs/sglang.md#batching-flags) has no room for the waiting ones although usage reads lower")
         if n_retract:
             parts.append(f"{n_retract} retraction event(s)" + ("" if peak >= high else
                          " — SGLang retracts only when the pool cannot hold the next decode tokens, so the pool ran"
@@ -326,12 +334,12 @@ class KVSaturation(Rule):
             elif isinstance(mfs, int | float):
                 proposed_f = round(min(float(mfs) + 0.04, 0.95), 2)
                 out.append(suggest(ctx, "mem_fraction_static", mfs, proposed_f, "a larger static fraction grows the KV pool",
-                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (reference §5.1); the capacity model gives the tokens",
+                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (docs/sglang.md#kv-budget); the capacity model gives the tokens",
                                    ("keep 5–8 GB free for activations and graphs (available_gpu_mem in the summary line)",)))
             else:
                 out.append(suggest(ctx, "mem_fraction_static", None, "current + 0.03 to 0.05",
                                    "a larger static fraction grows the KV pool; the current value is not in the inputs (pass the startup log or --url for server info)",
-                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (reference §5.1)",
+                                   "each +0.01 adds about 1 % of the GPU's free memory to the pool (docs/sglang.md#kv-budget)",
                                    ("keep 5–8 GB free for activations and graphs",)))
             dtype = ctx.cfg("kv_cache_dtype") or ctx.cfg("arg.kv_cache_dtype")
             if dtype in (None, "auto", "bf16", "float16", "bfloat16", "fp16"):

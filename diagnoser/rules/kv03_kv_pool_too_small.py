@@ -2,16 +2,16 @@
 one prefill batch. Read from start-up lines or a rejected request, before any load.
 
 What it detects:
-    (1) A request rejected because the pool cannot hold it: ``Input length (N tokens) exceeds the
-    maximum allowed length (M tokens)``. SGLang caps an input at ``min(context_len, pool) - 6`` tokens
-    (``max_req_input_len``, from the TP worker), so M comes from the pool when the pool is known and M is
+    (1) A request rejected because the pool cannot hold it: `Input length (N tokens) exceeds the
+    maximum allowed length (M tokens)`. SGLang caps an input at `min(context_len, pool) - 6` tokens
+    (`max_req_input_len`, from the TP worker), so M comes from the pool when the pool is known and M is
     about pool - 6, when the context length is known and larger, or — with neither known — when M + 6
     is not a round context length (a multiple of 1024): context lengths are round, pool sizes are not.
-    (2) A pool sized at start-up (``max_total_num_tokens=``, ``KV Cache is allocated. #tokens: N``,
-    server info) smaller than one prefill batch (``max_prefill_tokens``, 16384 by default): warning,
+    (2) A pool sized at start-up (`max_total_num_tokens=`, `KV Cache is allocated. #tokens: N`,
+    server info) smaller than one prefill batch (`max_prefill_tokens`, 16384 by default): warning,
     these numbers make the limit certain; or smaller than one request of the configured
-    ``context_len``: info (only requests that long meet it). Judged when the inputs hold less than a
-    window of usage readings (with a window, ``kv_saturation`` judges the pool under the real load).
+    `context_len`: info (only requests that long meet it). Judged when the inputs hold less than a
+    window of usage readings (with a window, `kv_saturation` judges the pool under the real load).
     A rejected request (1) is a warning.
 
 Why it matters:
@@ -25,26 +25,31 @@ Evidence:
     context length and the prefill budget when known.
 
 Fix:
-    Give the pool more memory or make tokens cheaper: raise ``--mem-fraction-static`` (the KV budget is
-    the memory free after the weights minus the share kept for activations), ``--kv-cache-dtype
-    fp8_e4m3`` (half the bytes per token), shrink what was captured before the pool was sized (prefill /
-    piecewise CUDA graphs: ``--piecewise-cuda-graph-max-tokens`` up to 0.5.13,
-    ``--cuda-graph-max-bs-prefill`` from 0.5.14), lift a ``--max-total-tokens`` cap, or spread the model
-    over more GPUs (``--tp-size``: fewer weights per GPU). For a rejected request,
-    ``--allow-auto-truncate`` serves it cut to fit. ``--context-length`` does not enlarge the pool.
+    Give the pool more memory or make tokens cheaper: raise `--mem-fraction-static` (the KV budget is
+    the memory free after the weights minus the share kept for activations), `--kv-cache-dtype
+    fp8_e4m3` (half the bytes per token), shrink what was captured before the pool was sized (prefill /
+    piecewise CUDA graphs: `--piecewise-cuda-graph-max-tokens` up to 0.5.13,
+    `--cuda-graph-max-bs-prefill` from 0.5.14), lift a `--max-total-tokens` cap, or spread the model
+    over more GPUs (`--tp-size`: fewer weights per GPU). For a rejected request,
+    `--allow-auto-truncate` serves it cut to fit. `--context-length` does not enlarge the pool.
 
 Known false positives:
-    A pool kept small on purpose (``--max-total-tokens`` for a test); a context length set far above
+    A pool kept small on purpose (`--max-total-tokens` for a test); a context length set far above
     what the workload sends (then a pool below it limits nothing in practice, and the finding says
     which requests would not fit).
 
 References:
-    ``python/sglang/srt/managers/tp_worker.py`` at v0.5.23 (``max_req_len = min(context_len - 1,
-    max_total_num_tokens - 1)``, ``max_req_input_len = max_req_len - 5``) and ``scheduler.py`` (the
-    input length check and its message);
-    ``python/sglang/srt/model_executor/model_runner.py`` (pool sizing from the memory left after
-    weights); cases 109-sglang-4048 (a 160k request against a 59,868-token pool), 117-sglang-pr13466
-    (an 8,050-token pool on an 8-GPU node).
+    - How diagnoser reads SGLang: [the input-length limit and the pool](docs/sglang.md#oom), [start-up
+      lines](docs/sglang.md#startup-lines), [how the pool is sized](docs/sglang.md#kv-budget), [bytes per
+      token](docs/sglang.md#kv-bytes).
+    - SGLang's source at v0.5.23: `python/sglang/srt/managers/tp_worker.py`
+      (`max_req_len = min(context_len - 1, max_total_num_tokens - 1)`, `max_req_input_len = max_req_len - 5`),
+      `python/sglang/srt/managers/utils.py` (the input-length check and its message),
+      `python/sglang/srt/mem_cache/kv_cache_configurator.py` (the pool from the memory left after the
+      weights).
+    - Real cases: issue [#4048](https://github.com/sgl-project/sglang/issues/4048) (a 160k request against a
+      59,868-token pool), PR [#13466](https://github.com/sgl-project/sglang/pull/13466) (an 8,050-token pool
+      on an 8-GPU node).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 What it detects:
     On a PD prefill server, requests go through a bootstrap queue (the decode side must reserve KV for
     them), then the waiting queue and prefill, then the in-flight queue until their KV has been sent.
-    (1) Readings where the bootstrap and in-flight queues (``#unbootstrapped-req`` / ``#bootstrap-req`` /
-    ``#prealloc-req``, ``#transferring-req`` / ``#inflight-req``) hold at least ``min_waiting`` (16)
-    requests and ``backlog_ratio`` (2) times what runs or waits for prefill: the prefill GPU waits on
-    the hand-over, not on compute. On a decode server, the transfer queue (``#transfer-req``) doing the
-    same against the running batch. (2) Requests failing in the hand-over: ``Prefill bootstrap failed for
-    request …`` / ``Decode transfer failed …`` (counted once per request, however many ranks print it),
-    with the reasons (timeouts in ``KVPoll.Bootstrapping``, aborts, failures on another rank). (3) The
-    transfer engine's own rate (Mooncake ``Transfer Engine Throughput: X MB/s``) below ``slow_mb_s``
+    (1) Readings where the bootstrap and in-flight queues (`#unbootstrapped-req` / `#bootstrap-req` /
+    `#prealloc-req`, `#transferring-req` / `#inflight-req`) hold at least `min_waiting` (16)
+    requests and `backlog_ratio` (2) times what runs or waits for prefill: the prefill GPU waits on
+    the hand-over, not on compute. On a decode server, the transfer queue (`#transfer-req`) doing the
+    same against the running batch. (2) Requests failing in the hand-over: `Prefill bootstrap failed for
+    request …` / `Decode transfer failed …` (counted once per request, however many ranks print it),
+    with the reasons (timeouts in `KVPoll.Bootstrapping`, aborts, failures on another rank). (3) The
+    transfer engine's own rate (Mooncake `Transfer Engine Throughput: X MB/s`) below `slow_mb_s`
     (1000 MB/s, far below an RDMA link) while transfers are queued.
 
 Why it matters:
@@ -24,10 +24,10 @@ Evidence:
 
 Fix:
     A transfer rate in MB/s means the KV goes over TCP or a wrong NIC: point the transfer engine at the
-    RDMA devices (``--disaggregation-ib-device``, e.g. ``mlx5_0,mlx5_1``) and use an RDMA backend
-    (``--disaggregation-transfer-backend mooncake`` or ``nixl``). A bootstrap queue that does not drain,
+    RDMA devices (`--disaggregation-ib-device`, e.g. `mlx5_0,mlx5_1`) and use an RDMA backend
+    (`--disaggregation-transfer-backend mooncake` or `nixl`). A bootstrap queue that does not drain,
     or bootstrap timeouts, mean the decode side is not accepting: check its pool and request slots
-    (``#prealloc-req`` / pre-allocated usage on its Decode lines) and its health; too many requests
+    (`#prealloc-req` / pre-allocated usage on its Decode lines) and its health; too many requests
     routed at once (lower the router's concurrency) or a slot leak on the decode side keep it full.
 
 Known false positives:
@@ -35,11 +35,15 @@ Known false positives:
     gave up are failures of the clients' patience, not of the link (the reasons tell them apart).
 
 References:
-    ``python/sglang/srt/disaggregation/prefill.py`` and ``decode.py`` at v0.5.23 (bootstrap, waiting and
-    in-flight queues, ``Prefill bootstrap failed for request``), ``python/sglang/srt/disaggregation/mooncake/conn.py``
-    (``KVPoll.Bootstrapping`` timeout); SGLang's PD disaggregation docs (``--disaggregation-ib-device``,
-    ``--disaggregation-transfer-backend``); cases 116-sglang-5450 (MB/s transfers, 300+ unbootstrapped
-    requests per rank), 126-sglang-9266 (bootstrap timeouts and aborts under high concurrency).
+    - How diagnoser reads SGLang: [PD disaggregation lines](docs/sglang.md#pd-logs), [the queues in the
+      Prefill batch line](docs/sglang.md#prefill-line), [PD metrics](docs/sglang.md#metrics-pd).
+    - SGLang's source at v0.5.23: `python/sglang/srt/disaggregation/prefill.py` and `decode.py` (bootstrap,
+      waiting and in-flight queues, `Prefill bootstrap failed for request`),
+      `python/sglang/srt/disaggregation/common/conn.py` (the `KVPoll` states); SGLang's PD disaggregation
+      docs (`--disaggregation-ib-device`, `--disaggregation-transfer-backend`).
+    - Real cases: issue [#5450](https://github.com/sgl-project/sglang/issues/5450) (MB/s transfers, 300+
+      unbootstrapped requests per rank), issue [#9266](https://github.com/sgl-project/sglang/issues/9266)
+      (bootstrap timeouts and aborts under high concurrency).
 """
 
 from __future__ import annotations

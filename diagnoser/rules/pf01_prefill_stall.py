@@ -1,17 +1,16 @@
 """Prefill admits too little while requests wait and KV has room: capped prefill batches or an admission stall.
 
 What it detects:
-    Two shapes. (1) Capped prefill: prefill batches of which at least ``cap_share`` (50 %) compute
-    exactly the per-batch cap (``--chunked-prefill-size`` or ``--max-prefill-tokens``, from the config;
-    else the largest power-of-two batch size that repeats in half the batches, inferred; or a batch
-    size that repeats exactly while the next request of that size would not have fitted the
-    power-of-two budget above it — the scheduler adds requests to a batch until the budget is spent),
-    while a backlog waits (``#queue-req`` > 0 or ``#pending-token`` above ``pending_factor`` × the cap)
-    in at least half of them and KV usage p95 stays below ``kv_room`` (0.9). One batch is enough to
-    judge (at low confidence); fewer than ``few_batches`` (3) are info unless ``deep_queue`` (100)
-    requests wait (a long prompt being chunked while a few wait is normal work). (2) Admission stall: requests wait for ``stall_seconds`` (20 s) or more
-    with no prefill batch at all, KV usage below ``kv_room``, fewer running than the slot cap and no
-    retraction.
+    Two shapes. (1) Capped prefill: prefill batches of which at least `cap_share` (50 %) compute exactly the
+    per-batch cap (`--chunked-prefill-size` or `--max-prefill-tokens`, from the config; else the largest
+    power-of-two batch size that repeats in half the batches, inferred; or a batch size that repeats exactly
+    while the next request of that size would not have fitted the power-of-two budget above it — the
+    scheduler adds requests to a batch until the budget is spent), while a backlog waits (`#queue-req` > 0
+    or `#pending-token` above `pending_factor` × the cap) in at least half of them and KV usage p95 stays
+    below `kv_room` (0.9). One batch is enough to judge (at low confidence); fewer than `few_batches` (3)
+    are info unless `deep_queue` (100) requests wait (a long prompt being chunked while a few wait is normal
+    work). (2) Admission stall: requests wait for `stall_seconds` (20 s) or more with no prefill batch at
+    all, KV usage below `kv_room`, fewer running than the slot cap and no retraction.
 
 Why it matters:
     Time to first token is the queue wait plus the prefill time. A small prefill cap splits each prompt
@@ -23,20 +22,24 @@ Evidence:
     batches, token usage; for a stall, the longest wait without admission with its first and last line.
 
 Fix:
-    (1) Raise ``--chunked-prefill-size`` (and ``--max-prefill-tokens`` when it is the smaller), toward
-    the defaults for the GPU class (reference §5.2: 4096–8192 below 160 GiB). (2) Lower
-    ``--schedule-conservativeness`` (the tuning guide: usage < 0.9 with a queue → e.g. 0.3), which lowers
-    the future-token reservation that blocks admission.
+    (1) Raise `--chunked-prefill-size` (and `--max-prefill-tokens` when it is the smaller), toward the
+    defaults for the GPU class ([defaults](docs/sglang.md#batching-flags): 4096–8192 below 160 GiB). (2)
+    Lower `--schedule-conservativeness` (the tuning guide: usage < 0.9 with a queue → e.g. 0.3), which
+    lowers the future-token reservation that blocks admission.
 
 Known false positives:
     A small chunk size chosen on purpose to protect decode latency (see
-    ``prefill_decode_interference``, the opposite trade-off). A stall while the scheduler waits on a
+    `prefill_decode_interference`, the opposite trade-off). A stall while the scheduler waits on a
     grammar compile or a PD transfer is not an admission problem.
 
 References:
-    ../shared/reference/sglang.md §3.2 (Prefill batch line, #pending-token), §5.2 (chunked prefill,
-    max_prefill_tokens, schedule-conservativeness, new_token_ratio), §7, §8 (prefill-bound), §9 (issue
-    #7133); case cpu-real prefill-capped.
+    - How diagnoser reads SGLang: [the Prefill batch line and
+      `#pending-token`](docs/sglang.md#prefill-line), [chunked prefill, `--max-prefill-tokens`,
+      `--schedule-conservativeness` and `new_token_ratio`](docs/sglang.md#batching-flags), [SGLang's tuning
+      guide](docs/sglang.md#tuning-guide), [from signals to a bottleneck](docs/sglang.md#bottlenecks).
+    - Issue [#7133](https://github.com/sgl-project/sglang/issues/7133): admission stops with free KV and a
+      low conservativeness.
+    - Real case: the recorded SGLang 0.5.23 CPU run `examples/prefill-capped.dgb`.
 """
 
 from __future__ import annotations

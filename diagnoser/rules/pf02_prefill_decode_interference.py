@@ -1,11 +1,11 @@
 """Back-to-back large prefills starve decode: running requests get no decode step while prompts are computed.
 
 What it detects:
-    Runs of consecutive ``Prefill batch`` lines with no ``Decode batch`` line between them (log order),
-    at least ``min_run`` (3) long, each computing ``min_batch_tokens`` (8192) new tokens or more on
-    average, while at least ``min_running`` (1) requests were already running and waiting for their next
-    token. From ``/metrics`` alone: gen throughput falling below ``dip_ratio`` (50 %) of its median at
-    scrapes where prompt throughput peaks (``prompt_tps`` at or above its p75) while requests run.
+    Runs of consecutive `Prefill batch` lines with no `Decode batch` line between them (log order),
+    at least `min_run` (3) long, each computing `min_batch_tokens` (8192) new tokens or more on
+    average, while at least `min_running` (1) requests were already running and waiting for their next
+    token. From `/metrics` alone: gen throughput falling below `dip_ratio` (50 %) of its median at
+    scrapes where prompt throughput peaks (`prompt_tps` at or above its p75) while requests run.
 
 Why it matters:
     SGLang schedules prefill first. Each long prefill step blocks every running request's next decode
@@ -16,19 +16,23 @@ Evidence:
     the gen-throughput dip with the scrape times.
 
 Fix:
-    ``--enable-mixed-chunk`` (mix decode tokens into prefill batches), a smaller
-    ``--chunked-prefill-size`` / ``--max-prefill-tokens`` (shorter prefill steps, each one interrupts
+    `--enable-mixed-chunk` (mix decode tokens into prefill batches), a smaller
+    `--chunked-prefill-size` / `--max-prefill-tokens` (shorter prefill steps, each one interrupts
     less), or PD disaggregation for heavy prefill traffic. When more requests wait for prefill than run
-    (a prefill-bound queue with KV room, see ``prefill_stall``), smaller prefill batches would lengthen
-    that queue: only ``--enable-mixed-chunk`` is proposed then.
+    (a prefill-bound queue with KV room, see `prefill_stall`), smaller prefill batches would lengthen
+    that queue: only `--enable-mixed-chunk` is proposed then.
 
 Known false positives:
-    A start-up burst (no request running yet) is excluded by ``min_running``. Logs shipped without
+    A start-up burst (no request running yet) is excluded by `min_running`. Logs shipped without
     ordering guarantees can interleave lines.
 
 References:
-    ../shared/reference/sglang.md §3.2/§3.3 (line cadence: one prefill line per batch, a decode line
-    every 40 steps), §3.6, §5.2 (chunked prefill, mixed chunk), §7; case 029-sglang-pr14050.
+    - How diagnoser reads SGLang: the [Prefill](docs/sglang.md#prefill-line) and
+      [Decode](docs/sglang.md#decode-line) batch lines and [their cadence](docs/sglang.md#cadence), [chunked
+      prefill and `--enable-mixed-chunk`](docs/sglang.md#batching-flags), [SGLang's tuning
+      guide](docs/sglang.md#tuning-guide).
+    - Real case: PR [#14050](https://github.com/sgl-project/sglang/pull/14050), back-to-back prefills
+      starving decode.
 """
 
 from __future__ import annotations

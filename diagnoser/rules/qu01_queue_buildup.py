@@ -1,16 +1,16 @@
 """Requests keep waiting in the scheduler queue: a persistent or growing queue, its growth and queue time.
 
 What it detects:
-    ``queue_reqs`` (``#queue-req`` in scheduler lines, ``#remaining_req`` in v0.1 ``new fill batch``
-    lines, ``sglang:num_queue_reqs``; on a PD prefill server plus the bootstrap queue, whose requests
-    wait too) above zero in at least ``persist_share`` (default 80 %) of the readings. One reading is
+    `queue_reqs` (`#queue-req` in scheduler lines, `#remaining_req` in v0.1 `new fill batch`
+    lines, `sglang:num_queue_reqs`; on a PD prefill server plus the bootstrap queue, whose requests
+    wait too) above zero in at least `persist_share` (default 80 %) of the readings. One reading is
     enough to judge (at low confidence; medium from 3 readings, high from 10). It is a warning when the
-    queue grows by ``growth_per_min`` (default 10) requests a minute or more, when the p95 queue time
-    (``sglang:queue_time_seconds``) reaches ``queue_time_high_s`` (default 5 s), or when the queue
-    exceeds ``healthy_max`` (default 2000); a steady queue is info. A queue with KV usage below 0.9 and
+    queue grows by `growth_per_min` (default 10) requests a minute or more, when the p95 queue time
+    (`sglang:queue_time_seconds`) reaches `queue_time_high_s` (default 5 s), or when the queue
+    exceeds `healthy_max` (default 2000); a steady queue is info. A queue with KV usage below 0.9 and
     the running batch below the slot cap is admission-limited: the note names the candidate causes.
     Without any queue reading, a running-request cap cut at startup below what the operator asked for
-    (or below ``--client-concurrency``) implies a queue: reported at low confidence, saying what is
+    (or below `--client-concurrency`) implies a queue: reported at low confidence, saying what is
     missing.
 
 Why it matters:
@@ -23,8 +23,8 @@ Evidence:
     slope), the p95 queue time, the running batch while requests waited.
 
 Fix:
-    The queue is a symptom; the cause is named by ``kv_saturation`` (pool full),
-    ``max_running_requests_cap`` (slot cap), ``prefill_stall`` (admission) or plain overload (add
+    The queue is a symptom; the cause is named by `kv_saturation` (pool full),
+    `max_running_requests_cap` (slot cap), `prefill_stall` (admission) or plain overload (add
     replicas). This rule proposes no flag itself.
 
 Known false positives:
@@ -32,9 +32,14 @@ Known false positives:
     tuning guide's own definition a steady queue with a full pool is healthy for throughput, hence info.
 
 References:
-    ../shared/reference/sglang.md §2.1 (num_queue_reqs), §2.2 (queue_time_seconds), §3.2/§3.3
-    (#queue-req), §7 (healthy queue 100–2000), §8; cases 022-sglang-26248,
-    035-sglang-30160 (implied), cpu-real long-queue and kv-full-retract.
+    - How diagnoser reads SGLang: [`num_queue_reqs`](docs/sglang.md#metrics-scheduler),
+      [`queue_time_seconds`](docs/sglang.md#metrics-queue), [`#queue-req` in the batch
+      lines](docs/sglang.md#decode-line), [SGLang's tuning guide](docs/sglang.md#tuning-guide) (a queue of
+      100–2000 is healthy), [from signals to a bottleneck](docs/sglang.md#bottlenecks).
+    - Real cases: issue [#26248](https://github.com/sgl-project/sglang/issues/26248), issue
+      [#30160](https://github.com/sgl-project/sglang/issues/30160) (a queue implied by a reduced cap), and
+      the recorded SGLang 0.5.23 CPU runs `examples/kv-full-retract.dgb` and
+      `tests/data/sglang-cpu-real/long-queue`.
 """
 
 from __future__ import annotations

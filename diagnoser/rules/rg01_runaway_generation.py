@@ -1,17 +1,17 @@
 """A few requests generate far longer than the rest and hold the KV pool by themselves.
 
 What it detects:
-    Two shapes. (1) A median running batch of ``max_running`` (4) or fewer requests whose KV tokens fill
-    at least ``pool_share`` (80 %) of the pool (token usage p50), so each request holds a large share of
+    Two shapes. (1) A median running batch of `max_running` (4) or fewer requests whose KV tokens fill
+    at least `pool_share` (80 %) of the pool (token usage p50), so each request holds a large share of
     the pool, with the held tokens still growing (the requests keep generating). (2) Without a full
-    pool: ``#token / #running-req`` (``num_used_tokens / num_running_reqs``) of ``long_tokens`` (32768)
-    or more at a median of ``max_running_long`` (16) running requests or fewer, still growing when
-    there are two readings, and at least ``prompt_factor`` (8) times the prompts the Prefill lines show
+    pool: `#token / #running-req` (`num_used_tokens / num_running_reqs`) of `long_tokens` (32768)
+    or more at a median of `max_running_long` (16) running requests or fewer, still growing when
+    there are two readings, and at least `prompt_factor` (8) times the prompts the Prefill lines show
     when there are some: the requests hold far more than any prompt, so their outputs run on (info;
-    warning once they fill ``pool_share`` of the pool). One reading judges, at low confidence.
+    warning once they fill `pool_share` of the pool). One reading judges, at low confidence.
 
 Why it matters:
-    Requests without a bounded ``max_tokens`` (or with EOS ignored) keep decoding until the pool or the
+    Requests without a bounded `max_tokens` (or with EOS ignored) keep decoding until the pool or the
     context limit stops them: they block every other request, trigger retractions, and the GPU decodes
     a batch of one or two at a fraction of its throughput.
 
@@ -20,17 +20,20 @@ Evidence:
     from.
 
 Fix:
-    On the client: set ``max_tokens`` / ``max_new_tokens`` and honour EOS / stop strings (the public case
-    was fixed by switching the benchmark client). Server flags do not fix it; ``--context-length``
-    bounds the worst case.
+    On the client: set `max_tokens` / `max_new_tokens` and honour EOS / stop strings (issue #2746 was fixed
+    by switching the benchmark client). Server flags do not fix it; `--context-length` bounds the worst
+    case.
 
 Known false positives:
     Genuinely long-context workloads (a few 100k-token documents) look the same; check that the
     outputs, not the prompts, are long.
 
 References:
-    ../shared/reference/sglang.md §3.3 (#token, token usage), §3.4 (retraction after the pool fills),
-    §5.1; case 007-sglang-2746.
+    - How diagnoser reads SGLang: [`#token` and `token usage` in the Decode batch
+      line](docs/sglang.md#decode-line), [retraction once the pool is full](docs/sglang.md#retraction),
+      [KV-pool sizing](docs/sglang.md#kv-sizing).
+    - Real case: issue [#2746](https://github.com/sgl-project/sglang/issues/2746), fixed by switching the
+      benchmark client.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The running batch sits at the effective max_running_requests while KV has room and requests wait.
 
 What it detects:
-    Readings with a waiting queue where ``running_reqs`` equals the effective ``max_running_requests``
-    (summary line ``max_running_requests=N``, server info ``effective_max_running_requests_per_dp`` or
-    server args) in at least ``at_cap_share`` (50 %) of them, with KV usage p95 below ``kv_room`` (0.9).
+    Readings with a waiting queue where `running_reqs` equals the effective `max_running_requests`
+    (summary line `max_running_requests=N`, server info `effective_max_running_requests_per_dp` or
+    server args) in at least `at_cap_share` (50 %) of them, with KV usage p95 below `kv_room` (0.9).
     One reading is enough (at low confidence). Without the cap in the inputs, a running count identical in
-    every reading with a queue (at least ``pinned_points``, 3) while KV usage stays below ``kv_room``
+    every reading with a queue (at least `pinned_points`, 3) while KV usage stays below `kv_room`
     implies one (low confidence). Also a cap set at startup below what the operator asked
-    for or what the pool allows — ``max_running_requests was reduced from requested A to B``,
-    ``max_running_requests is capped to N by the mamba state cache (…). To raise it: …`` (hybrid
+    for or what the pool allows — `max_running_requests was reduced from requested A to B`,
+    `max_running_requests is capped to N by the mamba state cache (…). To raise it: …` (hybrid
     models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
     readings ("will limit you under load"), and the levers the line itself names become suggestions,
     spelled as the server printed them. Speculative decoding's own reset with no reading at the cap is
@@ -23,21 +23,28 @@ Evidence:
     effective value for a startup reduction.
 
 Fix:
-    Raise ``--max-running-requests`` to what the pool allows at the observed tokens per request (pool ×
+    Raise `--max-running-requests` to what the pool allows at the observed tokens per request (pool ×
     0.9 / tokens per request). For a cap reduced at startup (hybrid models size slots for the worst
-    case: every request at the full context), lower ``--context-length`` to what the workload needs so
-    the derived slot count rises, or free memory (``--mem-fraction-static``); for a cap set by the mamba
-    state cache, the flags its line names (``--mamba-full-memory-ratio``, ``--max-mamba-cache-size``,
-    ``--mamba-ssm-dtype``).
+    case: every request at the full context), lower `--context-length` to what the workload needs so
+    the derived slot count rises, or free memory (`--mem-fraction-static`); for a cap set by the mamba
+    state cache, the flags its line names (`--mamba-full-memory-ratio`, `--max-mamba-cache-size`,
+    `--mamba-ssm-dtype`).
 
 Known false positives:
     A cap set deliberately low to protect latency. Under DP attention the cap is per DP rank, while the
     aggregate running count sums the ranks.
 
 References:
-    ../shared/reference/sglang.md §3.4 (reduced cap notice, speculative reset), §3.5 (summary line),
-    §4.1 (effective_max_running_requests_per_dp), §5.2 (max_running_requests), §8 (request-slot bound),
-    §9 (PR #27399, issue #30160); cases 035-sglang-30160, cpu-real long-queue.
+    - How diagnoser reads SGLang: [the reduced-cap notice and the speculative reset](docs/sglang.md#oom),
+      [the summary line](docs/sglang.md#startup-lines),
+      [`effective_max_running_requests_per_dp`](docs/sglang.md#server-info),
+      [`--max-running-requests`](docs/sglang.md#batching-flags), [from signals to a
+      bottleneck](docs/sglang.md#bottlenecks).
+    - PR [#27399](https://github.com/sgl-project/sglang/pull/27399): explicit values above the pool's bound
+      are clamped.
+    - Real cases: issue [#30160](https://github.com/sgl-project/sglang/issues/30160) (reduced at start-up
+      for a hybrid model), and the recorded SGLang 0.5.23 CPU run `tests/data/sglang-cpu-real/long-queue`
+      (running pinned at `--max-running-requests`).
 """
 
 from __future__ import annotations
