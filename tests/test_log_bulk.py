@@ -349,3 +349,41 @@ def test_workers_end_even_when_the_reader_catches_sigterm(generated: bytes) -> N
         _assert_same(generated, 65536, workers=2)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+_EARLY_TERM = r"""
+import io, os, signal, sys, time
+from diagnoser.engines.sglang import ADAPTER
+from diagnoser.sources import logs as logsrc
+from diagnoser.sources.logs import open_log_reader
+from diagnoser.timeline import Timeline
+
+signal.signal(signal.SIGTERM, lambda *a: None)  # some library's handler in the reading process
+real_init = logsrc._worker_init
+
+def slow_init():  # the first worker starts at once and reads the whole small file; the other is still
+    try:          # starting when the read is over and the pool is terminated
+        os.mkdir(sys.argv[2] + "/" + str(os.getppid()))
+    except FileExistsError:
+        time.sleep(1.0)
+    real_init()
+
+logsrc._worker_init = slow_init
+data = open(sys.argv[1], "rb").read()
+for _ in range(3):
+    rd = open_log_reader(ADAPTER, Timeline(target="t"), "server.log")
+    rd.feed_stream(io.BytesIO(data), chunk=4096, bulk_min=0, workers=2)
+print("done", rd.report.lines_recognized)
+"""
+
+
+def test_the_pool_ends_when_its_workers_are_still_starting(tmp_path: Path) -> None:
+    """A small file is read before its workers have started. The pool's terminate() then signals workers
+    that still carry the reading process's SIGTERM handler: each must still end (it once waited forever,
+    and a whole test run hung on it)."""
+    import subprocess
+    import sys
+
+    log = DATA / "sglang-cpu-real" / "kv-full-retract" / "server.log"
+    r = subprocess.run([sys.executable, "-c", _EARLY_TERM, str(log), str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("done"), r.stderr

@@ -142,7 +142,7 @@ class LogReader:
         pending: deque[tuple[Any, Any]] = deque()
         try:
             try:
-                pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+                pool = _fork_pool(multiprocessing, workers)
             except (OSError, ValueError, ImportError):  # no fork, no /dev/shm, process limits: read here
                 for job in jobs:
                     self._apply_done(bulk, job, None)
@@ -241,15 +241,35 @@ _RESULTS: str | None = None  # where workers hand their results over (inherited 
 _HANDED = 0  # results handed over by this worker
 
 
+def _fork_pool(multiprocessing: Any, workers: int) -> Any:
+    """A pool of forked workers that the pool's terminate() can always end.
+
+    A forked worker inherits the reading process's signal handlers. With a Python-level SIGTERM handler
+    there (any library's), a SIGTERM that arrives before the worker's initializer resets it runs that
+    handler in the worker instead of ending it; a small file is read before its workers have even
+    started, so terminate() came that early, and join() then waited forever for an idle worker. So the
+    workers are forked with SIGTERM blocked (the pool's helper threads, made here, keep it blocked, so
+    a worker they fork later is born the same way), and each unblocks it once its handler is the
+    default: a SIGTERM sent in between stays pending and ends it then. The reading process's own
+    handler is untouched; a SIGTERM it gets meanwhile is delivered when the mask is restored."""
+    import signal
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _worker_init() -> None:
     global _WORKER
     import signal
 
     from diagnoser.engines.sglang.logfast import BlockParser
 
-    # a forked worker inherits the reading process's signal handlers: one for SIGTERM (any library's)
-    # would keep the pool's terminate() from ending it, and the reading process would wait forever
+    # forked with SIGTERM blocked (_fork_pool): make it end the worker, then let it in
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reading process's to handle
     gc.disable()
     _WORKER = BlockParser()
