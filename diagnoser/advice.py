@@ -19,7 +19,7 @@ from typing import Any
 
 from diagnoser.capacity.build import planner_for
 from diagnoser.capacity.whatif import Planner, Scenario
-from diagnoser.evaluate import Report, RuleError, check_suggestions, version_tuple
+from diagnoser.evaluate import Report, RuleError, check_suggestions, version_tuple, vet_suggestion
 from diagnoser.model import Finding, Suggestion
 from diagnoser.timeline import Timeline
 
@@ -140,7 +140,7 @@ def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | N
     try:
         _enrich(report, timelines, extras)
     finally:  # every suggestion that reaches the report, those added here too, goes through the checks
-        check_suggestions(report, timelines)
+        check_suggestions(report, timelines, extras)
 
 
 def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -> None:
@@ -166,6 +166,9 @@ def _enrich_finding(f: Finding, planner: Planner, notes: list[str]) -> None:
     now = planner.now()
     out = []
     for s in f.suggestions:
+        if planner.state is not None:  # sized as SGLang will run it (capped, or the flag that binds); no-ops go at the checks
+            vetted, _why = vet_suggestion(f, s, planner.state, s.current)
+            s = vetted or s
         sc = scenario_for(s, planner)
         out.append(quantified(s, sc, now) if sc is not None else s)
     f.suggestions = out

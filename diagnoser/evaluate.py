@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagnoser.model import Finding, Severity, Suggestion
@@ -100,10 +100,41 @@ def evaluate(
             continue
         for f in out or []:
             report.findings.append(f)
-    check_suggestions(report, timelines)
+    check_suggestions(report, timelines, extras)
     report.findings.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
     report.duration_s = time.perf_counter() - t0
     return report
+
+
+# rules that say *what* happens (requests wait, the batch is small), not why: a cause rule names the why
+SYMPTOMS = frozenset({"queue_buildup", "low_batch_occupancy"})
+INPUT_RULES = frozenset({"source_unreachable", "metrics_disabled", "insufficient_data"})
+
+
+def cause_key(f: Finding) -> tuple[int, int, int]:
+    """Sort key of the findings for "the top cause": an input that cannot be read (at warning or above),
+    then the causes, then the symptoms; within each, warning-or-worse before info, then the catalogue
+    order (``REGISTRY``: the pool before what it leads to, retraction and queues). Confidence plays no
+    part, so a log, scrapes and Prometheus of one run name the same top cause."""
+    order = {r.name: i for i, r in enumerate(REGISTRY)}
+    serious = f.severity >= Severity.WARNING
+    role = 0 if f.rule in INPUT_RULES and serious else 3 if f.rule in INPUT_RULES else 2 if f.rule in SYMPTOMS else 1
+    return role, 0 if serious else 1, order.get(f.rule, len(order))
+
+
+def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Suggestion | None]:
+    """The finding that names the bottleneck of one target, and the change to make first: the top
+    finding's first suggestion, else the first suggestion of the next causes in :func:`cause_key` order."""
+    mine = sorted((f for f in findings if f.target == target and f.state != "resolved"), key=cause_key)
+    if not mine:
+        return None, None
+    first = mine[0]
+    for f in mine:
+        if f.rule in SYMPTOMS or f.rule in INPUT_RULES:
+            continue
+        if f.suggestions:
+            return first, f.suggestions[0]
+    return first, None
 
 
 def _norm(v: Any) -> Any:
@@ -147,20 +178,59 @@ def _extra_flags(s: Suggestion) -> list[tuple[str, str]]:
     return out
 
 
-def check_suggestions(report: Report, timelines: list[Timeline]) -> None:
-    """Refuse suggestions that propose the current value, a never-propose flag, or contradict.
+def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any) -> tuple[Suggestion | None, str]:
+    """Pass one suggestion through SGLang's scheduler and memory model
+    (:func:`diagnoser.engines.sglang.scheduler_model.vet`): (the suggestion, possibly capped or rewritten
+    with the flag that binds; None when SGLang's own code makes it a no-op) and the reason."""
+    from diagnoser.engines.sglang.scheduler_model import vet
+
+    v = vet(s.flag, current, s.proposed, state)
+    if v.kind == "ok":
+        return s, ""
+    where = f" ({v.cites})" if v.cites else ""
+    if v.kind == "noop" or v.flag is None or v.proposed is None:
+        return None, f"no effect: {v.reason}{where}"
+    if v.kind == "capped" and v.flag == s.flag:
+        return replace(s, current=s.current if s.current is not None else v.current, proposed=v.proposed,
+                       why=f"{s.why}; {v.reason}", projection=None), ""
+    why = f"{v.reason}{where}"
+    eff = "the change the model says binds: " + (s.effect or "grows the pool")
+    return Suggestion(flag=v.flag, current=v.current, proposed=v.proposed, why=why, effect=eff,
+                      assumptions=tuple(a for a in s.assumptions)), ""
+
+
+def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[str, Any] | None = None) -> None:
+    """Refuse suggestions that SGLang's own code makes a no-op, that propose the current value, a
+    never-propose flag, or contradict; cap or rewrite those the scheduler model says bind elsewhere.
 
     Run after every step that adds or changes suggestions (the rules, then ``advice.enrich``). The
     current value is the suggestion's own, else the one in the inputs; the other changes a suggestion
     needs (its projection's ``extra_flags``) are checked against the suggestions kept."""
+    from diagnoser.capacity.serverstate import server_state
+
     by_target = {tl.target: tl for tl in timelines}
+    states: dict[str, Any] = {}
     chosen: dict[tuple[str, str], tuple[Finding, Suggestion]] = {}
     order = sorted(report.findings, key=lambda f: (-int(f.severity), -{"high": 3, "medium": 2, "low": 1}.get(f.confidence, 0)))
     for f in order:
         kept: list[Suggestion] = []
         for s in f.suggestions:
             reason = ""
-            current = s.current if s.current is not None else _current_in(by_target.get(f.target), s.flag)
+            tl = by_target.get(f.target)
+            current = s.current if s.current is not None else _current_in(tl, s.flag)
+            if tl is not None and s.flag not in NEVER_PROPOSE and not (current is not None and _norm(current) == _norm(s.proposed)):
+                if f.target not in states:
+                    states[f.target] = server_state(tl, extras)
+                vetted, why = vet_suggestion(f, s, states[f.target], current)
+                if vetted is None:
+                    _drop(report, f, s, why)
+                    continue
+                if vetted is not s:
+                    if vetted.flag != s.flag:
+                        f.notes.append(f"{s.flag} {_shown(current)} → {s.proposed} became {vetted.flag} {_shown(vetted.current)} → "
+                                       f"{vetted.proposed}: {vetted.why}")
+                    s = vetted
+                    current = s.current if s.current is not None else _current_in(tl, s.flag)
             if s.flag in NEVER_PROPOSE:
                 reason = f"{s.flag} is never proposed: it frees GPU memory but slows every decode step"
             elif current is not None and _norm(current) == _norm(s.proposed):
@@ -208,10 +278,18 @@ def check_suggestions(report: Report, timelines: list[Timeline]) -> None:
         f.suggestions = kept
 
 
+def _shown(v: Any) -> str:
+    return "unset" if v is None else str(v)
+
+
 def _drop(report: Report, f: Finding, s: Suggestion, reason: str) -> None:
     report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
     if reason.startswith("same change") or "already suggests" in reason:
         f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
+    elif reason.startswith("no effect: "):
+        note = f"{s.flag} {_shown(s.current)} → {s.proposed} is not suggested: {reason[len('no effect: '):]}."
+        if note not in f.notes:
+            f.notes.append(note)
 
 
 @dataclass(slots=True)

@@ -241,14 +241,17 @@ def test_pool_is_extrapolated_only_where_the_engine_is_silent() -> None:
 
 def test_slot_bound_real_run_grows_to_the_demand_not_the_slots(data_dir: Path) -> None:
     """long-queue (real): 4 running, 36 waiting, KV usage 0.01. Raising the cap to 400 is bounded by the
-    40 requests the client keeps in flight, and throughput is not extrapolated past 3× the batch seen."""
+    40 requests the client keeps in flight; the batch never moved from 4, so no throughput is projected."""
     tl = log_timeline(data_dir / "sglang-cpu-real/long-queue/server.log")
     planner, _ = planner_for(tl, {})
     assert planner.work.demand == 40
     sc = planner.max_running_requests(400)
     assert 36 <= sc.projected_running <= 40
     assert any("demand seen" in a for a in sc.assumptions)
-    assert sc.projected_gen_throughput_tps <= 3.05 * planner.work.gen_tps
+    assert sc.projected_gen_throughput_tps is None and sc.gain is None and sc.job_eta_hours is None
+    assert sc.no_throughput.startswith("not enough variation in batch size to project") and "batch 4–4" in sc.no_throughput
+    assert sc.fit is not None and sc.fit["projectable"] is False
+    assert "no throughput number: not enough variation" in sc.effect_text(planner.now())
     assert sc.confidence == "low"
 
 
@@ -263,6 +266,11 @@ def test_lifting_max_total_tokens_on_the_real_kv_full_run(data_dir: Path) -> Non
     assert sc.projected_running <= 41
     assert planner.pool.device == "cpu" and planner.kv_fp8() is None  # FP8 KV is a GPU feature: not proposed on CPU
     planner.pool.device = "gpu"  # the same numbers on a GPU engine
+    fp8 = planner.kv_fp8()
+    # --max-total-tokens 2048 pins the pool (SGLang takes min(profile, cap)): FP8 grows only the profile
+    assert fp8.pool_tokens == 2048 and fp8.gain == 0.0 and "--max-total-tokens" in fp8.assumptions[0]
+    assert planner.for_kv_saturation() == []  # nothing that grows only the profile is ranked for a pinned pool
+    planner.state.cap_tokens = None  # without the cap, memory sizes the pool and FP8 doubles it
     fp8 = planner.kv_fp8()
     assert fp8.pool_tokens == 4096 and fp8.projected_running == pytest.approx(2 * planner.work.running, rel=0.01)
 

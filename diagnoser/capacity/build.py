@@ -110,4 +110,6 @@ def planner_for(tl: Timeline, extras: dict[str, Any], version: tuple[int, int, i
     model = fit(*points)
     if model is not None and model.method != "fit":
         notes.append(model.note)
-    return Planner(pool, workload_from_timeline(tl, extras, points), model, version), notes
+    from diagnoser.capacity.serverstate import server_state
+
+    return Planner(pool, workload_from_timeline(tl, extras, points), model, version, server_state(tl, extras)), notes

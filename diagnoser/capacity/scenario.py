@@ -50,6 +50,8 @@ class Scenario:
     extra_flags: list[str] = field(default_factory=list)  # other changes this one needs
     limit: str = ""  # what bounds the projected running batch ("the client's concurrency (4)")
     lever: bool = False  # the change moves the pool or the slot cap (so the running batch could move)
+    fit: dict[str, Any] | None = None  # the step-time fit's quality (method, R², points, batch range)
+    no_throughput: str = ""  # why no throughput number is projected (a fit too weak to extrapolate)
 
     def to_dict(self) -> dict[str, Any]:
         r = (lambda v, d=0: None if v is None else round(v, d) if d else round(v))  # noqa: E731
@@ -62,6 +64,7 @@ class Scenario:
             "job_eta_hours": r(self.job_eta_hours, 1), "gain": r(self.gain, 3), "confidence": self.confidence,
             "headroom_gib": r(self.headroom_gib, 1), "fits": self.fits, "risky": self.risky, "extra_flags": list(self.extra_flags),
             "assumptions": list(self.assumptions), "risks": list(self.risks), "limit": self.limit,
+            "fit": dict(self.fit) if self.fit else None, "no_throughput": self.no_throughput or None,
         }
 
     def effect_text(self, now: Scenario | None = None) -> str:
@@ -77,7 +80,11 @@ class Scenario:
         if moved:
             parts.append(f"running {now.projected_running:.0f} → {self.projected_running:.0f}")  # type: ignore[union-attr]
             if self.projected_gen_throughput_tps is not None and now is not None and now.projected_gen_throughput_tps:
-                parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s")
+                r2 = (self.fit or {}).get("r2")
+                parts.append(f"gen throughput {now.projected_gen_throughput_tps:.0f} → {self.projected_gen_throughput_tps:.0f} tok/s"
+                             + (f" (step-time fit R² {r2:.2f})" if isinstance(r2, float) else ""))
+            elif self.no_throughput:
+                parts.append(f"no throughput number: {self.no_throughput}")
             if self.job_eta_hours is not None and now is not None and now.job_eta_hours is not None:
                 parts.append(f"job ETA {_eta(now.job_eta_hours)} → {_eta(self.job_eta_hours)}")
         elif self.stays(now):

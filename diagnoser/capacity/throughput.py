@@ -18,6 +18,8 @@ from diagnoser.timeline import Series, Timeline
 
 MIN_POINTS = 6
 MIN_SPREAD = 1.12  # max batch / min batch needed to fit a slope
+MIN_R2 = 0.5  # a fit that explains less of the step-time variation than this gives no throughput number
+NO_PROJECTION = "not enough variation in batch size to project gen throughput"
 
 
 def median(values: Iterable[float]) -> float:
@@ -50,6 +52,25 @@ class ThroughputModel:
     def tps(self, batch: float) -> float:
         t = self.step_time(batch)
         return batch / t if t > 0 else 0.0
+
+    @property
+    def projectable(self) -> bool:
+        """Whether the model may give a throughput number: a fit whose R² reaches :data:`MIN_R2`."""
+        return self.method == "fit" and (self.r2 or 0.0) >= MIN_R2
+
+    def why_not(self) -> str:
+        """Why no throughput number is projected (empty when one is)."""
+        if self.projectable:
+            return ""
+        if self.method == "fit":
+            return (f"{NO_PROJECTION}: the step-time fit over batch {self.batch_min:.0f}–{self.batch_max:.0f} explains "
+                    f"R² {self.r2 or 0.0:.2f} of it (at least {MIN_R2:g} needed)")
+        return f"{NO_PROJECTION}: batch {self.batch_min:.0f}–{self.batch_max:.0f} over {self.n} decode readings, no step-time fit"
+
+    def quality(self) -> dict[str, object]:
+        """The fit's quality, carried by every projection."""
+        return {"method": self.method, "r2": None if self.r2 is None else round(self.r2, 3), "points": self.n,
+                "batch_min": self.batch_min, "batch_max": self.batch_max, "min_r2": MIN_R2, "projectable": self.projectable}
 
     def confidence(self, batch: float) -> str:
         if self.method != "fit":

@@ -23,6 +23,8 @@ from diagnoser.capacity.pool import PoolFacts
 from diagnoser.capacity.scenario import Scenario, Workload, min_confidence, show_value
 from diagnoser.capacity.throughput import ThroughputModel
 from diagnoser.engines.sglang import flags
+from diagnoser.engines.sglang import scheduler_model as SM
+from diagnoser.engines.sglang.scheduler_model import ServerState
 
 MIN_HEADROOM_GIB = 6.0  # target free memory for activations + CUDA graphs (docs/sglang.md#tuning-guide: 5-8 GB)
 WARN_HEADROOM_GIB = 8.0
@@ -39,9 +41,25 @@ class Planner:
     """Runs what-ifs for one server from its pool facts, workload and throughput model."""
 
     def __init__(self, pool: PoolFacts, work: Workload, model: ThroughputModel | None = None,
-                 version: tuple[int, int, int] | None = None) -> None:
+                 version: tuple[int, int, int] | None = None, state: ServerState | None = None) -> None:
         self.pool, self.work, self.model, self.version = pool, work, model, version
+        self.state = state  # SGLang's scheduler/memory model of this server (engines/sglang/scheduler_model.py)
         self._now: Scenario | None = None
+
+    def _pinned(self) -> str:
+        """Why the pool cannot grow from memory (a --max-total-tokens cap binds), or ""."""
+        if self.state is None:
+            return ""
+        pinned, why = self.state.pool_pinned()
+        return why if pinned else ""
+
+    def _grow_pinned(self, flag: str, current: Any, proposed: Any, why: str) -> Scenario:
+        """A change that grows the profiled capacity while the cap pins the pool: the pool stays."""
+        sc = self._scenario(flag, current, proposed, self.pool.pool_tokens)
+        sc.assumptions.insert(0, f"the pool stays at {self.pool.pool_tokens or 0:,} tokens: {why} "
+                              f"({SM.cite('pool_min')}); raise --max-total-tokens instead")
+        sc.gain = 0.0
+        return sc
 
     # -- core projection ---------------------------------------------------------------------------
     def _scenario(self, flag: str, current: Any, proposed: Any, per_rank: int | None, pools: int | None = None,
@@ -57,10 +75,14 @@ class Planner:
                 sc.max_concurrent_requests_p95 = int(total // w.tokens_per_request_p95)
         run = self._project_running(sc, total, pools, running_cap)
         sc.projected_running = run
+        sc.fit = self.model.quality() if self.model is not None else None
         conf = confidence or "medium"
         if run is not None and w.gen_tps:
             base_run = w.running or run
-            if self.model is not None:
+            ratio: float | None = None
+            if abs(run - base_run) < 0.5:
+                ratio = 1.0  # the running batch does not move: neither does the step time
+            elif self.model is not None and self.model.projectable:
                 at = run
                 if self.model.batch_max and run > MAX_EXTRAPOLATION * self.model.batch_max:
                     at = MAX_EXTRAPOLATION * self.model.batch_max
@@ -69,12 +91,13 @@ class Planner:
                 ratio = self.model.tps(at) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
                 conf = min_confidence(conf, self.model.confidence(run))
             else:
-                ratio = run / base_run
-                conf = "low"
-            sc.projected_gen_throughput_tps = w.gen_tps * ratio
-            sc.gain = ratio - 1.0
-            sc.job_eta_hours = w.progress.eta_hours(ratio)
-        elif run is not None and self.model is not None:
+                sc.no_throughput = self.model.why_not() if self.model is not None else "no decode reading with a batch and a throughput to fit"
+                conf = min_confidence(conf, "low")
+            if ratio is not None:
+                sc.projected_gen_throughput_tps = w.gen_tps * ratio
+                sc.gain = ratio - 1.0
+                sc.job_eta_hours = w.progress.eta_hours(ratio)
+        elif run is not None and self.model is not None and self.model.projectable:
             sc.projected_gen_throughput_tps = self.model.tps(run)
             conf = min_confidence(conf, self.model.confidence(run))
         sc.confidence = conf
@@ -142,11 +165,16 @@ class Planner:
             sc = Scenario(change=f"{flag} → {fraction:.2f}", flag=flag, current=cur, proposed=round(fraction, 2), fits=False)
             sc.risks.append("cannot size it: missing " + ", ".join(missing) + ".")
             return sc
+        pinned = self._pinned()
+        if pinned and fraction > cur:
+            return self._grow_pinned(flag, cur, round(fraction, 2), pinned)
         delta_tokens = int((fraction - cur) * p.pre_gib * GIB // p.bpt)
         per_rank = max(0, (p.pool_tokens + delta_tokens) // p.page_size * p.page_size)
         budget = p.budget_gib(fraction) if p.pool_tokens == 0 else None
         if budget is not None:  # no pool today: the weights overrun the budget, so count from the budget itself
             per_rank = tokens_for_budget(budget, p.bpt, p.page_size)
+        if self.state is not None and self.state.cap_tokens:
+            per_rank = SM.effective_pool(per_rank, self.state.cap_tokens)[0] or per_rank  # SGLang takes min(profile, cap)
         sc = self._scenario(flag, cur, round(fraction, 2), per_rank)
         sc.assumptions.append(f"each +0.01 adds 1% of the {p.pre_gib:.1f} GiB free before weights ({p.pre_source or 'estimate'}) = "
                               f"{0.01 * p.pre_gib * GIB / p.bpt:,.0f} tokens per rank (docs/sglang.md#kv-budget)")
@@ -189,6 +217,9 @@ class Planner:
             return None
         if p.device == "cpu":
             return None  # FP8 KV is a GPU feature (docs/sglang.md#memory-flags); a CPU engine keeps its dtype
+        pinned = self._pinned()
+        if pinned:
+            return self._grow_pinned(flag, p.kv_cache_dtype, "fp8_e4m3", pinned)
         per_rank = int(p.pool_tokens * s_now // 1) // p.page_size * p.page_size
         sc = self._scenario(flag, p.kv_cache_dtype, "fp8_e4m3", per_rank)
         sc.assumptions.append(f"same KV budget at 1 byte per element instead of {s_now:g} (docs/sglang.md#kv-bytes): {s_now:g}× tokens")
@@ -205,6 +236,8 @@ class Planner:
         if kind != "mla":
             return None  # DP attention helps the pool only where TP replicates the KV (MLA)
         dp = dp or p.tp
+        if self._pinned():
+            return None  # each rank's pool would still be the --max-total-tokens cap
         spell = flags.flag("dp_attention", self.version)
         if spell.flag == "--attn-dp-size":
             flag, cur, prop = spell.flag, 1, dp
@@ -266,7 +299,9 @@ class Planner:
             budget = p.budget_gib(p.mem_fraction)
             if budget is not None and budget > 0:
                 profiled = int(budget * GIB // p.bpt) // p.page_size * p.page_size
-        per_rank = min(n, profiled) if profiled else n
+        if self.state is not None and self.state.profiled_tokens:
+            profiled = self.state.profiled_tokens  # the engine said it ("larger than the profiled value")
+        per_rank = SM.effective_pool(profiled, n)[0] or n  # SGLang takes min(profile, cap)
         sc = self._scenario(flag, p.pool_tokens, n, per_rank)
         if profiled is None:
             sc.assumptions.append("the memory budget is unknown, so the cap is taken to fit; SGLang uses the profiled pool if it does not")
@@ -278,9 +313,17 @@ class Planner:
         return sc
 
     def max_running_requests(self, n: int) -> Scenario:
+        p = self.pool
         flag = flags.spelling("max_running_requests", self.version)
-        sc = self._scenario(flag, self.pool.max_running_requests, n, self.pool.pool_tokens, running_cap=float(n * self.pool.pools))
+        attn_dp = p.dp if p.dp_attention else 1
+        eff, bound = SM.effective_max_running_requests(n, p.pool_tokens, p.context_len, self.version, attn_dp)
+        per = eff if eff is not None else n
+        cap = float(per * attn_dp) if p.dp_attention else float(per * p.pools)
+        sc = self._scenario(flag, p.max_running_requests, n, p.pool_tokens, running_cap=cap)
         sc.assumptions.append("the pool is unchanged; only the slot cap moves")
+        if bound in ("pool", "context") and eff is not None and eff < n // max(1, attn_dp):
+            sc.assumptions.append(f"SGLang bounds it by {'pool // 2' if bound == 'pool' else 'the context-length slot estimate'} = "
+                                  f"{eff:,} per worker ({SM.cite('max_running')})")
         return sc
 
     def context_length(self, n: int) -> Scenario:
@@ -318,8 +361,11 @@ class Planner:
         flag = flags.spelling("schedule_conservativeness", self.version)
         cur = p.schedule_conservativeness if p.schedule_conservativeness is not None else 1.0
         sc = self._scenario(flag, cur, c, p.pool_tokens, confidence="low")
-        sc.assumptions.append(f"initial new_token_ratio {min(0.7 * cur, 1):.2f} → {min(0.7 * c, 1):.2f} (docs/sglang.md#batching-flags): "
-                              + ("fewer admissions, fewer retractions" if c > cur else "more admissions, higher usage, more retraction risk"))
+        a, b = SM.new_token_ratio(cur), SM.new_token_ratio(c)
+        sc.assumptions.append(f"initial new_token_ratio {a.init:.2f} → {b.init:.2f}, floor {a.floor:.3f} → {b.floor:.3f} "
+                              f"({SM.cite('ratio')}): "
+                              + ("fewer admissions, fewer retractions" if c > cur else "more admissions, higher usage, more retraction risk")
+                              + "; requests with ignore_eos reserve their whole max_new_tokens either way")
         return sc
 
     def cuda_graph_max_bs(self, n: int) -> Scenario:
@@ -369,7 +415,9 @@ class Planner:
     def for_kv_saturation(self, fraction: float | None = None) -> list[Scenario]:
         """DP attention, mem fraction, FP8 KV: those that fit without risk, by expected gain."""
         frac = self.mem_fraction(fraction) if fraction is not None else self.best_mem_fraction()
-        out = [s for s in (self.dp_attention(fraction=fraction), frac, self.kv_fp8()) if s is not None and s.fits and not s.risky]
+        pool_now = self.now().pool_tokens
+        out = [s for s in (self.dp_attention(fraction=fraction), frac, self.kv_fp8())
+               if s is not None and s.fits and not s.risky and s.pool_tokens != pool_now]  # a pinned pool does not grow
         out.sort(key=lambda s: -(s.gain if s.gain is not None else -1.0))
         return out
 

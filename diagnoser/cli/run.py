@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
     p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
     p.add_argument("--host-mem-gb", type=float, default=None, help="host RAM in GiB, to check that a HiCache size fits")
+    p.add_argument("--ignore-eos", action="store_true", default=None,
+                   help="the client sets ignore_eos (fixed-length outputs): SGLang then reserves each request's whole max_new_tokens")
     p.add_argument("--verbose", "-v", action="store_true", help="show every evidence line")
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None, help="watch mode: how long a condition must hold before its finding fires (default: each rule's own)")
     return p
@@ -231,6 +233,7 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
         "model_config": args.model_config,
         "avg_tokens_per_request": args.avg_tokens_per_request,
         "host_mem_gb": getattr(args, "host_mem_gb", None),
+        "ignore_eos": getattr(args, "ignore_eos", None),
         "unreachable": getattr(col, "unreachable", {}),
     }
     report = evaluate(col.timelines, adapter, thresholds, select_rules(args.select, args.ignore), extras)

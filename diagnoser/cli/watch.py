@@ -130,7 +130,8 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
         interval=args.interval, timeout=args.timeout, window_s=window,
         for_seconds=getattr(args, "for_s", None), thresholds=load_thresholds(args), rules=select_rules(args.select, args.ignore),
         extras={"job_requests": args.job_requests, "client_concurrency": args.client_concurrency,
-                "model_config": args.model_config, "avg_tokens_per_request": args.avg_tokens_per_request},
+                "model_config": args.model_config, "avg_tokens_per_request": args.avg_tokens_per_request,
+                "ignore_eos": getattr(args, "ignore_eos", None)},
     )
     if getattr(args, "prometheus", None):  # fleet mode: targets from Prometheus (diagnoser/web/fleet.py)
         from diagnoser.web.fleet import fleet_monitor

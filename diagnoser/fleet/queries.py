@@ -117,6 +117,13 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
     for prio, name in enumerate(("num_retracted_requests_total", "total_retracted_reqs")):
         out.append(SignalQuery("retracted_reqs", "delta", name_selector([name], matchers),
                                f"sglang:{name}", "sum", priority=prio, total="retractions_total"))
+    # tokens decoded per step, counted as they are generated (0.5.7+; the direct path's decode_tokens)
+    out.append(SignalQuery("decode_tokens", "delta", name_selector(["realtime_tokens_total"], matchers, extra='mode="decode"'),
+                           'sglang:realtime_tokens_total{mode="decode"}', "sum"))
+    # forward passes per step (one prefill pass = one prefill batch), as the direct path counts them
+    for kind in ("prefill", "decode"):
+        out.append(SignalQuery(f"{kind}_passes", "delta", name_selector(["cuda_graph_passes_total"], matchers, extra=f'mode=~"{kind}_.*"'),
+                               f'sglang:cuda_graph_passes_total{{mode=~"{kind}_.*"}}', "sum"))
     # prefill tokens per step by mode: the 0.5.18+ family first (it excludes retraction re-counts)
     for prio, fam in enumerate(("prefill_effective_tokens_total", "realtime_tokens_total")):
         out.append(SignalQuery(PREFILL, "prefill", name_selector([fam], matchers),

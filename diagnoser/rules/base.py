@@ -391,16 +391,13 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
 
 
 def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
-    """KV tokens one running request holds: the median of decode_sum_seq_lens / running_reqs (0.5.7+
-    metrics), else of used_tokens / running_reqs (used tokens also count prompts still in prefill)."""
+    """KV tokens one running request holds at decode moments, derived the same way from a log, scrapes
+    or Prometheus (:func:`diagnoser.timeline.derived.decode_tokens_per_request`)."""
     if "tpr" not in ctx.memo:
-        ctx.memo["tpr"] = (None, "")
-        for signal in ("decode_sum_seq_lens", "used_tokens"):
-            p = pairs(ctx, signal, "running_reqs")
-            ok = (p.b > 0) & (p.a > 0)
-            if ok.any():
-                ctx.memo["tpr"] = (np_quantile(np.sort(p.a[ok] / p.b[ok]), 0.5), f"median of {signal} / running_reqs")  # np.median would import numpy.ma (~15 ms at start-up)
-                break
+        from diagnoser.timeline.derived import decode_tokens_per_request
+
+        d = decode_tokens_per_request(ctx.timeline)
+        ctx.memo["tpr"] = (d.value, d.how) if d.value is not None else (None, "")
     return ctx.memo["tpr"]  # type: ignore[no-any-return]
 
 

@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from diagnoser.capacity.pool import pool_count
+from diagnoser.capacity.serverstate import server_state
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import (
     Rule,
@@ -129,6 +130,13 @@ def dp_ranks(ctx: RuleContext) -> int:
     if "pools" not in ctx.memo:
         ctx.memo["pools"] = pool_count(ctx.timeline)
     return ctx.memo["pools"]  # type: ignore[no-any-return]
+
+
+def server_state_of(ctx: RuleContext) -> Any:
+    """SGLang's scheduler/memory model of this target (capacity/serverstate.py), memoised for the pass."""
+    if "server_state" not in ctx.memo:
+        ctx.memo["server_state"] = server_state(ctx.timeline, ctx.extras)
+    return ctx.memo["server_state"]
 
 
 def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, float]:
@@ -314,14 +322,17 @@ class KVSaturation(Rule):
 
     def _suggestions(self, ctx: RuleContext, pool: int | None, tpr: float | None, running: dict[str, Any], queue: dict[str, Any]) -> list[Suggestion]:
         out: list[Suggestion] = []
-        cap_tokens = ctx.cfg("arg.max_total_tokens") or ctx.cfg("max_total_tokens_requested")
+        state = server_state_of(ctx)
+        pinned, pinned_why = state.pool_pinned()  # SGLang takes min(profile, --max-total-tokens)
+        cap_tokens = state.cap_tokens or (pool if pinned else None)
         want = None
         if tpr and running["p50"] is not None:
             want = (running["p50"] + (queue["p50"] or 0)) * tpr / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
-        if cap_tokens and pool and int(cap_tokens) <= pool * 1.01:
+        if pinned and cap_tokens and pool:
             proposed = next_pow2(max(want or 0, 2 * pool))
-            out.append(suggest(ctx, "max_total_tokens", int(cap_tokens), proposed,
-                               f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory",
+            why = (f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory" if state.cap_tokens else
+                   f"the pool is not sized by memory: {pinned_why}")
+            out.append(suggest(ctx, "max_total_tokens", int(cap_tokens), proposed, why,
                                f"about {proposed / pool:.1f}x the KV slots, so roughly that many more requests can decode at once",
                                ("the device has memory free for the larger pool (the cap, not memory, sized it)",)))
             return out

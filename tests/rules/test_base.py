@@ -59,6 +59,16 @@ def test_tokens_per_request_prefers_decode_seq_lens() -> None:
         tl.add("used_tokens", float(i), 4000.0, "s")  # includes prompts still in prefill
         tl.add("decode_sum_seq_lens", float(i), 2000.0, "s")
     assert tokens_per_request(RuleContext(tl, {}, ADAPTER)) == (500.0, "median of decode_sum_seq_lens / running_reqs")
+    # with the prefill counters, the readings after which no prefill ran were last written by a decode
+    # report: there used tokens are the log's #token (the others include the prompt being prefilled)
+    tl = Timeline(target="t")
+    for i, moved in enumerate((128.0, 0.0, 64.0, 0.0, 0.0)):
+        tl.add("running_reqs", float(i), 4.0, "s")
+        tl.add("used_tokens", float(i), 4000.0 if moved else 1800.0, "s")
+        tl.add("decode_sum_seq_lens", float(i), 2400.0, "s")
+        tl.add("prefill_new_tokens", float(i), moved, "s")
+    tpr, how = tokens_per_request(RuleContext(tl, {}, ADAPTER))
+    assert tpr == 450.0 and "no prefill since the previous one" in how
 
 
 def test_np_quantile_is_numpy_percentile_to_the_last_bit() -> None:

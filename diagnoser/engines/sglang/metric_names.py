@@ -65,6 +65,7 @@ COUNTERS: dict[str, tuple[str | None, str | None]] = {
     "num_retracted_requests_total": (None, "retractions_total"),
     "realtime_tokens_total": (None, None),  # by mode → prefill tokens (below)
     "prefill_effective_tokens_total": (None, None),  # by mode → prefill tokens (below)
+    "cuda_graph_passes_total": (None, None),  # by mode → prefill / decode forward passes (0.5.7+)
 }
 # histogram base name → signal stem
 HISTOGRAMS: dict[str, str] = {

@@ -331,7 +331,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             if not math.isfinite(value):
                 continue
             key = name
-            if name in ("realtime_tokens_total", "prefill_effective_tokens_total"):
+            if name in ("realtime_tokens_total", "prefill_effective_tokens_total", "cuda_graph_passes_total"):
                 key = f"{name}:{labels.get('mode', '')}"
             ck = (key, rank_key(labels))
             per_tp = counters.setdefault(ck, {})
@@ -438,6 +438,17 @@ def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: Sign
             sink.add(rate_sig, ts, inc / dt, src, rk)
         if key == "num_retracted_requests_total":
             sink.add("retracted_reqs", ts, inc, src, rk)
+    # forward passes in the interval (mode prefill_* / decode_*: with or without a graph): one prefill pass
+    # is one prefill batch, as one Prefill batch line is
+    for rk, modes in prefill.get("cuda_graph_passes_total", {}).items():
+        src = f"{source} sglang:cuda_graph_passes_total"
+        for kind in ("prefill", "decode"):
+            if any(m.startswith(kind) for m in modes):
+                sink.add(f"{kind}_passes", ts, sum(v for m, v in modes.items() if m.startswith(kind)), src, rk)
+    # tokens decoded in the interval, counted as they are generated (not when the request finishes)
+    for rk, modes in prefill.get("realtime_tokens_total", {}).items():
+        if "decode" in modes:
+            sink.add("decode_tokens", ts, modes["decode"], f"{source} sglang:realtime_tokens_total{{mode=decode}}", rk)
     # prefill tokens in the interval: prefer the 0.5.18+ family that excludes retraction re-counts
     fam = "prefill_effective_tokens_total" if "prefill_effective_tokens_total" in prefill else "realtime_tokens_total"
     new_modes, hit_modes = PREFILL_MODES[fam]
