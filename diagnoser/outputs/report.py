@@ -4,7 +4,8 @@
      "inputs": [{"kind", "source", "scrapes"|"lines_read", "lines_recognized", "errors"}],
      "window": {"start", "end"}, "config": {TARGET: {NAME: {"value", "source"}}},
      "signals": {TARGET: {SIGNAL: {"last", "mean", "min", "max", "p50", "p95", "n"}}},
-     "findings": [], "errors": []}
+     "findings": [], "errors": [],
+     "top": {TARGET: {"rule", "severity", "confidence", "summary", "suggestion": {"flag", "current", "proposed"} | null}}}
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from typing import Any
 from diagnoser.model import Severity, iso
 from diagnoser.redact import redact
 from diagnoser.timeline import SIGNALS, Timeline
+from diagnoser.timeline.derived import window_rate
+
+WINDOW_RATES = ("output_tps", "prompt_tps", "request_rate")
 
 
 def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
@@ -24,6 +28,10 @@ def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
         out[name] = tl.stats(name)
         if name in wq:  # a latency quantile over the whole window (histogram difference last - first)
             out[name]["window"] = wq[name]
+        elif name in WINDOW_RATES:  # a counter's rate over the whole window (timeline/derived.py)
+            rate = window_rate(tl, name).value
+            if rate is not None:
+                out[name]["window"] = rate
     for (name, rank) in sorted(tl.series):
         if rank:
             out[f"{name}[{rank}]"] = tl.stats(name, rank)
@@ -32,6 +40,20 @@ def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
 
 def config_table(tl: Timeline) -> dict[str, dict[str, Any]]:
     return {k: redact({"value": v.value, "source": v.source}) if not k.startswith("arg.") else {"value": redact({k[4:]: v.value})[k[4:]], "source": v.source} for k, v in sorted(tl.config.items())}
+
+
+def top_causes(report: Any, targets: list[str]) -> dict[str, dict[str, Any]]:
+    """Per target: the finding that names the bottleneck and the change to make first (evaluate.top_cause)."""
+    from diagnoser.evaluate import top_cause
+
+    out: dict[str, dict[str, Any]] = {}
+    for t in targets:
+        f, s = top_cause(report.findings, t)
+        if f is None:
+            continue
+        out[t] = {"rule": f.rule, "severity": f.severity.label, "confidence": f.confidence, "summary": f.summary,
+                  "suggestion": None if s is None else {"flag": s.flag, "current": s.current, "proposed": s.proposed}}
+    return out
 
 
 def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, engine: str = "sglang", extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -58,6 +80,7 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         "findings": findings,
         "errors": [e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors],
     }
+    doc["top"] = top_causes(report, [tl.target for tl in tls])
     if getattr(collection, "fleet", None) is not None:  # fleet mode (--prometheus)
         from diagnoser.outputs.fleet import fleet_section
 

@@ -79,8 +79,9 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
             elif key == "token_usage":
                 val = f"{_fmt(fmt, st['mean'])} (max {_fmt(fmt, st['max'])})"
             else:
-                # latency: the quantile over the whole window when the histograms gave one
-                val = _fmt(fmt, st["mean"] if key != "ttft_seconds_p95" else st.get("window", st["max"]))
+                # latency: the quantile over the whole window when the histograms gave one; counter rates:
+                # the increase over the window / its length
+                val = _fmt(fmt, st.get("window", st["max"]) if key == "ttft_seconds_p95" else st.get("window", st["mean"]))
             cells.append(f"{label} {val}")
         line = "  "
         for c in cells:
@@ -101,6 +102,11 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
                 facts.append(f"{label} {v:,}" if isinstance(v, int) else f"{label} {v}")
         if facts:
             out.extend(_wrap(" · ".join(facts), "  "))
+        top = (doc.get("top") or {}).get(target)
+        if top:
+            first = top.get("suggestion")
+            change = f"; first change {first['flag']} {current_text(first)} → {first['proposed']}" if first else ""
+            out.extend(_wrap(f"top cause: {top['rule']} ({top['severity']}){change}", "    ", "  "))
         out.append("")
     findings = doc.get("findings", [])
     if findings:

@@ -173,6 +173,16 @@ class CudaGraphDisabledOrExceeded(Rule):
     def _disabled(self, ctx: RuleContext, eager: tuple[float, list] | None, sev: Severity = Severity.WARNING) -> Finding:  # type: ignore[type-arg]
         reason = ctx.cfg("cuda_graph_disabled_reason")
         src = ctx.timeline.cfg_source("disable_cuda_graph") or ctx.timeline.cfg_source("arg.disable_cuda_graph") or ctx.timeline.cfg_source("cuda_graph_disabled_reason")
+        if not src and ctx.cfg("device") is None and ctx.cfg("arg.device") is None:
+            # nothing says graphs are off or that this is a GPU: a CPU server runs no CUDA graph at all
+            # (cuda_graph_setup.py at v0.5.23), so eager decode alone cannot tell the two apart
+            summary = ("No decode reading ran on a CUDA graph" + (f" ({len(eager[1])} busy readings)" if eager else "")
+                       + "; the inputs do not say whether graphs are disabled on a GPU or the server runs on a CPU, which has none.")
+            evs = [evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"],
+                            ctx.window_text(), eager[1][0][3])] if eager else []
+            return self.finding(ctx, summary, evs, [], confidence="low", severity=Severity.INFO,
+                                notes=["Missing: the server args (server info from --url, or the startup log's server_args line) "
+                                       "name the device and the graph settings."])
         evs = [evidence("disable_cuda_graph", True if ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) else "not set", None, "", src)]
         if eager:
             evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), eager[1][0][3]))

@@ -82,15 +82,25 @@ class PrefillStall(Rule):
                 known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
         if known:
             return min(known)
-        pv = raw_arrays(ctx, "prefill_new_tokens")[1]
-        pv = pv[~np.isnan(pv)].astype(int)
-        if not len(pv):
+        per = per_pass(ctx)  # tokens of one prefill batch (a scrape's interval: per forward pass)
+        per = per[~np.isnan(per)]
+        if not len(per):
             return None, "", ""
+        pv = per.astype(int)
         uniq, counts = np.unique(pv, return_counts=True)
         common = [(int(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist(), strict=True) if c >= self_share(vals)]
         pow2 = [u for u, _c in common if u >= 64 and u & (u - 1) == 0]
         if pow2:  # the largest power of two in half the batches: a chunk budget (smaller batches are chunk tails)
             return max(pow2), "inferred", "the most common prefill batch size"
+        # a scrape interval's mean per batch sits within 2 % below a power of two (the last chunk of each
+        # prompt is shorter): that power of two, when it holds in half the intervals
+        p2 = np.exp2(np.ceil(np.log2(np.maximum(per, 1.0))))
+        near = per >= 0.98 * p2
+        if near.any():
+            u2, c2 = np.unique(p2[near].astype(int), return_counts=True)
+            k = int(np.argmax(c2))
+            if int(c2[k]) >= self_share(per) and int(u2[k]) >= 64:
+                return int(u2[k]), "inferred", "the most common prefill batch size"
         # a batch size that repeats exactly in half the batches (at least two) while the next request would not
         # have fitted a power-of-two budget: the per-batch budget (max_prefill_tokens / chunk) stopped admission
         seqs = aligned(ctx, "prefill_new_tokens", "prefill_new_seqs")
@@ -117,14 +127,18 @@ class PrefillStall(Rule):
         cap, cap_name, cap_src = self._cap(ctx, p.values)
         if not cap:
             return None
-        _, pv = raw_arrays(ctx, "prefill_new_tokens")
-        at_mask = pv >= 0.98 * cap
+        pv = per_pass(ctx)  # tokens of one prefill batch (a scrape's interval: per forward pass)
+        with np.errstate(invalid="ignore"):
+            at_mask = pv >= 0.98 * cap
         if cap_name == "budget":  # admitted up to the budget: the next request would not have fitted
             seqs = np.nan_to_num(aligned(ctx, "prefill_new_tokens", "prefill_new_seqs"), nan=1.0)
             with np.errstate(invalid="ignore", divide="ignore"):
                 at_mask = at_mask | ((seqs >= 2) & (pv + pv / np.maximum(seqs, 1) > cap))
         at_cap = at_mask.nonzero()[0]
-        cshare = len(at_cap) / len(p)
+        n_batches = int(np.count_nonzero(~np.isnan(pv)))
+        if n_batches < t["min_batches"]:
+            return None
+        cshare = len(at_cap) / n_batches
         if not len(at_cap) or cshare < t["cap_share"]:  # none at the cap is never "capped", even at cap_share 0
             return None
         usage = ctx.stats("token_usage")
@@ -147,7 +161,7 @@ class PrefillStall(Rule):
         if usage["n"]:
             evs.append(evidence("token_usage p95", round(usage["p95"], 3), f"< {t['kv_room']}", ctx.window_text(), ""))
         if cap_name == "budget":
-            summary = (f"{cshare:.0%} of {len(p)} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} tokens: "
+            summary = (f"{cshare:.0%} of {n_batches} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} tokens: "
                        f"{cap_src}) while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
                        + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
             notes = ["Each prefill step already computes a large batch: a larger budget admits more per step but the gain is modest "
@@ -162,10 +176,10 @@ class PrefillStall(Rule):
             few = len(p) < t["few_batches"]
             return self.finding(ctx, summary, evs, sugg, confidence="medium", notes=notes,
                                 severity=Severity.INFO if few and (qs["max"] or 0) < t["deep_queue"] else None)
-        summary = (f"{cshare:.0%} of {len(p)} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
+        summary = (f"{cshare:.0%} of {n_batches} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
                    f"while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
                    + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
-        proposed = max(2 * cap, min(int(t["target_chunk"]), _pow2_at_least(ps["p50"] or 0)))
+        proposed = max(2 * cap, int(t["target_chunk"]))  # the default class, from any input (pending tokens are log-only)
         sugg = []
         cur_chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
         if cap_name in ("chunked_prefill_size", "inferred"):
@@ -237,6 +251,16 @@ class PrefillStall(Rule):
                                 ("the stall comes from the future-token reservation (new_token_ratio), not from a grammar or PD transfer wait",)))
         summary = f"Requests waited {dur:.0f} s with no prefill admission although KV usage stayed below {t['kv_room']} and slots were free (up to {v:.0f} waiting)."
         return self.finding(ctx, summary, evs, sugg, confidence="medium")
+
+
+def per_pass(ctx: RuleContext) -> np.ndarray:
+    """Tokens of one prefill batch per ``prefill_new_tokens`` point (timeline/derived.py), memoised."""
+    if "prefill_per_pass" not in ctx.memo:
+        from diagnoser.timeline.derived import prefill_per_pass
+
+        got = prefill_per_pass(ctx.timeline)
+        ctx.memo["prefill_per_pass"] = got if got is not None else np.zeros(0)
+    return ctx.memo["prefill_per_pass"]  # type: ignore[no-any-return]
 
 
 def _between(sorted_ts: list[float], lo: float, hi: float) -> bool:
