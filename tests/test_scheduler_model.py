@@ -231,3 +231,4 @@ def test_rewrite_keeps_one_suggestion_per_flag() -> None:
     check_suggestions(rep, [tl])
     assert [s.flag for s in f.suggestions] == ["--max-total-tokens"]
     assert any("became --max-total-tokens" in n for n in f.notes)
+

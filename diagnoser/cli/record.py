@@ -226,6 +226,9 @@ class Recorder:
             tl.inputs.insert(0, t.report)
             col.inputs.insert(0, t.report)
             self.ranges[t.url].merge(t.state.version)
+            wq = getattr(self.adapter, "window_quantiles", None)
+            if wq is not None and t.report.scrapes:
+                tl.meta["window_quantiles"] = wq(t.state)  # histogram quantiles over the whole window, as --once
             if t.report.scrapes == 0:
                 col.unreachable[tl.target] = t.last_error
                 tl.meta["unreachable"] = t.last_error

@@ -288,7 +288,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         futures = [pool.submit(run, q) for q in sorted(plan, key=lambda q: q.kind != "quantile")]
         # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
-        cfg_step = min(max(win.end - win.start, 1.0), 240.0)
+        # (a step of the whole range could evaluate at the start alone: Prometheus rounds the times to ms,
+        # and start + step may land past the end)
+        cfg_step = min(max((win.end - win.start) / 4, 1.0), 240.0)
         cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
         for fut in as_completed(futures):
             q, res, err = fut.result()

@@ -169,6 +169,9 @@ class ReplayIngest:
                 if t.config_report is not None and t.config_report.scrapes:
                     inputs.append(t.config_report)
                 version.merge(t.metrics.state.version)
+                wq = getattr(self.adapter, "window_quantiles", None)
+                if wq is not None and t.metrics.report.scrapes:
+                    tl.meta["window_quantiles"] = wq(t.metrics.state)  # over the whole recording, as --once does live
                 if t.metrics.report.scrapes == 0:
                     err = t.metrics.last_error or "no scrape was recorded for this target"
                     col.unreachable[tl.target] = err

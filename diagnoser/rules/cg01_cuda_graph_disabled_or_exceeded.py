@@ -6,7 +6,11 @@ What it detects:
     batch exceeded the captured maximum (which lies between the largest graph batch and the smallest
     eager one, unless the config names it). When no decode ran on a graph and the config says graphs
     are disabled, they are disabled. Warning when at least `eager_share` (20 %) of busy decode
-    readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever.
+    readings ran eagerly, else info. Skipped on CPU, where graph capture is not the lever. When nothing
+    in the inputs names the device or says graphs are off (`/metrics` from Prometheus), eager decode
+    cannot tell disabled graphs on a GPU from a CPU server, which captures none
+    (`python/sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py` at v0.5.23): info, low
+    confidence, no suggestion, naming what is missing.
     Before load (start-up lines or server args only, or fewer than a window of decode readings): the
     captured maximum (a full `Capture cuda graph bs [...]` list, `Capture target decode CUDA graph
     end. bs=[...]`, the size at step 0 of the `Capturing batches (bs=N …)` progress bar,

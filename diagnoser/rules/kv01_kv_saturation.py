@@ -139,6 +139,22 @@ def server_state_of(ctx: RuleContext) -> Any:
     return ctx.memo["server_state"]
 
 
+def full_length(ctx: RuleContext, tpr: float | None) -> float | None:
+    """Tokens a request holds at its full length: prompt + output of the finished requests (counters),
+    else from the decode lines' mean held per running request (a request halfway through its output on
+    average: prompt + output / 2) and the prompt length: 2 x held - prompt; else the held tokens."""
+    foot, _fit = fit_at_full_length(ctx)
+    if foot:
+        return foot
+    if not tpr:
+        return None
+    st = server_state_of(ctx)
+    prompt = st.prompt_tokens
+    if prompt and 0 < prompt < tpr:
+        return 2 * tpr - prompt
+    return tpr
+
+
 def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, float]:
     """(mean tokens per request at full length, requests the pool holds at that length, share of the
     usage readings with a queue). The length is (uncached prompt + generation token rates) /
@@ -326,8 +342,11 @@ class KVSaturation(Rule):
         pinned, pinned_why = state.pool_pinned()  # SGLang takes min(profile, --max-total-tokens)
         cap_tokens = state.cap_tokens or (pool if pinned else None)
         want = None
-        if tpr and running["p50"] is not None:
-            want = (running["p50"] + (queue["p50"] or 0)) * tpr / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
+        full = full_length(ctx, tpr)
+        if full and running["p50"] is not None:
+            # every request in flight at its full length: then admission never has to over-commit the pool
+            # (it reserves the remaining max_new_tokens x new_token_ratio, which decays toward 0.14 x its start)
+            want = (running["p50"] + (queue["p50"] or 0)) * full / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
         if pinned and cap_tokens and pool:
             proposed = next_pow2(max(want or 0, 2 * pool))
             why = (f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory" if state.cap_tokens else
