@@ -8,6 +8,7 @@ that ``diagnose --once --log`` starts fast.
     diagnose record …                                   record a bundle
     diagnose replay-server FILE …                       serve a bundle as a live SGLang
     diagnose plan …                                     offline capacity planner
+    diagnose compare BEFORE AFTER                       judge a change: two recordings side by side
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SUBCOMMANDS = {
     "record": "diagnoser.cli.record",
     "replay-server": "diagnoser.cli.replay_server",
     "plan": "diagnoser.cli.plan",
+    "compare": "diagnoser.cli.compare",
 }
 
 
