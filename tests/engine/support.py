@@ -295,11 +295,13 @@ class LoadResult:
 
 
 def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_reps: int = 4, ignore_eos: bool = False,
-             timeout: float = 300, stop: threading.Event | None = None, result: LoadResult | None = None) -> LoadResult:
+             timeout: float = 300, stop: threading.Event | None = None, result: LoadResult | None = None,
+             shared_prefix: bool = False) -> LoadResult:
     """Send ``n`` /generate requests with ``concurrency`` in flight; bounded in count and time.
 
     ``stop`` ends the sending early; ``result`` (optional) is filled in place so a caller can read the
-    counts while requests are still in flight."""
+    counts while requests are still in flight. Each prompt has a unique line: first (no prefix is shared,
+    the default) or, with ``shared_prefix``, last (every prompt shares the ``prompt_reps`` body)."""
     base = "def f(x):\n    return x + 1\n"
     res = result if result is not None else LoadResult()
     lock = threading.Lock()
@@ -312,7 +314,7 @@ def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_rep
                 i = next(counter, None)
             if i is None:
                 return
-            prompt = f"# request {i}\n" + base * prompt_reps
+            prompt = base * prompt_reps + f"# request {i}\n" if shared_prefix else f"# request {i}\n" + base * prompt_reps
             body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 1.0}}).encode()
             req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
             with lock:
@@ -337,3 +339,48 @@ def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_rep
         t.join(timeout=max(1.0, deadline - time.time() + 5))
     res.wall_s = time.time() - t0
     return res
+
+
+class RunRecorder:
+    """Record a run the way tests/data/sglang-cpu-real/ holds one: ``metrics/metrics_<n>_<epoch>.prom``
+    (a /metrics scrape every ``interval`` s, as served), ``get_server_info.json``, ``get_model_info.json``,
+    and at :meth:`finish` the server log so far and ``load_summary.json``. ``diagnose --once --replay DIR``
+    reads it; ``diagnose compare BEFORE AFTER`` compares two."""
+
+    def __init__(self, engine: Engine, out: Path, interval: float = 2.0) -> None:
+        self.engine, self.out, self.interval = engine, out, interval
+        (out / "metrics").mkdir(parents=True, exist_ok=True)
+        for path, name in (("/get_server_info", "get_server_info.json"), ("/get_model_info", "get_model_info.json")):
+            code, body = http_get(engine.url + path)
+            if code == 200:
+                (out / name).write_bytes(body)
+        self._stop = threading.Event()
+        self.scrapes = 0
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.time()
+            try:
+                code, body = http_get(self.engine.url + "/metrics")
+            except OSError:
+                code, body = 0, b""
+            if code == 200:
+                self.scrapes += 1
+                (self.out / "metrics" / f"metrics_{self.scrapes:04d}_{t0:.3f}.prom").write_bytes(body)
+            self._stop.wait(max(0.0, self.interval - (time.time() - t0)))
+
+    def stop(self) -> None:
+        """Stop scraping (the window ends); :meth:`finish` writes the rest."""
+        self._stop.set()
+        self._t.join(timeout=10)
+
+    def finish(self, load: LoadResult | None = None, flags: list[str] | None = None, note: str = "") -> Path:
+        self.stop()
+        shutil.copy(self.engine.log_path, self.out / "server.log")
+        if load is not None:
+            (self.out / "load_summary.json").write_text(json.dumps({
+                "sent": load.sent, "ok": load.ok, "failed": load.failed, "wall_s": round(load.wall_s, 2),
+                "completion_tokens_total": load.completion_tokens, "flags": flags or [], "note": note}, indent=1) + "\n")
+        return self.out
