@@ -1,6 +1,7 @@
-"""``diagnose compare BEFORE AFTER`` on a real before/after pair from the SGLang 0.5.23 CPU engine
-(tests/data/sglang-cpu-before-after/kv-full: the KV pool capped at 2,048 tokens, then at the 16,384
-diagnoser proposed, same load; its README says how it was recorded)."""
+"""``diagnose compare BEFORE AFTER`` on real before/after pairs from the SGLang 0.5.23 CPU engine
+(tests/data/sglang-cpu-before-after: kv-full, the KV pool capped at 2,048 tokens, then at the 16,384
+diagnoser proposed; radix-off, the radix cache off under a shared prefix, then on; same load each; the
+folder's README says how they were recorded)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,29 @@ def test_a_change_that_makes_things_worse_exits_1(capsys: pytest.CaptureFixture[
 def test_unreadable_input_is_one_sentence(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _out, err = _run(capsys, "compare", str(tmp_path / "missing.dgb"), str(AFTER))
     assert code == 2 and "Traceback" not in err and err.startswith("diagnose: ") and err.count("\n") == 1
+
+
+RADIX = DATA / "sglang-cpu-before-after" / "radix-off"
+
+
+def test_radix_cache_off_under_a_shared_prefix_is_named_and_its_fix_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    """low_cache_hit (c) on the real run: from its log alone and from the whole recording; compare then
+    finds it resolved and TTFT lower, as the rule's fix says."""
+    for argv in (["--log", str(RADIX / "before" / "server.log")], ["--replay", str(RADIX / "before")]):
+        code, out, _ = _run(capsys, "--once", *argv, "--format", "json")
+        doc = json.loads(out)
+        top = next(iter(doc["top"].values()))
+        assert code == 1 and top["rule"] == "low_cache_hit", doc["findings"]
+        assert top["suggestion"] == {"flag": "--disable-radix-cache", "current": True, "proposed": False}
+        f = next(f for f in doc["findings"] if f["rule"] == "low_cache_hit")
+        assert "shared prefix" in f["summary"] or "shared prefixes" in f["summary"]
+        assert "s = 0.5 half the prefill work" in f["suggestions"][0]["effect"]
+    code, out, _ = _run(capsys, "--once", "--replay", str(RADIX / "after"), "--format", "json")
+    assert "low_cache_hit" not in {f["rule"] for f in json.loads(out)["findings"]}
+    code, out, _ = _run(capsys, "compare", str(RADIX / "before"), str(RADIX / "after"), "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and doc["top_resolved"] and doc["verdict"] == "improved"
+    row = next(r for r in doc["suggestions"] if r["flag"] == "--disable-radix-cache")
+    assert row["applied"] == "applied" and row["verdict"] == "as predicted"
+    ttft = next(c for c in row["checks"] if c["number"] == "ttft_p95_s")
+    assert ttft["predicted_move"] == -1 and ttft["realized"] < ttft["before"]

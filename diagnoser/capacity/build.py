@@ -76,8 +76,11 @@ def workload_from_timeline(tl: Timeline, extras: dict[str, Any],
     w.queue = q["mean"]
     waiting = (q["max"] or 0) > 0 or bool(tl.events_of("retraction"))
     w.kv_bound = bool(w.usage is not None and w.usage >= 0.9 and waiting)
-    rate = tl.stats("request_rate")["mean"]
-    out_tps, in_tps = tl.stats("output_tps")["mean"], tl.stats("prompt_tps")["mean"]
+    from diagnoser.timeline.derived import window_rate
+
+    # per finished request: the completions' own counters, over the window (timeline/derived.py)
+    rate = window_rate(tl, "request_rate").value
+    out_tps, in_tps = window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "prompt_tps").value
     if rate:
         if out_tps is not None:
             w.output_tokens_per_request = out_tps / rate

@@ -168,8 +168,13 @@ def footprint(ctx: RuleContext, pts: Any) -> tuple[float | None, float | None, f
 
 def fit_at_full_length(ctx: RuleContext) -> tuple[float | None, float | None]:
     """:func:`footprint`'s (mean tokens per request at full length, requests the pool holds at that length)."""
-    rate = ctx.stats("request_rate")["mean"]
-    out_tps, in_tps = ctx.stats("output_tps")["mean"], ctx.stats("prompt_tps")["mean"]
+    from diagnoser.timeline.derived import window_rate
+
+    # over the window, from the completions' own counters (a mean of per-interval rates weighs a burst of
+    # completions in a short interval as much as a long quiet one)
+    tl = ctx.timeline
+    rate = window_rate(tl, "request_rate").value
+    out_tps, in_tps = window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "prompt_tps").value
     pool, _ = pool_tokens(ctx)
     if not rate or out_tps is None or in_tps is None or not pool:
         return None, None

@@ -5,7 +5,8 @@ What it detects:
     (summary line `max_running_requests=N`, server info `effective_max_running_requests_per_dp` or
     server args) in at least `at_cap_share` (50 %) of them, with KV usage p95 below `kv_room` (0.9).
     One reading is enough (at low confidence). Without the cap in the inputs, a running count identical in
-    every reading with a queue (at least `pinned_points`, 3) while KV usage stays below `kv_room`
+    every reading with a queue (at least `pinned_points`, 3; from twice that many, the count in
+    `at_cap_share` of them that none exceeds) while KV usage stays below `kv_room`
     implies one (low confidence). Also a cap set at startup below what the operator asked
     for or what the pool allows — `max_running_requests was reduced from requested A to B`,
     `max_running_requests is capped to N by the mamba state cache (…). To raise it: …` (hybrid
@@ -145,9 +146,16 @@ class MaxRunningRequestsCap(Rule):
         if len(waiting) < t["pinned_points"]:
             return None
         run = p.a[waiting]
-        value = float(run[0])
-        if value < 1 or not bool(np.all(run == value)):
+        vals, counts = np.unique(run, return_counts=True)
+        k = int(np.argmax(counts))
+        value = float(vals[k])
+        # the count most readings with a queue show, never exceeded: a scrape taken between a completion and
+        # the next admission reads one less, so "every reading" would miss a cap seen through /metrics
+        at = counts[k] / len(run)
+        if value < 1 or at < t["at_cap_share"] or float(run.max()) > value or (len(run) < 2 * t["pinned_points"] and at < 1):
             return None
+        n_wait = len(run)
+        waiting = waiting[run == value]
         usage = ctx.stats("token_usage")
         if usage["n"] == 0 or not (usage["p95"] or 0) < t["kv_room"]:
             return None  # without a usage reading, a full pool cannot be ruled out
@@ -168,7 +176,7 @@ class MaxRunningRequestsCap(Rule):
         sugg = [suggest(ctx, "max_running_requests", None, proposed, why + "; the cap itself is not in the inputs (inferred)",
                         "more requests run at once while the queue lasts, until the pool fills",
                         ("the pinned count is max_running_requests (check the summary line or server info)",))]
-        summary = (f"{cap} requests ran in every one of {len(waiting)} readings with a queue (up to {qs['max']:.0f} waiting) while KV usage "
+        summary = (f"{cap} requests ran in {'every one' if len(waiting) == n_wait else f'{len(waiting)}'} of {n_wait} readings with a queue (up to {qs['max']:.0f} waiting) while KV usage "
                    f"stayed at or below {usage['max']:.2f}: a count that does not move with the queue is a cap — max_running_requests, "
                    "inferred (it is not in the inputs).")
         return self.finding(ctx, summary, evs, sugg, confidence="low",

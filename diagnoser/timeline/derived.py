@@ -166,9 +166,10 @@ def _span_rate(s: Series) -> tuple[float, float] | None:
     return float((v[1:][good] * dt[good]).sum()), float(dt[good].sum())
 
 
-def window_rate(tl: Timeline, signal: str, rank: str = "") -> Derived:
-    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter."""
-    if signal == "output_tps":
+def window_rate(tl: Timeline, signal: str, rank: str = "", decoded: bool = True) -> Derived:
+    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter,
+    unless ``decoded`` is False (per finished request: the completions' own counter, as ``request_rate``)."""
+    if signal == "output_tps" and decoded:
         dec = tl.get("decode_tokens", rank)
         if dec is not None and len(dec) >= 2:
             v = dec.values[~np.isnan(dec.values)]
