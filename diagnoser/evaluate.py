@@ -109,16 +109,18 @@ def evaluate(
 # rules that say *what* happens (requests wait, the batch is small), not why: a cause rule names the why
 SYMPTOMS = frozenset({"queue_buildup", "low_batch_occupancy"})
 INPUT_RULES = frozenset({"source_unreachable", "metrics_disabled", "insufficient_data"})
+FATAL = frozenset({"engine_crash", "oom"})  # the server stopped serving: that comes before any slowness
 
 
 def cause_key(f: Finding) -> tuple[int, int, int]:
-    """Sort key of the findings for "the top cause": an input that cannot be read (at warning or above),
-    then the causes, then the symptoms; within each, warning-or-worse before info, then the catalogue
+    """Sort key of the findings for "the top cause": an input that cannot be read or a server that stopped
+    serving (a crash, an OOM; at warning or above), then the causes, then the symptoms; within each, warning-or-worse before info, then the catalogue
     order (``REGISTRY``: the pool before what it leads to, retraction and queues). Confidence plays no
     part, so a log, scrapes and Prometheus of one run name the same top cause."""
     order = {r.name: i for i, r in enumerate(REGISTRY)}
     serious = f.severity >= Severity.WARNING
-    role = 0 if f.rule in INPUT_RULES and serious else 3 if f.rule in INPUT_RULES else 2 if f.rule in SYMPTOMS else 1
+    role = (0 if (f.rule in INPUT_RULES or f.rule in FATAL) and serious else 3 if f.rule in INPUT_RULES
+            else 2 if f.rule in SYMPTOMS else 1)
     return role, 0 if serious else 1, order.get(f.rule, len(order))
 
 
