@@ -117,11 +117,17 @@ def cause_key(f: Finding) -> tuple[int, int, int]:
     serving (a crash, an OOM; at warning or above), then the causes, then the symptoms; within each, warning-or-worse before info, then the catalogue
     order (``REGISTRY``: the pool before what it leads to, retraction and queues). Confidence plays no
     part, so a log, scrapes and Prometheus of one run name the same top cause."""
+    return cause_rank(f.rule, f.severity)
+
+
+def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
+    """:func:`cause_key` from a rule name and a severity (or its label, as in a finding document)."""
+    sev = Severity.parse(severity) if isinstance(severity, str) else severity
     order = {r.name: i for i, r in enumerate(REGISTRY)}
-    serious = f.severity >= Severity.WARNING
-    role = (0 if (f.rule in INPUT_RULES or f.rule in FATAL) and serious else 3 if f.rule in INPUT_RULES
-            else 2 if f.rule in SYMPTOMS else 1)
-    return role, 0 if serious else 1, order.get(f.rule, len(order))
+    serious = sev >= Severity.WARNING
+    role = (0 if (rule in INPUT_RULES or rule in FATAL) and serious else 3 if rule in INPUT_RULES
+            else 2 if rule in SYMPTOMS else 1)
+    return role, 0 if serious else 1, order.get(rule, len(order))
 
 
 def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Suggestion | None]:

@@ -9,8 +9,8 @@ presentation fields and never changing the advice:
   ``assumes`` and ``risks`` once, below it (they were printed twice);
 * ``effect_line``: the effect in one line for an overview card (the capacity model's before → after
   numbers, or the rule's own claim when the model does not size the change);
-* :func:`top_fixes` ranks the suggestions of a target's findings: firing before pending, then severity,
-  then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
+* :func:`top_fixes` ranks the suggestions of a target's findings: firing before pending, then the
+  report's top-cause order (``evaluate.cause_rank``), then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
   contradicting ones); a change that does not fit is never a top fix.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnoser.evaluate import cause_rank
 from diagnoser.outputs.text import current_text
 
 SEV = {"critical": 3, "warning": 2, "info": 1}
@@ -139,7 +140,9 @@ def top_fixes(findings: list[dict[str, Any]], limit: int = 3) -> list[dict[str, 
         for si, s in enumerate(f.get("suggestions") or []):
             if not _fits(s):
                 continue
-            key = (f.get("state") != "firing", -SEV.get(str(f.get("severity")), 0), -_gain(s), fi, si)
+            # the report's top-cause order (evaluate.cause_rank: causes before symptoms, the catalogue
+            # order, warnings before info), so the card's first fix is the text report's first change
+            key = (f.get("state") != "firing", cause_rank(str(f.get("rule")), str(f.get("severity") or "info")), -_gain(s), fi, si)
             cands.append((key, f, s))
     cands.sort(key=lambda c: c[0])
     out: list[dict[str, Any]] = []
