@@ -7,7 +7,9 @@ What it detects:
     One reading is enough (at low confidence). Without the cap in the inputs, a running count identical in
     every reading with a queue (at least `pinned_points`, 3; from twice that many, the count in
     `at_cap_share` of them that none exceeds) while KV usage stays below `kv_room`
-    implies one (low confidence). Also a cap set at startup below what the operator asked
+    implies one (low confidence), unless most prefill batches compute a whole power-of-two token budget
+    (a chunk of a long prompt): admission then waits on the prefill budget, not on slots
+    (`prefill_stall`). Also a cap set at startup below what the operator asked
     for or what the pool allows — `max_running_requests was reduced from requested A to B`,
     `max_running_requests is capped to N by the mamba state cache (…). To raise it: …` (hybrid
     models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
@@ -159,6 +161,8 @@ class MaxRunningRequestsCap(Rule):
         usage = ctx.stats("token_usage")
         if usage["n"] == 0 or not (usage["p95"] or 0) < t["kv_room"]:
             return None  # without a usage reading, a full pool cannot be ruled out
+        if _prefill_budget_binds(ctx, t["at_cap_share"]):
+            return None  # each prefill batch spends a whole token budget: admission waits on prefill (prefill_stall)
         qs = ctx.stats("queue_reqs")
         evs = [evidence("running_reqs in every reading with a queue", int(value), f"the same in >= {t['pinned_points']} readings",
                         ctx.window_text(), p.src(int(waiting[0]))),
@@ -251,3 +255,18 @@ class MaxRunningRequestsCap(Rule):
                                "a few more slots; the capacity model gives the number",
                                ("keep 5–8 GB free for activations and graphs",)))
         return out
+
+
+def _prefill_budget_binds(ctx: RuleContext, share: float) -> bool:
+    """Most prefill batches computed a whole power-of-two token budget (a chunk of a long prompt, or
+    --max-prefill-tokens): SGLang admits from the queue only while the batch's prefill budget lasts, so a
+    running count that does not move is then held by prefill, not by a slot cap (see prefill_stall)."""
+    from diagnoser.rules.pf01_prefill_stall import per_pass
+
+    pv = per_pass(ctx)
+    pv = pv[~np.isnan(pv)] if len(pv) else pv
+    if not len(pv):
+        return False
+    p2 = np.exp2(np.ceil(np.log2(np.maximum(pv, 1.0))))
+    full = (pv >= 0.98 * p2) & (p2 >= 64)
+    return bool(np.count_nonzero(full) >= share * len(pv))

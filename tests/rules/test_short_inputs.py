@@ -258,3 +258,13 @@ def test_a_running_count_pinned_with_a_queue_implies_a_cap(tmp_path: Path) -> No
     # a running count that moves with the load is not a cap
     _, doc = diagnose(tmp_path, "\n".join(dec(i, run=30 + i, tok=30000, use=0.3, q=200) for i in range(4)))
     assert "max_running_requests_cap" not in by_rule(doc)
+
+
+def test_a_running_count_held_by_whole_prefill_chunks_is_not_a_slot_cap(tmp_path: Path) -> None:
+    """Three Prefill lines each computing a whole 8,192-token chunk of a long prompt while 30 wait and 3 run:
+    admission waits on the prefill budget (prefill_stall), not on max_running_requests."""
+    text = "\n".join(pre(i, new=8192, use=0.05 + 0.01 * i, run=3, q=30 + i) for i in range(3))
+    _, doc = diagnose(tmp_path, text)
+    found = by_rule(doc)
+    assert "prefill_stall" in found and "max_running_requests_cap" not in found, sorted(found)
+    assert [t["rule"] for t in doc["top"].values()] == ["prefill_stall"], doc["top"]
