@@ -87,7 +87,7 @@ class Planner:
                 if self.model.batch_max and run > MAX_EXTRAPOLATION * self.model.batch_max:
                     at = MAX_EXTRAPOLATION * self.model.batch_max
                     sc.assumptions.append(f"throughput projected no further than {MAX_EXTRAPOLATION:g}× the largest batch seen "
-                                          f"({at:.0f} running): a floor for the gain, not a forecast")
+                                          f"({self.model.batch_max:.0f} running, so to {at:.0f}): a floor for the gain, not a forecast")
                 ratio = self.model.tps(at) / self.model.tps(base_run) if self.model.tps(base_run) > 0 else 1.0
                 conf = min_confidence(conf, self.model.confidence(run))
             else:
