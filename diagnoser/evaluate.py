@@ -133,7 +133,8 @@ def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
 def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Suggestion | None]:
     """The finding that names the bottleneck of one target, and the change to make first: the top
     finding's first suggestion, else the first suggestion of the next causes in :func:`cause_key` order."""
-    mine = sorted((f for f in findings if f.target == target and f.state != "resolved"), key=cause_key)
+    notes = {r.name for r in REGISTRY if r.note}  # a note about the inputs (too few readings) names no cause
+    mine = sorted((f for f in findings if f.target == target and f.state != "resolved" and f.rule not in notes), key=cause_key)
     if not mine:
         return None, None
     first = mine[0]

@@ -29,3 +29,11 @@ def test_an_info_cause_is_top_when_nothing_warns_and_a_crash_is_top_over_slownes
     top, _ = top_cause([f("kv_saturation", Severity.CRITICAL), f("engine_crash", Severity.CRITICAL)], "t")
     assert top is not None and top.rule == "engine_crash"
     assert top_cause([f("kv_saturation")], "other") == (None, None)
+
+
+def test_a_note_about_the_inputs_is_never_the_top_cause() -> None:
+    """insufficient_data says how much was read, not what limits the server: a start-up log alone has no
+    top cause, and beside a real cause the note never leads."""
+    assert top_cause([f("insufficient_data", Severity.INFO)], "t") == (None, None)
+    top, _ = top_cause([f("insufficient_data", Severity.INFO, "high"), f("client_bound", Severity.INFO, "low")], "t")
+    assert top is not None and top.rule == "client_bound"
