@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.model import InputReport
-from diagnoser.sources.logs import read_log
+from diagnoser.sources.logs import LogReader, read_log
 from diagnoser.timeline import Timeline
 
 
@@ -30,6 +30,44 @@ class Collection:
         """Something a rule can judge: signals or log events, or config from a log. Config from server
         info alone, with no /metrics scrape (e.g. SGLang without --enable-metrics), is not."""
         return any(tl.series or tl.events or (tl.config and not tl.meta.get("unreachable")) for tl in self.timelines)
+
+
+@dataclass(slots=True)
+class LogOptions:
+    """How a one-shot run reads its logs. ``max_points`` / ``last_s``: keep only the window it judges
+    while reading (:class:`diagnoser.timeline.window.LogWindow`; None and None keep every point, as a
+    library caller gets by default); ``progress(reader)`` is called after each chunk of a big log."""
+
+    max_points: int | None = None
+    last_s: float | None = None
+    progress: Callable[[LogReader], None] | None = None
+
+
+def read_log_into(adapter: Any, tl: Timeline, path: str, stdin: IO[bytes] | None = None, options: LogOptions | None = None) -> LogReader:
+    """:func:`read_log` into ``tl``, kept to the window ``options`` asks for (its report says what was judged)."""
+    opts = options or LogOptions()
+    keeper = None
+    if opts.max_points is not None or opts.last_s is not None:
+        from diagnoser.timeline.window import LogWindow
+
+        keeper = LogWindow(tl, opts.max_points, opts.last_s)
+    progress = opts.progress
+    observer: Callable[[LogReader], None] | None
+    if keeper is not None and progress is not None:
+        def observer(reader: LogReader) -> None:
+            keeper.observe(reader)
+            progress(reader)
+    else:
+        observer = keeper.observe if keeper is not None else progress
+    reader = read_log(adapter, tl, path, stream=stdin if path == "-" else None, observer=observer)
+    if keeper is not None:
+        keeper.finish()
+        if keeper.trimmed:
+            reader.report.window = keeper.summary()
+            msg = keeper.message(reader.report.source)
+            if msg:
+                reader.report.messages.insert(0, msg)
+    return reader
 
 
 def finalize(tl: Timeline, version: VersionRange) -> None:
@@ -94,11 +132,12 @@ def date_bound(tl: Timeline, version: VersionRange) -> None:
         version.at_most(v, f"the inputs start on {day}, before {'.'.join(map(str, v))} was released ({when}) or while it was in development")
 
 
-def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None) -> Collection:
+def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None,
+                 options: LogOptions | None = None) -> Collection:
     col = Collection()
     for path in paths:
         tl = Timeline(target=target or path)
-        reader = read_log(adapter, tl, path, stream=stdin if path == "-" else None)
+        reader = read_log_into(adapter, tl, path, stdin, options)
         tl.inputs.append(reader.report)
         col.inputs.append(reader.report)
         tl.untimed = bool(reader.parser.untimed_lines) and not reader.parser.saw_date and reader.parser.untimed_lines >= reader.report.lines_recognized
@@ -172,17 +211,19 @@ def collect_once(
     stdin: IO[bytes] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    log_options: LogOptions | None = None,
 ) -> Collection:
     """Scrape every URL each ``interval`` for ``duration`` seconds and read the logs once.
 
     With one URL, the logs belong to that target; with several, each log is a target of its own.
     ``progress`` (a terminal's status line) is called after each round of scrapes and about every second
     while waiting, with ``scrapes`` done ``of`` the rounds, ``elapsed_s`` of ``duration_s``, and how many
-    of the ``targets`` are ``failing`` (their last scrape failed).
+    of the ``targets`` are ``failing`` (their last scrape failed). ``log_options``: the window the logs
+    are kept to, and their reading progress (:class:`LogOptions`).
     """
     col = Collection()
     if not urls:
-        return collect_logs(adapter, logs, stdin)
+        return collect_logs(adapter, logs, stdin, options=log_options)
 
     from diagnoser.sources.http import make_client
     from diagnoser.sources.metrics import MetricsTarget
@@ -240,13 +281,13 @@ def collect_once(
             if len(targets) == 1:
                 only = tls[targets[0].url]
                 for path in logs:
-                    reader = read_log(adapter, only, path, stream=stdin if path == "-" else None)
+                    reader = read_log_into(adapter, only, path, stdin, log_options)
                     only.inputs.append(reader.report)
                     col.inputs.append(reader.report)
                     ranges[targets[0].url].merge(reader.parser.version)
                     log_facts(only, reader.parser)
             else:
-                extra = collect_logs(adapter, logs, stdin)
+                extra = collect_logs(adapter, logs, stdin, options=log_options)
                 col.timelines.extend(extra.timelines)
                 col.inputs.extend(extra.inputs)
                 col.versions.update(extra.versions)

@@ -139,6 +139,7 @@ class InputReport:
     lines_recognized: int = 0
     errors: int = 0
     messages: list[str] = field(default_factory=list)
+    window: dict[str, Any] | None = None  # a log read to a window: what was judged, what only counted
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "source": self.source}
@@ -150,6 +151,8 @@ class InputReport:
         d["errors"] = self.errors
         if self.messages:
             d["messages"] = list(self.messages)
+        if self.window is not None:
+            d["window"] = self.window
         return d
 
 

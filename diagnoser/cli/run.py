@@ -181,7 +181,8 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
                 raise UsageError(problem)
     if args.interval <= 0 or args.duration < 0 or args.timeout <= 0:
         raise UsageError("--interval and --timeout must be more than 0 seconds and --duration at least 0, e.g. --duration 10s --interval 2s")
-    from diagnoser.collect import collect_once
+    from diagnoser.collect import LogOptions, collect_once
+    from diagnoser.timeline.window import MAX_POINTS
 
     line: Any = None
     progress: Any = None
@@ -190,12 +191,21 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
 
         line = StatusLine()
         progress = sampling_progress(line) if line.enabled else None
+    reading = None
+    if args.log:  # a long log read: lines, MB/s and the time left, on the same line (a terminal only)
+        from diagnoser.cli.progress import log_progress
+
+        reading = log_progress()
+    # a log is kept to the window judged while it is read: --last, else its newest MAX_POINTS points
+    options = LogOptions(max_points=None if args.last else MAX_POINTS, last_s=args.last or None, progress=reading)
     try:
         return collect_once(adapter, args.url, args.log, duration=args.duration, interval=args.interval, progress=progress,
-                            client=_client(args) if args.url else None)
+                            client=_client(args) if args.url else None, log_options=options)
     finally:
         if line is not None:
             line.clear()
+        if reading is not None:
+            reading.clear()
 
 
 def _client(args: argparse.Namespace) -> Any:

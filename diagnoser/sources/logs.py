@@ -8,7 +8,7 @@ import gc
 import io
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -53,6 +53,11 @@ class LogReader:
     parser: Any
     report: InputReport
     line_no: int = 0
+    # the bulk path's progress: bytes of the input applied so far, and its size when known (a file);
+    # ``observer`` is called with the reader after each chunk (a window keeper, a progress line)
+    bytes_read: int = 0
+    size: int | None = None
+    observer: Callable[[LogReader], None] | None = None
 
     def feed_raw(self, raw: bytes, line_no: int) -> bool | None:
         """One line without its newline: ``None`` when skipped (blank, or junk counted as an error),
@@ -99,6 +104,7 @@ class LogReader:
             return
         if workers is None:
             workers = _auto_workers(stream)
+        self.size = _size(stream)
         bulk = bulk_factory()
         # a regular file is memory-mapped: chunks are cut from the mapping without copying them around,
         # and worker processes (forked after the mapping) read their own chunks from it
@@ -169,6 +175,16 @@ class LogReader:
         if job is None:
             self._count_junk_line()
             return True
+        ok = self._apply(bulk, job, result)
+        if isinstance(job, tuple):
+            self.bytes_read = job[1] + 1  # the chunk and its newline
+        else:
+            self.bytes_read += len(job) + 1
+        if self.observer is not None:
+            self.observer(self)
+        return ok
+
+    def _apply(self, bulk: Any, job: bytes | tuple[int, int], result: Any) -> bool:
         if not hasattr(bulk, "block_parser"):  # a bulk reader without the two halves
             self._feed_block(bulk, _chunk(job))
             return True
@@ -225,6 +241,17 @@ def _auto_workers(stream: Any) -> int:
     # this process applies every chunk's result (in file order), which costs about as much as parsing
     # one: one worker per other CPU, and more than three never pays (bench/bench_log_backfill.py)
     return min(cpus - 1, 3)
+
+
+def _size(stream: Any) -> int | None:
+    """The size of a regular file being read, else None (a pipe, stdin, a stream in memory)."""
+    import stat
+
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _cpus() -> int:
@@ -417,9 +444,13 @@ def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:
     return LogReader(adapter.log_parser(sink, name), report)
 
 
-def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | None = None) -> LogReader:
-    """Read a whole log (file path, or ``-`` for stdin) and return the reader with its counts."""
+def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | None = None,
+             observer: Callable[[LogReader], None] | None = None) -> LogReader:
+    """Read a whole log (file path, or ``-`` for stdin) and return the reader with its counts.
+    ``observer(reader)`` is called after each chunk of the bulk path (files over 1 MB) and once after
+    the last line, before the parser's end-of-log summary."""
     reader = open_log_reader(adapter, sink, source)
+    reader.observer = observer
     if stream is None and source == "-":
         stream = sys.stdin.buffer
     if stream is not None:
@@ -437,6 +468,8 @@ def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | No
         except PermissionError:
             reader.report.messages.append(f"Log file {source} cannot be read (permission denied). Run as a user who can read it.")
             reader.report.errors += 1
+    if observer is not None:
+        observer(reader)
     finish_report(adapter, reader)
     return reader
 
