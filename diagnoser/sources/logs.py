@@ -86,7 +86,7 @@ class LogReader:
         for raw in lines:
             self.feed_bytes(raw)
 
-    def feed_stream(self, stream: Any, chunk: int = CHUNK, bulk_min: int = BULK_MIN, workers: int | None = None) -> None:
+    def feed_stream(self, stream: Any, chunk: int | None = None, bulk_min: int = BULK_MIN, workers: int | None = None) -> None:
         """Read a whole stream in large chunks through the parser's bulk reader when it has one
         (exactly the same result as :meth:`feed_lines`, several times faster).
 
@@ -98,6 +98,7 @@ class LogReader:
         if bulk_factory is None:
             self.feed_lines(stream)
             return
+        chunk = chunk or CHUNK
         head = stream.read(bulk_min) if bulk_min > 0 else b""
         if bulk_min > 0 and len(head) < bulk_min:  # the whole input is small: the line path starts faster
             self.feed_lines(io.BytesIO(head))

@@ -15,10 +15,12 @@ compares both). Config facts and the version (startup lines, hints) describe the
 and are kept whole, as ``--last`` keeps them; so is the access-log summary event (a whole-log count).
 
 With a point budget the cut is placed at a chunk boundary: the kept chunks are the newest ones whose
-points add up to at most the budget (at least the newest chunk), and the cut is the newest time read
-before the first of them. A chunk is about 8 MB of log, so the window holds a little less than the
-budget (more only when one chunk alone holds more, or when lines far out of time order put older
-chunks' points after the cut).
+points add up to at most the budget (at least the newest chunk), and the cut is just after the newest
+time read before the first of them (points of that first chunk stamped with the same second as the
+chunk before go too). A chunk is about 8 MB of log, so the window holds a little less than the budget,
+never more unless the newest chunk alone does. Trimming is amortised: the window is trimmed when it
+has grown by a quarter since the last trim (and once at the end), so it briefly holds up to a quarter
+more than its bound while the log is read.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ class LogWindow:
         self._chunks: deque[tuple[int, float]] = deque()  # per chunk: (points it added, newest time after it)
         self._lens = {key: len(s) for key, s in tl.series.items()}  # series lengths after the last call
         self._events = len(tl.events)
-        self._held = sum(self._lens.values())  # points in the timeline after the last call
+        self._held = self._after_trim = sum(self._lens.values())  # points in the timeline after the last call
         self._newest = -math.inf  # the newest time the log has given so far
+        self._after_trim = 0  # points held after the last trim
         self.lines = 0
 
     # -- reading -------------------------------------------------------------------------------
@@ -132,11 +135,17 @@ class LogWindow:
         ``last_s``, when the cut has moved)."""
         self.lines = reader.line_no
         added = self._note()
-        self._chunks.append((added, self._newest))
+        if added or not self._chunks:
+            self._chunks.append((added, self._newest))
+        else:  # nothing new (events alone, or the reader's last call): the chunk before reaches this far
+            self._chunks[-1] = (self._chunks[-1][0], self._newest)
+        # trims are amortised: each walks the window, so one comes only after it grew by a quarter
+        if self._held <= self._after_trim + self._after_trim // 4 + 1024:
+            return
         if self.last_s is not None:
             if self._newest - self.last_s > self.cut:
                 self._trim(self._newest - self.last_s)
-        elif self.max_points is not None and self._held > self.max_points + self.max_points // 4:
+        elif self.max_points is not None and self._held > self.max_points:
             self._trim_to_budget()
 
     def finish(self) -> None:
@@ -158,7 +167,9 @@ class LogWindow:
             i -= 1
         if i <= 0:  # all of them fit
             return
-        cut = chunks[i - 1][1]  # the newest time read before the first chunk kept
+        # just after the newest time read before the first chunk kept: every point of the chunks before
+        # it is dropped, so the window holds at most what the kept chunks added
+        cut = float(np.nextafter(chunks[i - 1][1], math.inf))
         for _ in range(i):
             chunks.popleft()
         if cut > self.cut:
@@ -179,7 +190,7 @@ class LogWindow:
                 del tl.series[key]
             else:
                 s.drop_before(k)
-        if tl.events and tl.events[0].ts < cut:
+        if tl.events:  # in file order, which is not quite time order (untimed lines run ahead)
             keep = []
             for e in tl.events:
                 if e.ts >= cut or e.kind in WHOLE_LOG_EVENTS:
@@ -190,7 +201,7 @@ class LogWindow:
             tl.events[:] = keep
         self._lens = {key: len(s) for key, s in tl.series.items()}
         self._events = len(tl.events)
-        self._held = sum(self._lens.values())
+        self._held = self._after_trim = sum(self._lens.values())
 
     # -- what it was ---------------------------------------------------------------------------
     @property
@@ -219,8 +230,9 @@ class LogWindow:
             "judged": "last" if self.last_s is not None else "newest",
             "max_points": self.max_points,
             "last_seconds": self.last_s,
-            "start": iso(self.cut) if self.trimmed else (iso(start) if start is not None else None),
+            "start": iso(start) if start is not None else None,  # the first point or event judged
             "end": iso(end) if end is not None else None,
+            "cut": self.cut if self.trimmed else None,  # epoch seconds: what is older was dropped
             "first_line": self.first_line(),
             "lines": self.lines,
             "points": self._count(),
@@ -234,12 +246,12 @@ class LogWindow:
         b = self.before
         start, end = self.tl.span()
         first = self.first_line()
-        where = f", line {first:,} on" if first else ""
+        where = (f" (from {iso(start)}" + (f", line {first:,} on" if first else "")) if start is not None else " ("
         if self.last_s is not None:
-            head = f"Judged the last {duration_text(self.last_s)} of {name}, as --last asks (from {iso(self.cut)}{where})."
+            head = f"Judged the last {duration_text(self.last_s)} of {name}, as --last asks{where})."
         else:
-            held = duration_text(end - self.cut) if end is not None else "part"
-            head = (f"Judged the newest {held} of {name} (from {iso(self.cut)}{where}: {self._count():,} points; "
+            held = duration_text(end - start) if start is not None and end is not None else "part"
+            head = (f"Judged the newest {held} of {name}{where}: {self._count():,} points; "
                     f"one judgement keeps at most {self.max_points:,}).")
         before = duration_text(b.end - b.start) if b.start is not None and b.end is not None else "part"
         counted = [f"{n:,} {kind.replace('_', ' ')} event(s)" for kind, n in b.events.most_common(4)]
