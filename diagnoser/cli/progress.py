@@ -39,7 +39,8 @@ class LogProgress:
     def __call__(self, reader: Any) -> None:
         now = self.clock()
         if reader is not self._reader:  # a new log
-            self._reader, self._start, self._last = reader, now, -1.0
+            self._reader, self._last = reader, -1.0
+            self._start = reader.started or now  # the bulk reader's start (monotonic clock)
         elapsed = now - self._start
         if elapsed < self.delay or (self._last >= 0 and now - self._last < EVERY_S):
             return

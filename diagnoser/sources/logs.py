@@ -8,6 +8,7 @@ import gc
 import io
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -57,6 +58,7 @@ class LogReader:
     # ``observer`` is called with the reader after each chunk (a window keeper, a progress line)
     bytes_read: int = 0
     size: int | None = None
+    started: float = 0.0  # time.monotonic() when the bulk read began
     observer: Callable[[LogReader], None] | None = None
 
     def feed_raw(self, raw: bytes, line_no: int) -> bool | None:
@@ -106,6 +108,7 @@ class LogReader:
         if workers is None:
             workers = _auto_workers(stream)
         self.size = _size(stream)
+        self.started = time.monotonic()
         bulk = bulk_factory()
         # a regular file is memory-mapped: chunks are cut from the mapping without copying them around,
         # and worker processes (forked after the mapping) read their own chunks from it
