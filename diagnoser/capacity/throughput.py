@@ -93,21 +93,31 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
     Points are grouped by batch size and each group's median step time is fitted, weighted by the group's
     size: a log line's throughput covers 40 steps whose batch may have moved, and idle gaps make outliers.
     """
-    pts = [(b, x) for b, x in zip(running, tps, strict=False) if b > 0 and x > 0]
-    if not pts:
+    n_all = min(len(running), len(tps))
+    b_all = np.asarray(running[:n_all], dtype=float)
+    x_all = np.asarray(tps[:n_all], dtype=float)
+    ok = (b_all > 0) & (x_all > 0)
+    bs_np, xs_np = b_all[ok], x_all[ok]
+    n = len(bs_np)
+    if not n:
         return None
-    bs = [p[0] for p in pts]
-    xs = [p[1] for p in pts]
-    n = len(pts)
-    bmin, bmax, bmean = min(bs), max(bs), sum(bs) / n
+    bs, xs = bs_np.tolist(), xs_np.tolist()
+    bmin, bmax, bmean = min(bs), max(bs), sum(bs) / n  # Python's sums, left to right
     tmean = sum(xs) / n
-    groups: dict[float, list[float]] = {}
-    for b, x in pts:
-        groups.setdefault(round(b), []).append(b / x)
-    if n >= MIN_POINTS and bmax / bmin >= MIN_SPREAD and len(groups) >= 3:
-        gb = np.array(sorted(groups), dtype=float)
-        gy = np.array([median(groups[k]) for k in sorted(groups)])
-        w = np.sqrt(np.array([len(groups[k]) for k in sorted(groups)], dtype=float))
+    steps = bs_np / xs_np
+    # the points grouped by batch size (rounded half to even, as round() does): sorted by group, then
+    # step time, so that each group's median is read at its middle
+    keys = np.round(bs_np)
+    order = np.lexsort((steps, keys))
+    k_sorted, y_sorted = keys[order], steps[order]
+    starts = np.flatnonzero(np.concatenate(([True], k_sorted[1:] != k_sorted[:-1])))
+    counts = np.diff(np.append(starts, n))
+    if n >= MIN_POINTS and bmax / bmin >= MIN_SPREAD and len(starts) >= 3:
+        gb = k_sorted[starts]
+        mid = starts + counts // 2
+        odd = counts % 2 == 1
+        gy = np.where(odd, y_sorted[mid], (y_sorted[np.maximum(mid - 1, starts)] + y_sorted[mid]) / 2)
+        w = np.sqrt(counts.astype(float))
         A = np.column_stack([np.ones(len(gb)), gb])
         coef, *_ = np.linalg.lstsq(A * w[:, None], gy * w, rcond=None)
         a, b = float(coef[0]), float(coef[1])
@@ -122,7 +132,7 @@ def fit(running: list[float], tps: list[float]) -> ThroughputModel | None:
     else:
         note = (f"the batch did not vary enough to fit (batch {bmin:.0f}–{bmax:.0f}, {n} points): "
                 "the step time is held constant, so throughput scales with the batch — an upper bound, low confidence")
-    step = median(b / x for b, x in pts)
+    step = median(steps.tolist())
     return ThroughputModel(step, 0.0, n, bmin, bmax, bmean, tmean, None, "constant-step", note)
 
 
@@ -166,25 +176,42 @@ def same_points(ts_a: np.ndarray, key_a: np.ndarray, ts_b: np.ndarray, key_b: np
     return not bool(((ts_s[1:] == ts_s[:-1]) & (key_s[1:] == key_s[:-1])).any())
 
 
+def _last_of(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct key (sorted) and the value of its last point: what ``dict(zip(keys, vals))`` keeps."""
+    rev = keys[::-1]
+    uniq, first_in_rev = np.unique(rev, return_index=True)
+    return uniq, vals[::-1][first_in_rev]
+
+
+def _lookup(uniq: np.ndarray, vals: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, value) per wanted key in the sorted ``uniq`` (value NaN where not found)."""
+    if not len(uniq):
+        return np.zeros(len(want), dtype=bool), np.full(len(want), np.nan)
+    pos = np.minimum(np.searchsorted(uniq, want), len(uniq) - 1)
+    found = uniq[pos] == want
+    return found, np.where(found, vals[pos], np.nan)
+
+
 def decode_points(tl: Timeline, rank: str = "") -> tuple[list[float], list[float]]:
     """(batch, throughput) pairs read at the same moment from the same line or scrape: the running count
-    of the same log line, else the last one read at the same time."""
+    of the same log line, else the last one read at the same time (as dicts keyed by source and by time
+    would join them; columns here)."""
     run = tl.get("running_reqs", rank)
     gen = tl.get("gen_throughput_tps", rank)
     if run is None or gen is None:
         return [], []
     (kr, named_r), (kg, _) = source_keys(run, gen)
     rvals = run.values
-    by_src = dict(zip(kr[named_r].tolist(), rvals[named_r].tolist(), strict=True))
-    by_ts = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))
-    bs: list[float] = []
-    xs: list[float] = []
-    for t, x, k in zip(gen.ts.tolist(), gen.values.tolist(), kg.tolist(), strict=True):
-        b = by_src.get(k)  # only named sources are keys there
-        if b is None:
-            b = by_ts.get(t)
-        if b is None or x != x or b != b:
-            continue
-        bs.append(b)
-        xs.append(x)
-    return bs, xs
+    src_keys, src_vals = _last_of(kr[named_r], rvals[named_r])
+    found, b = _lookup(src_keys, src_vals, kg)  # only named sources are keys there
+    if not found.all():
+        rts = run.ts
+        ok_t = ~np.isnan(rts)  # a NaN time matches nothing (as in a dict)
+        ts_keys, ts_vals = _last_of(rts[ok_t], rvals[ok_t])
+        by_t_found, by_t = _lookup(ts_keys, ts_vals, gen.ts)
+        miss = ~found
+        found = found | by_t_found
+        b = np.where(miss, by_t, b)
+    x = gen.values
+    keep = found & ~np.isnan(x) & ~np.isnan(b)
+    return b[keep].tolist(), x[keep].tolist()
