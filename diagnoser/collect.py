@@ -63,8 +63,8 @@ def read_log_into(adapter: Any, tl: Timeline, path: str, stdin: IO[bytes] | None
     if keeper is not None:
         keeper.finish()
         if keeper.trimmed:
-            reader.report.window = keeper.summary()
-            msg = keeper.message(reader.report.source)
+            reader.report.window = tl.meta["log_window"] = keeper.summary()
+            msg = keeper.message("stdin" if reader.report.source == "-" else reader.report.source)
             if msg:
                 reader.report.messages.insert(0, msg)
     return reader
