@@ -287,3 +287,18 @@ def test_untimed_lines_are_windowed_by_line_order() -> None:
 
 def test_duration_text() -> None:
     assert [duration_text(s) for s in (0, 45, 600, 3 * 3600 + 720, 3 * 86400)] == ["0 s", "45 s", "10 min", "3.2 h", "3.0 d"]
+
+
+def test_an_access_summary_older_than_the_window_leaves_the_window_alone() -> None:
+    """Access lines that stopped before the window: their whole-log summary event would stretch the
+    window's span back to them, so it goes (the input report's message keeps the counts)."""
+    access = b'[2026-11-29 09:00:%02d] INFO:     10.0.0.1:5000 - "POST /generate HTTP/1.1" 200 OK\n'
+    decode = b"[2026-11-29 %02d:%02d:%02d] Decode batch, #running-req: 7, #token: 900, token usage: 0.10, cuda graph: True, gen throughput (token/s): 50.00, #queue-req: 0\n"
+    data = b"".join(access % s for s in range(50))
+    data += b"".join(decode % (10 + i // 3600, i // 60 % 60, i % 60) for i in range(20000))
+    tl, rd, keeper, _ = _read(data, 60000, max_points=40000)
+    assert keeper is not None and keeper.trimmed
+    assert not tl.events_of("access_summary")
+    start, end = tl.span()
+    assert start is not None and start >= keeper.cut
+    assert any(m.startswith("Access log: 50 request(s)") for m in rd.report.messages)

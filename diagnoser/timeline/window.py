@@ -12,7 +12,8 @@ counted.
 The window is a time: the points and events at or after :attr:`LogWindow.cut` are kept, exactly those
 that :meth:`Timeline.window` with that start would keep from the whole log (``tests/test_log_window.py``
 compares both). Config facts and the version (startup lines, hints) describe the server, not a moment,
-and are kept whole, as ``--last`` keeps them; so is the access-log summary event (a whole-log count).
+and are kept whole, as ``--last`` keeps them; so is the access-log summary event (a whole-log count),
+unless the last access line came before the window.
 
 With a point budget the cut is placed at a chunk boundary: the kept chunks are the newest ones whose
 points add up to at most the budget (at least the newest chunk), and the cut is just after the newest
@@ -149,11 +150,16 @@ class LogWindow:
             self._trim_to_budget()
 
     def finish(self) -> None:
-        """After the read: the last trim (to the budget itself), then what the window is."""
+        """After the read and the parser's end-of-log summary: the last trim (to the budget itself).
+        A whole-log summary event stamped before the window (the last access line came before it) is
+        dropped, so that the window's time span stays the window's: its counts are in the input
+        report's own message."""
         if self.max_points is not None and self._held > self.max_points:
             self._trim_to_budget()
         elif self.last_s is not None and self._newest - self.last_s > self.cut:
             self._trim(self._newest - self.last_s)
+        if self.trimmed and any(e.ts < self.cut for e in self.tl.events):
+            self.tl.events[:] = [e for e in self.tl.events if e.ts >= self.cut]
 
     def _trim_to_budget(self) -> None:
         assert self.max_points is not None
