@@ -302,3 +302,21 @@ def test_an_access_summary_older_than_the_window_leaves_the_window_alone() -> No
     start, end = tl.span()
     assert start is not None and start >= keeper.cut
     assert any(m.startswith("Access log: 50 request(s)") for m in rd.report.messages)
+
+
+def test_stdin_is_windowed_like_a_file(tmp_path: Path, generated: bytes) -> None:
+    """``--log -``: the same window as the file gives (no memory map, no workers: chunks come from a pipe)."""
+    from diagnoser.collect import read_log_into
+
+    path = tmp_path / "server.log"
+    path.write_bytes(generated)
+    opts = LogOptions(last_s=20.0)
+    a, b = Timeline(target="f"), Timeline(target="s")
+    rf = read_log_into(ADAPTER, a, str(path), options=opts)
+    rs = read_log_into(ADAPTER, b, "-", stdin=io.BytesIO(generated), options=opts)
+    def strip(tl: Timeline) -> Any:  # the sources name the file or stdin
+        return ({k: v[:2] for k, v in _series(tl).items()}, [(e[0], e[1], e[2], e[4]) for e in _events(tl)])
+
+    assert strip(a) == strip(b)
+    assert rf.report.window is not None and rs.report.window is not None
+    assert rs.report.messages[0].startswith("Judged the last 20 s of stdin, as --last asks")
