@@ -1,8 +1,8 @@
 """Keep a log's timeline to the window a one-shot run judges, while the log is being read.
 
 ``diagnose --once --log`` judges the newest part of a log that holds at most :data:`MAX_POINTS` points
-(a log smaller than that, which is every log of a few hundred MB or less, is judged whole, as before),
-or the last ``--last`` seconds when that is given. What is older than the window is dropped from the
+(a log with fewer points, such as every real log in tests/data, is judged whole, as before), or the
+last ``--last`` seconds when that is given. What is older than the window is dropped from the
 timeline chunk by chunk as the bulk reader applies them, so memory is bounded by the window, not by
 the file, and the rules, the advice and the report only ever look at the window. The part dropped is
 kept as compact aggregates (:class:`Before`): its time range, its points and events counted by signal
@@ -36,7 +36,7 @@ import numpy as np
 from diagnoser.model import iso
 from diagnoser.timeline import Timeline
 
-MAX_POINTS = 4_000_000  # about 100 MB of columns; a busy server logs this in a few hours
+MAX_POINTS = 4_000_000  # about 100 MB of columns; the bench's busy mix logs this in 3 hours
 # events that summarise the whole log by nature: kept whatever their time
 WHOLE_LOG_EVENTS = frozenset({"access_summary"})
 
@@ -97,7 +97,7 @@ class LogWindow:
         self._chunks: deque[tuple[int, float]] = deque()  # per chunk: (points it added, newest time after it)
         self._lens = {key: len(s) for key, s in tl.series.items()}  # series lengths after the last call
         self._events = len(tl.events)
-        self._held = self._after_trim = sum(self._lens.values())  # points in the timeline after the last call
+        self._held = sum(self._lens.values())  # points in the timeline after the last call
         self._newest = -math.inf  # the newest time the log has given so far
         self._after_trim = 0  # points held after the last trim
         self.lines = 0
