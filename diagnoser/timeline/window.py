@@ -100,7 +100,6 @@ class LogWindow:
         self._held = sum(self._lens.values())  # points in the timeline after the last call
         self._newest = -math.inf  # the newest time the log has given so far
         self._after_trim = 0  # points held after the last trim
-        self.lines = 0
 
     # -- reading -------------------------------------------------------------------------------
     def _count(self) -> int:
@@ -134,7 +133,6 @@ class LogWindow:
     def observe(self, reader: Any) -> None:
         """After a chunk: note what it added; trim when the window is a quarter over its bound (or, with
         ``last_s``, when the cut has moved)."""
-        self.lines = reader.line_no
         added = self._note()
         if added or not self._chunks:
             self._chunks.append((added, self._newest))
@@ -240,7 +238,6 @@ class LogWindow:
             "end": iso(end) if end is not None else None,
             "cut": self.cut if self.trimmed else None,  # epoch seconds: what is older was dropped
             "first_line": self.first_line(),
-            "lines": self.lines,
             "points": self._count(),
             "before": self.before.to_dict() if self.trimmed else None,
         }
