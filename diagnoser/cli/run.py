@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=parse_duration, default=None,
                    help="seconds between scrapes (default 2 with --once, 10 in watch mode: each /metrics render "
                    "costs SGLang about 27 ms of CPU, see bench/bench_observer.py)")
-    p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m")
+    p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m (without it, a log is judged on its newest 4 M points)")
     p.add_argument("--api-key", default=None, help="the SGLang server's --api-key for --url targets, or @FILE holding it (default $SGLANG_API_KEY)")
     p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per request in seconds (default 5)")
     p.add_argument("--format", choices=("text", "json"), default="text")
