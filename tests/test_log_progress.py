@@ -133,3 +133,32 @@ def test_progress_waits_then_throttles() -> None:
     p.clear()
     assert out.getvalue().endswith("\r")
     assert log_progress(io.StringIO()) is None  # not a terminal
+
+
+def test_the_line_fits_a_narrow_terminal(big_log: Path) -> None:
+    """On a 40-column terminal the line is cut to 39 characters, so that "\\r" redraws it in place."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", "--once", "--log", str(big_log)], stdout=subprocess.DEVNULL,
+                            stderr=slave, stdin=subprocess.DEVNULL, env=_env())
+    os.close(slave)
+    seen = bytearray()
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        assert ready
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    proc.wait(timeout=60)
+    frames = [f for f in seen.decode().split("\r") if f.strip()]
+    assert frames and all(len(f) <= 39 for f in frames), frames
+    assert frames[0].startswith("  reading server.log: ")

@@ -48,10 +48,18 @@ class LogProgress:
         self._draw(line_text(reader, elapsed))
 
     def _draw(self, text: str) -> None:
+        text = text[: self._columns() - 1]  # a wrapped line would not be redrawn in place
         pad = " " * max(0, self._width - len(text))
         self.stream.write("\r" + text + pad)
         self.stream.flush()
         self._width = len(text)
+
+    def _columns(self) -> int:
+        try:
+            cols = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            return 80
+        return max(20, cols) if cols else 80  # 0: a terminal that does not say
 
     def clear(self) -> None:
         if self._width:
