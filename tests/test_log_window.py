@@ -320,3 +320,29 @@ def test_stdin_is_windowed_like_a_file(tmp_path: Path, generated: bytes) -> None
     assert strip(a) == strip(b)
     assert rf.report.window is not None and rs.report.window is not None
     assert rs.report.messages[0].startswith("Judged the last 20 s of stdin, as --last asks")
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1])
+    return -1
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_reading_a_file_leaves_none_of_it_resident(tmp_path: Path, generated: bytes) -> None:
+    """The bulk reader maps the file to find its chunks' ends and reads the chunks with pread: what the
+    searches touched is released chunk by chunk, so the pages of the file mapped in the reading process
+    stay a small constant while it reads (they grew with the file, by about a quarter of it, before)."""
+    path = tmp_path / "server.log"
+    path.write_bytes(generated * 25)  # 50 MB, 200 chunks of 256 KB
+    before = _rss_file_kb()
+    peak = [0]
+    tl = Timeline(target="t")
+    with open(path, "rb") as fh:
+        rd = open_log_reader(ADAPTER, tl, "server.log")
+        rd.observer = lambda r: peak.__setitem__(0, max(peak[0], _rss_file_kb() - before))
+        rd.feed_stream(fh, chunk=1 << 18, workers=0)
+    assert rd.report.lines_read == generated.count(b"\n") * 25
+    assert peak[0] < 6 * 1024, f"{peak[0]} KB of the log stayed mapped while it was read"
