@@ -1,7 +1,7 @@
-"""The progress line of a long log read (diagnoser/cli/progress.py): on a terminal's stderr it shows lines,
-MB, MB/s and the time left and is cleared before the report; into a pipe nothing is printed. Run as a
-user runs it: ``diagnose --once --log`` as a subprocess, its stderr a real pseudo-terminal (``pty``) or
-a pipe, on a generated log big enough for the bulk reader."""
+"""The progress line of a long log read (diagnoser/cli/progress.py, drawn on the run's status line): on a
+terminal's stderr it shows lines, MB, MB/s and the time left and is erased before the report; into a
+pipe nothing is printed. Run as a user runs it: ``diagnose --once --log`` as a subprocess, its stderr a
+real pseudo-terminal (``pty``) or a pipe, on a generated log big enough for the bulk reader."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def big_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["DIAGNOSER_PROGRESS_DELAY"] = "0"  # draw from the first chunk (the log reads in well under a second)
+    env["TERM"] = "xterm"  # a terminal with cursor control (TERM=dumb turns the line off)
     env.pop("DIAGNOSER_LOG_WORKERS", None)
     return env
 
@@ -76,11 +77,12 @@ def test_progress_on_a_terminal_and_none_into_a_pipe(big_log: Path) -> None:
     code, out, tty = _run_with_tty_stderr(args)
     assert code in (0, 1), tty.decode(errors="replace")
     text = tty.decode()
-    frames = [f for f in text.split("\r") if f.strip()]
+    frames = [f.removesuffix("\x1b[K") for f in text.split("\r") if f.strip()]  # each redraw erases the rest of the line
+    frames = [f for f in frames if f]
     assert frames, f"no progress line on the terminal: {text!r}"
-    line = re.compile(r"^  reading server\.log: [\d,.]+( M)? lines · [\d,]+ of [\d,]+ MB · [\d,]+ MB/s · [\d,]+ s left *$")
+    line = re.compile(r"^reading server\.log: [\d,.]+( M)? lines · [\d,]+ of [\d,]+ MB · [\d,]+ MB/s · [\d,]+ s left$")
     assert all(line.match(f) for f in frames), frames
-    assert text.endswith("\r" + " " * len(frames[-1].rstrip()) + "\r") or text.rstrip(" ").endswith("\r"), "the line is cleared"
+    assert text.endswith("\r\x1b[K"), "the line is erased before the report"
     # every frame redraws over the one before: no newline reaches the terminal from the progress line
     assert "\n" not in text
 
@@ -98,13 +100,13 @@ def test_line_text_without_a_size_has_no_time_left() -> None:
         size = None
         line_no = 2_500_000
 
-    assert line_text(R(), 2.0) == "  reading stdin: 2.50 M lines · 50 MB · 25 MB/s"
+    assert line_text(R(), 2.0) == "reading stdin: 2.50 M lines · 50 MB · 25 MB/s"
     R.size = 100_000_000
     R.report.source = "/var/log/sglang/server.log"
-    assert line_text(R(), 2.0) == "  reading server.log: 2.50 M lines · 50 of 100 MB · 25 MB/s · 2 s left"
+    assert line_text(R(), 2.0) == "reading server.log: 2.50 M lines · 50 of 100 MB · 25 MB/s · 2 s left"
 
 
-def test_progress_waits_then_throttles() -> None:
+def test_progress_waits_for_a_long_read() -> None:
     class R:
         class report:
             source = "x.log"
@@ -113,26 +115,35 @@ def test_progress_waits_then_throttles() -> None:
         line_no = 1
         started = 0.0
 
+    class Line:
+        enabled = True
+
+        def __init__(self) -> None:
+            self.drawn: list[str] = []
+            self.cleared = 0
+
+        def update(self, text: str) -> None:
+            self.drawn.append(text)
+
+        def clear(self) -> None:
+            self.cleared += 1
+
     now = [0.0]
-    out = io.StringIO()
-    p = LogProgress(out, clock=lambda: now[0])
+    line = Line()
+    p = LogProgress(line, clock=lambda: now[0])
     p.delay = 0.5
     r = R()
-    p(r)  # starts the clock
+    p(r)
     now[0] = 0.3
     p(r)
-    assert out.getvalue() == ""  # a short read shows nothing
+    assert line.drawn == []  # a short read shows nothing
     now[0] = 0.6
     p(r)
-    now[0] = 0.7
-    p(r)  # within EVERY_S of the last draw
-    assert out.getvalue().count("\r") == 1
-    now[0] = 0.9
-    p(r)
-    assert out.getvalue().count("\r") == 2
+    assert line.drawn == ["reading x.log: 1 lines · 0 of 0 MB · 0 MB/s · 5 s left"]
     p.clear()
-    assert out.getvalue().endswith("\r")
-    assert log_progress(io.StringIO()) is None  # not a terminal
+    assert line.cleared == 1
+    assert log_progress(stream=io.StringIO()) is None  # not a terminal
+    assert log_progress(Line()) is not None  # the run's status line, shared with the sampling progress
 
 
 def test_the_line_fits_a_narrow_terminal(big_log: Path) -> None:
@@ -159,6 +170,30 @@ def test_the_line_fits_a_narrow_terminal(big_log: Path) -> None:
         seen += chunk
     os.close(master)
     proc.wait(timeout=60)
-    frames = [f for f in seen.decode().split("\r") if f.strip()]
+    frames = [f.removesuffix("\x1b[K") for f in seen.decode().split("\r")]
+    frames = [f for f in frames if f.strip()]
     assert frames and all(len(f) <= 39 for f in frames), frames
-    assert frames[0].startswith("  reading server.log: ")
+    assert frames[0].startswith("reading server.log: ")
+
+
+def test_no_progress_on_a_dumb_terminal(big_log: Path) -> None:
+    env = _env()
+    env["TERM"] = "dumb"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", "--once", "--log", str(big_log)], stdout=subprocess.DEVNULL,
+                            stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    seen = bytearray()
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        assert ready
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    proc.wait(timeout=60)
+    assert b"reading" not in seen

@@ -195,7 +195,7 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
     if args.log:  # a long log read: lines, MB/s and the time left, on the same line (a terminal only)
         from diagnoser.cli.progress import log_progress
 
-        reading = log_progress()
+        reading = log_progress(line)
     # a log is kept to the window judged while it is read: --last, else its newest MAX_POINTS points
     options = LogOptions(max_points=None if args.last else MAX_POINTS, last_s=args.last or None, progress=reading)
     try:
