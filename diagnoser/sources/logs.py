@@ -110,8 +110,8 @@ class LogReader:
         self.size = _size(stream)
         self.started = time.monotonic()
         bulk = bulk_factory()
-        # a regular file is memory-mapped: chunks are cut from the mapping without copying them around,
-        # and worker processes (forked after the mapping) read their own chunks from it
+        # a regular file is memory-mapped to find the chunks' ends; each chunk is then read with pread
+        # by whoever parses it (worker processes, forked after the mapping, read their own)
         start = _offset(stream, len(head)) if hasattr(bulk, "block_parser") else None
         mapped = _map(stream) if start is not None else None
         jobs: Iterator[Any] = _ranges(mapped, start or 0, len(mapped), chunk) if mapped is not None else _blocks(_Prepend(head, stream), chunk)
@@ -314,7 +314,7 @@ def _chunk(job: bytes | tuple[int, int]) -> bytes:
     if isinstance(job, bytes):
         return job
     start, end = job
-    if _FD is not None:
+    if _FD is not None and hasattr(os, "pread"):  # not on Windows: the slice there
         try:
             parts = []
             at = start
