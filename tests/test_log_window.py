@@ -203,6 +203,7 @@ def test_rules_on_the_window_are_the_rules_on_the_cut_log(data_dir: Path, tmp_pa
     cut.events.sort(key=lambda e: (e.ts, e.line_no))
     col.timelines[0].events.sort(key=lambda e: (e.ts, e.line_no))
     cut.inputs = [rd.report]
+    cut.meta["log_window"] = col.timelines[0].meta["log_window"]  # what was counted before it (KV02 notes it)
     finalize(cut, rd.parser.version)
     whole.timelines[0] = cut
     whole.inputs = [rd.report]
@@ -253,10 +254,16 @@ def test_cli_default_budget_judges_the_newest_points(tmp_path: Path, generated: 
     assert inp["window"]["judged"] == "newest" and inp["window"]["max_points"] == 20000
     assert 0 < inp["window"]["points"] <= 20000 and inp["window"]["first_line"] > 1
     assert inp["lines_read"] == generated.count(b"\n")
+    # the retraction rule says what it left out (the whole run's count is an aggregate, not judged)
+    kv = next(f for f in doc["findings"] if f["rule"] == "kv_retraction")
+    before = inp["window"]["before"]["events"]["retraction"]
+    assert any(n.startswith(f"Only the log's newest part is judged: the {before:,} retraction event(s)") for n in kv["notes"])
     monkeypatch.setattr(window, "MAX_POINTS", 10**9)
     main(["--once", "--log", str(path), "--format", "json"])
     whole = json.loads(capsys.readouterr().out)
     assert "window" not in whole["inputs"][0]
+    kv = next(f for f in whole["findings"] if f["rule"] == "kv_retraction")
+    assert not any(n.startswith("Only the log's newest part") for n in kv.get("notes", []))
     assert not any(m.startswith("Judged") for m in whole["inputs"][0].get("messages", []))
     assert _parse_iso(doc["window"]["start"]) > _parse_iso(whole["window"]["start"])
     assert doc["window"]["end"] == whole["window"]["end"]

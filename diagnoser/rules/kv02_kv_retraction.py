@@ -18,7 +18,7 @@ Why it matters:
 Evidence:
     Number of retraction events (and retracted requests when more), the rate per minute, the new_token_ratio
     jump, the line or scrape of the first event; for the implied case, the pinned usage and the drop with
-    line numbers.
+    line numbers. A big log judged on its newest part gets a note with the retractions counted before it.
 
 Fix:
     SGLang's tuning guide: occasional retraction (about once a minute) is fine; frequent retraction
@@ -92,13 +92,14 @@ class KVRetraction(Rule):
         rank_txt = f", logged by {len(ranks)} ranks" if len(ranks) > 1 else ""
         if reqs > n:
             rank_txt += f", {reqs} requests in all"
+        notes = _before_window(ctx)
         if frequent:
             summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
             return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING,
-                                basis={"events": n, "kind": "retraction"})
+                                basis={"events": n, "kind": "retraction"}, notes=notes)
         summary = f"Decode retracted requests {n} time(s){when}{rank_txt}: occasional, which the tuning guide calls fine."
         return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO,
-                            basis={"events": n, "kind": "retraction"})
+                            basis={"events": n, "kind": "retraction"}, notes=notes)
 
     def _conservativeness(self, ctx: RuleContext):  # type: ignore[no-untyped-def]
         cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
@@ -148,3 +149,15 @@ class KVRetraction(Rule):
                    f"a retraction is implied{extra}.")
         return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="low", severity=sev, basis=readings_basis(ctx, "token_usage"),
                             notes=["The 'KV cache pool is full. Retract requests.' line (WARNING from 0.5.7) would confirm it."])
+
+
+def _before_window(ctx: RuleContext) -> list[str]:
+    """A big log judged on its newest part (``timeline.window``): the retractions counted before it."""
+    before = (ctx.timeline.meta.get("log_window") or {}).get("before") or {}
+    n = (before.get("events") or {}).get("retraction", 0)
+    if not n:
+        return []
+    secs = before.get("seconds")
+    rate = f" ({n / (secs / 60):.1f}/min)" if secs and secs > 60 else ""
+    return [f"Only the log's newest part is judged: the {n:,} retraction event(s){rate} before it, from {before.get('start')} "
+            f"to {before.get('end')}, are counted, not judged."]
