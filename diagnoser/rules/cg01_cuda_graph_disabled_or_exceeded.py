@@ -50,6 +50,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import (
     WINDOW_READINGS,
@@ -85,7 +87,9 @@ class CudaGraphDisabledOrExceeded(Rule):
         if ctx.cfg("device") == "cpu" or str(ctx.cfg("arg.device", "")).lower() == "cpu":
             return None
         pr = pairs(ctx, "cuda_graph", "running_reqs")
-        pts = [(float(pr.ts[i]), float(pr.a[i]), float(pr.b[i]), pr.src(i)) for i in (pr.b > 0).nonzero()[0]]
+        busy = (pr.b > 0).nonzero()[0]
+        # (time, graph flag, batch, position in the join): a source is formatted only for the readings cited
+        pts = list(zip(pr.ts[busy].tolist(), pr.a[busy].tolist(), pr.b[busy].tolist(), busy.tolist(), strict=True))
         disabled_cfg = ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) is True
         if len(pts) < t["min_points"]:
             if disabled_cfg:
@@ -100,7 +104,7 @@ class CudaGraphDisabledOrExceeded(Rule):
         if not graph:
             if not disabled_cfg and len(eager) < 3:
                 sev = Severity.INFO  # one or two eager readings cannot tell graphs off from a batch above the captured maximum
-            return self._disabled(ctx, (eshare, eager), sev)
+            return self._disabled(ctx, (eshare, eager), sev, pr.src)
         max_on = max(p[2] for p in graph)
         min_off = min(p[2] for p in eager)
         batches = sorted(p[2] for p in pts)
@@ -112,9 +116,9 @@ class CudaGraphDisabledOrExceeded(Rule):
         captured = ctx.cfg("cuda_graph_max_bs_captured") or ctx.cfg("arg.cuda_graph_max_bs") or ctx.cfg("arg.cuda_graph_max_bs_decode")
         best_off = next(p for p in eager if p[2] == min_off)
         best_on = next(p for p in graph if p[2] == max_on)
-        evs = [evidence("share of busy decode readings without a graph", round(eshare, 2), t["eager_share"], ctx.window_text(), eager[0][3]),
-               evidence("largest batch on a graph", max_on, None, "", best_on[3]),
-               evidence("smallest batch run eagerly", min_off, None, "", best_off[3]),
+        evs = [evidence("share of busy decode readings without a graph", round(eshare, 2), t["eager_share"], ctx.window_text(), pr.src(eager[0][3])),
+               evidence("largest batch on a graph", max_on, None, "", pr.src(best_on[3])),
+               evidence("smallest batch run eagerly", min_off, None, "", pr.src(best_off[3])),
                evidence("running_reqs p95", round(p95, 1), None, ctx.window_text(), "")]
         if min_off > max_on:
             range_txt = f"between {max_on:.0f} and {min_off - 1:.0f}"
@@ -174,7 +178,10 @@ class CudaGraphDisabledOrExceeded(Rule):
                             severity=Severity.WARNING if certain or captured <= t["startup_share"] / 2 * reach else Severity.INFO,
                             notes=notes, basis={"startup": True})
 
-    def _disabled(self, ctx: RuleContext, eager: tuple[float, list] | None, sev: Severity = Severity.WARNING) -> Finding:  # type: ignore[type-arg]
+    def _disabled(self, ctx: RuleContext, eager: tuple[float, list] | None, sev: Severity = Severity.WARNING,  # type: ignore[type-arg]
+                  src_of: Any = None) -> Finding:
+        """``eager``: (share of busy readings run eagerly, those readings); ``src_of`` gives the source of a
+        reading's position in the join (its last item)."""
         reason = ctx.cfg("cuda_graph_disabled_reason")
         src = ctx.timeline.cfg_source("disable_cuda_graph") or ctx.timeline.cfg_source("arg.disable_cuda_graph") or ctx.timeline.cfg_source("cuda_graph_disabled_reason")
         if not src and ctx.cfg("device") is None and ctx.cfg("arg.device") is None:
@@ -189,7 +196,7 @@ class CudaGraphDisabledOrExceeded(Rule):
                                        "name the device and the graph settings."])
         evs = [evidence("disable_cuda_graph", True if ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) else "not set", None, "", src)]
         if eager:
-            evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), eager[1][0][3]))
+            evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), src_of(eager[1][0][3]) if src_of else eager[1][0][3]))
         summary = "Decode ran without CUDA graphs" + (f" in every busy reading ({len(eager[1])})" if eager else "") + (f"; the engine logged that graphs are disabled ({reason})" if reason else "") + "."
         sugg = []
         if reason and "backend" in str(reason):
