@@ -149,7 +149,8 @@ def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None,
     return col
 
 
-def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin: IO[bytes] | None = None) -> Collection:
+def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin: IO[bytes] | None = None,
+                  options: LogOptions | None = None) -> Collection:
     """Saved ``/metrics`` expositions (``--metrics-file``; ``-`` is stdin), as successive scrapes of one
     target at the files' modification times (a second apart when those do not increase), with the logs
     of that target. A file that cannot be read is one clear error; the others are still read."""
@@ -190,7 +191,7 @@ def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin
     if wq is not None and target.report.scrapes > 1:
         tl.meta["window_quantiles"] = wq(target.state)
     for path in logs:
-        reader = read_log(adapter, tl, path, stream=stdin if path == "-" else None)
+        reader = read_log_into(adapter, tl, path, stdin, options)
         tl.inputs.append(reader.report)
         col.inputs.append(reader.report)
         version.merge(reader.parser.version)

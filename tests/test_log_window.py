@@ -353,3 +353,17 @@ def test_reading_a_file_leaves_none_of_it_resident(tmp_path: Path, generated: by
         rd.feed_stream(fh, chunk=1 << 18, workers=0)
     assert rd.report.lines_read == generated.count(b"\n") * 25
     assert peak[0] < 6 * 1024, f"{peak[0]} KB of the log stayed mapped while it was read"
+
+
+def test_cli_metrics_file_with_a_log_keeps_the_log_to_its_window(tmp_path: Path, generated: bytes, data_dir: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metrics-file`` with ``--log``: the log is kept to the window there too."""
+    from diagnoser.cli.run import main
+
+    path = tmp_path / "server.log"
+    path.write_bytes(generated)
+    expo = sorted(DATA.glob("sglang-cpu-real/kv-full-retract/metrics/*.prom"))[0]
+    main(["--once", "--metrics-file", str(expo), "--log", str(path), "--last", "30s", "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    log = next(i for i in doc["inputs"] if i["kind"] == "log")
+    assert log["window"]["judged"] == "last" and log["window"]["before"]["points"] > 0

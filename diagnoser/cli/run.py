@@ -163,7 +163,12 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
             raise UsageError("stdin can feed --metrics-file - or --log -, not both")
         from diagnoser.collect import collect_files
 
-        col = collect_files(adapter, args.metrics_file, args.log)
+        options = _log_options(args, None)
+        try:
+            col = collect_files(adapter, args.metrics_file, args.log, options=options)
+        finally:
+            if options.progress is not None:
+                options.progress.clear()
         for path in getattr(args, "exposition_as_log", None) or []:
             for rep in col.inputs:
                 if rep.kind == "metrics":
@@ -181,8 +186,7 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
                 raise UsageError(problem)
     if args.interval <= 0 or args.duration < 0 or args.timeout <= 0:
         raise UsageError("--interval and --timeout must be more than 0 seconds and --duration at least 0, e.g. --duration 10s --interval 2s")
-    from diagnoser.collect import LogOptions, collect_once
-    from diagnoser.timeline.window import MAX_POINTS
+    from diagnoser.collect import collect_once
 
     line: Any = None
     progress: Any = None
@@ -191,13 +195,8 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
 
         line = StatusLine()
         progress = sampling_progress(line) if line.enabled else None
-    reading = None
-    if args.log:  # a long log read: lines, MB/s and the time left, on the same line (a terminal only)
-        from diagnoser.cli.progress import log_progress
-
-        reading = log_progress(line)
-    # a log is kept to the window judged while it is read: --last, else its newest MAX_POINTS points
-    options = LogOptions(max_points=None if args.last else MAX_POINTS, last_s=args.last or None, progress=reading)
+    options = _log_options(args, line)
+    reading = options.progress
     try:
         return collect_once(adapter, args.url, args.log, duration=args.duration, interval=args.interval, progress=progress,
                             client=_client(args) if args.url else None, log_options=options)
@@ -206,6 +205,20 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
             line.clear()
         if reading is not None:
             reading.clear()
+
+
+def _log_options(args: argparse.Namespace, line: Any) -> Any:
+    """How the logs are read: kept to the window judged while they are read (``--last``, else their
+    newest MAX_POINTS points), with a progress line on the terminal's status line ``line`` (or its own)."""
+    from diagnoser.collect import LogOptions
+    from diagnoser.timeline.window import MAX_POINTS
+
+    reading = None
+    if args.log:  # a long log read: lines, MB/s and the time left (a terminal only)
+        from diagnoser.cli.progress import log_progress
+
+        reading = log_progress(line)
+    return LogOptions(max_points=None if args.last else MAX_POINTS, last_s=args.last or None, progress=reading)
 
 
 def _client(args: argparse.Namespace) -> Any:
