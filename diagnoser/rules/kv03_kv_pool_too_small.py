@@ -57,7 +57,16 @@ from __future__ import annotations
 from typing import Any
 
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
-from diagnoser.rules.base import WINDOW_READINGS, Rule, RuleContext, evidence, fmt_int, suggest
+from diagnoser.rules.base import (
+    WINDOW_READINGS,
+    Rule,
+    RuleContext,
+    evidence,
+    fmt_int,
+    readings_basis,
+    suggest,
+    tokens_per_request,
+)
 
 MARGIN = 6  # tokens SGLang keeps out of the longest input (max_req_len - 5, itself pool - 1)
 DEFAULT_PREFILL_BUDGET = 16384  # --max-prefill-tokens default
@@ -130,8 +139,13 @@ class KVPoolTooSmall(Rule):
                 return None
             if ctx_len:
                 evs.append(evidence("context_len", ctx_len, None, "", ctx_src))
-            parts.append(f"at 1,000 tokens per request about {max(1, int(0.9 * pool / 1000))} requests fit at once, "
-                         "whatever the client sends")
+            tpr, how = tokens_per_request(ctx)
+            if tpr:  # what the running requests hold, when a reading shows it
+                parts.append(f"at the {fmt_int(tpr)} tokens a running request holds ({how}) about "
+                             f"{max(1, int(0.9 * pool / tpr))} requests fit at once, whatever the client sends")
+            else:
+                parts.append(f"at 1,000 tokens per request (an example: no reading shows the real figure) about "
+                             f"{max(1, int(0.9 * pool / 1000))} requests fit at once, whatever the client sends")
         else:
             return None
         if pool_src:
@@ -142,6 +156,8 @@ class KVPoolTooSmall(Rule):
             notes.append("No load reading is in the inputs: this will limit the server under load (judged from start-up lines).")
         sugg = self._suggestions(ctx, pool, rejected is not None)
         basis: dict[str, Any] = {"events": 1, "kind": "request rejected"} if rejected is not None else {"startup": True}
+        if rejected is None and ctx.stats("token_usage")["n"]:  # start-up sizing beside a few load readings
+            basis = dict(readings_basis(ctx, "token_usage") or basis, uncapped=True)  # the sizing is certain either way
         return self.finding(ctx, summary, evs, sugg, confidence=conf, severity=Severity.WARNING if rejected is not None else sev,
                             notes=notes, basis=basis)
 

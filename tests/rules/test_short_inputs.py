@@ -268,3 +268,18 @@ def test_a_running_count_held_by_whole_prefill_chunks_is_not_a_slot_cap(tmp_path
     found = by_rule(doc)
     assert "prefill_stall" in found and "max_running_requests_cap" not in found, sorted(found)
     assert [t["rule"] for t in doc["top"].values()] == ["prefill_stall"], doc["top"]
+
+
+def test_a_pool_shorter_than_the_context_counts_requests_at_the_size_they_run(tmp_path: Path) -> None:
+    """kv_pool_too_small beside a few Decode lines: the requests that fit are counted at the tokens a running
+    request holds there (#token / #running-req), and the finding stands on those readings, not on
+    'startup lines alone'."""
+    text = "\n".join([summary(pool=116_171, cap=2048, ctx=262_144)] + [dec(i, run=52, tok=115_000, use=0.99, q=96) for i in range(3)])
+    _, doc = diagnose(tmp_path, text)
+    f = by_rule(doc)["kv_pool_too_small"]
+    assert "2,212 tokens a running request holds" in f["summary"] and "about 47 requests fit" in f["summary"], f["summary"]
+    assert f["basis"].get("readings") == 3 and not f["basis"].get("startup"), f["basis"]
+    # from the start-up line alone the count is an example, said as such
+    _, doc = diagnose(tmp_path, summary(pool=116_171, cap=2048, ctx=262_144))
+    f = by_rule(doc)["kv_pool_too_small"]
+    assert "1,000 tokens per request (an example" in f["summary"] and f["basis"].get("startup"), f
