@@ -168,6 +168,15 @@ class LogEvent:
     rank: str = ""
 
 
+class BadLine(ValueError):
+    """A line that is an error on its own (e.g. a timestamp no calendar has): a parser raises it, the
+    reader counts the line as unreadable (with ``reason``) and goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class SignalSink(Protocol):
     """Where sources write what they read. :class:`diagnoser.timeline.Timeline` implements it."""
 
@@ -179,7 +188,13 @@ class SignalSink(Protocol):
 
 
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds → ``2026-11-29T10:00:00Z`` (``None`` for a missing time)."""
-    if ts is None or math.isnan(ts):
+    """Epoch seconds → ``2026-11-29T10:00:00Z`` (``None`` for a missing, non-finite or unshowable time)."""
+    if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+    try:
+        f = float(ts)
+        if not math.isfinite(f):
+            return None
+        return datetime.fromtimestamp(f, tz=UTC).isoformat().replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError, TypeError):  # a time no calendar can show (year < 1 or > 9999)
+        return None

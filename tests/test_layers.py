@@ -9,7 +9,7 @@ PKG = Path(__file__).resolve().parent.parent / "diagnoser"
 
 # order of layers; a module may import its own layer and any earlier one
 LAYERS = [
-    ("model", ["diagnoser.model", "diagnoser.redact", "diagnoser"]),
+    ("model", ["diagnoser.model", "diagnoser.redact", "diagnoser.jsonout", "diagnoser"]),
     ("engines", ["diagnoser.engines"]),
     ("sources", ["diagnoser.sources"]),
     ("timeline", ["diagnoser.timeline", "diagnoser.collect", "diagnoser.replay", "diagnoser.bundle", "diagnoser.fleet"]),

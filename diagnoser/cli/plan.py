@@ -18,7 +18,6 @@ beside them with the difference. Memory sizes are GiB, as SGLang prints them ("G
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,7 @@ from diagnoser.capacity.throughput import ThroughputModel, decode_points, fit, s
 from diagnoser.capacity.weights import WeightEstimate, checkpoint_bytes, estimate_weights
 from diagnoser.capacity.whatif import Planner, Scenario, Workload
 from diagnoser.cli import UsageError
+from diagnoser.jsonout import dumps
 
 WIDTH = 100
 TP_STEPS = (1, 2, 4, 8, 16)
@@ -730,10 +730,10 @@ def main(cmd: str, argv: list[str]) -> int:
     except CapacityInputError as e:
         raise UsageError(str(e)) from None
     except ConfigOnly as c:
-        sys.stdout.write(json.dumps(config_only_document(c), indent=2, default=str) + "\n" if args.format == "json" else render_config_only(c))
+        sys.stdout.write(dumps(config_only_document(c), indent=2) + "\n" if args.format == "json" else render_config_only(c))
         return 0
     if args.format == "json":
-        sys.stdout.write(json.dumps(document(plan), indent=2, default=str) + "\n")
+        sys.stdout.write(dumps(document(plan), indent=2) + "\n")
     else:
         sys.stdout.write(render(plan))
     return 0
