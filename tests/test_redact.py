@@ -123,3 +123,73 @@ def test_quick_pass_changes_nothing_the_full_redaction_would(data_dir: Path) -> 
         assert redact_text(t) == full, t
         changed += full != t
     assert changed >= 40  # the forms above are redacted, so the comparison saw real substitutions
+
+
+# -- issue 17: the shapes a probe found leaking, and their neighbours ---------------------------------
+
+LEAK_SHAPES = [
+    # (text, the secret that must go, what must stay)
+    ("hicache_extra='Authorization: Bearer tok-unquoted-1'", "tok-unquoted-1", "hicache_extra="),
+    ('{"otlp_headers": "Authorization: Bearer tok-json-2"}', "tok-json-2", '"otlp_headers"'),
+    ("x-headers: authorization=Basic dXNlcjpwdy0z", "dXNlcjpwdy0z", "x-headers"),
+    ("storage at redis://:pw-empty-user-4@cache:6379/0", "pw-empty-user-4", "@cache:6379/0"),
+    ("storage at admin:pw-no-scheme-5@cache:6379", "pw-no-scheme-5", "@cache:6379"),
+    (":pw-bare-6@10.0.0.1:6379", "pw-bare-6", "@10.0.0.1:6379"),
+    ("--url http://:pw-url-7@127.0.0.1:30000", "pw-url-7", "@127.0.0.1:30000"),
+    ("https://u:p@ss-at-8@host:443/x", "ss-at-8", "@host:443/x"),
+    ("nohost:p@ss-bare-at-9@cache:1", "ss-bare-at-9", "@cache:1"),
+    ("https://ghp_tokenonly10@github.com/o/r", "ghp_tokenonly10", "@github.com/o/r"),
+    ("clientSecret=cs-camel-11 accessKey: 'ak-camel-12'", "cs-camel-11", "clientSecret="),
+    ("curl -H 'Authorization: Bearer tok-13' http://h", "tok-13", "curl -H"),
+]
+
+
+@pytest.mark.parametrize("text, secret, kept", LEAK_SHAPES)
+def test_every_leak_shape_is_redacted_and_idempotent(text: str, secret: str, kept: str) -> None:
+    out = redact_text(text)
+    assert secret not in out and REDACTED in out and kept in out, out
+    assert redact_text(out) == out  # redacting at ingestion and again at output changes nothing more
+    assert "ak-camel-12" not in redact_text(LEAK_SHAPES[10][0])
+
+
+@pytest.mark.parametrize("text", [
+    "scrape@2026-11-29T10:00:02Z sglang:num_queue_reqs", "server.log:1842", "user@host:22 (no password)",
+    "Decode batch, #running-req: 12, #token: 2048, token usage: 0.50, gen throughput (token/s): 99.0, #queue-req: 3",
+    "the basic block took 12 tokens", "ipv6 http://[::1]:30000/metrics", "max_total_tokens=65536, tokenizer_path='m'",
+])
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert redact_text(text) == text
+
+
+def test_secret_keys_at_any_depth_of_json_held_in_strings() -> None:
+    inner = json.dumps({"backend": {"password": "deep-pw-1", "hosts": ["a"]}, "n": 3})
+    doc = {"hicache_storage_backend_extra_config": json.dumps({"nested": inner, "token": "deep-tok-2"}),
+           "argv": ["--x", json.dumps({"api_key": "deep-key-3"})], "page_size": 1}
+    out = json.dumps(redact(doc))
+    for s in ("deep-pw-1", "deep-tok-2", "deep-key-3"):
+        assert s not in out
+    red = redact(doc)
+    nested = json.loads(json.loads(red["hicache_storage_backend_extra_config"])["nested"])
+    assert red["page_size"] == 1 and nested == {"backend": {"password": REDACTED, "hosts": ["a"]}, "n": 3}
+    # escaped JSON inside free text (a log line quoting a config string)
+    line = 'extra_config="{\\"password\\": \\"deep-pw-4\\", \\"inner\\": {\\"token\\": \\"deep-tok-5\\"}}"'
+    red = redact_text(line)
+    assert "deep-pw-4" not in red and "deep-tok-5" not in red and '\\"password\\": \\"***\\"' in red
+
+
+def test_dict_keys_are_redacted_too() -> None:
+    assert redact({"http://u:pw-key-1@h:1": 1}) == {"http://***@h:1": 1}
+
+
+def test_redact_lines_equals_redact_text_on_every_shape_and_real_line(data_dir: Path) -> None:
+    """redact_lines only runs the patterns on candidate lines (REDACT_CANDIDATE): the same result as
+    redact_text on every line, for the leak shapes (in any case) and for the real logs and expositions."""
+    from diagnoser.redact import redact_lines
+
+    texts = [t for t, _, _ in LEAK_SHAPES]
+    texts += [t.upper() for t in texts] + [f"prefix {t} suffix" for t in texts]
+    for f in sorted(data_dir.rglob("*.log"))[:20] + sorted(data_dir.rglob("*.prom"))[::25]:
+        texts += f.read_text(errors="replace").splitlines()
+    assert len(texts) > 2_000
+    for t in texts:
+        assert redact_lines(t) == redact_text(t), t

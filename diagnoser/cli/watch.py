@@ -12,9 +12,10 @@ import time
 from typing import IO, Any
 
 from diagnoser.cli import UsageError
-from diagnoser.cli.run import load_thresholds
+from diagnoser.cli.run import api_key_headers, load_thresholds
 from diagnoser.model import Severity, iso
 from diagnoser.outputs.text import SEV_MARK, WIDTH
+from diagnoser.redact import redact_text
 
 CLEAR = "\x1b[H\x1b[2J"
 HEAD = [("running_reqs", "run", "{:.0f}"), ("queue_reqs", "queue", "{:.0f}"), ("token_usage", "kv", "{:.2f}"),
@@ -54,7 +55,7 @@ def screen(snap: Any, started: float) -> str:
         out.append("")
     if not snap.findings:
         out.append("No finding.")
-    return "\n".join(out) + "\n"
+    return redact_text("\n".join(out) + "\n")
 
 
 class PlainPrinter:
@@ -74,7 +75,7 @@ class PlainPrinter:
         for key in self.firing - set(now):
             lines.append(f"{stamp} RESOLVED {key[1]} {key[0]}")
         self.firing = set(now)
-        self.out.write("\n".join(lines) + "\n")
+        self.out.write(redact_text("\n".join(lines) + "\n"))
         self.out.flush()
 
 
@@ -119,8 +120,8 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
         raise UsageError("nothing to watch: pass --url http://HOST:30000 and/or --log PATH (add --once for a single report)")
     if "-" in args.log:
         raise UsageError("watch mode follows log files; read stdin with --once --log -")
-    if args.interval <= 0:
-        raise UsageError("--interval must be above 0 seconds")
+    if args.interval <= 0 or args.timeout <= 0:
+        raise UsageError("--interval and --timeout must be above 0 seconds")
     from diagnoser.engines import get_adapter
     from diagnoser.evaluate import select_rules
     from diagnoser.live import LiveMonitor
@@ -139,7 +140,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
         kw["window_s"] = args.last or getattr(args, "range", None) or 600.0
         monitor: Any = fleet_monitor(args, get_adapter("sglang"), **kw)
     else:
-        monitor = LiveMonitor(get_adapter("sglang"), args.url, args.log, **kw)
+        monitor = LiveMonitor(get_adapter("sglang"), args.url, args.log, headers=api_key_headers(args), **kw)
     _catch_signals()
     tty = out.isatty()
     plain = PlainPrinter(out)

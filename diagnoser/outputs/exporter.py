@@ -1,6 +1,9 @@
 """The Prometheus exporter behind ``diagnose serve``'s ``/metrics``: a prometheus_client Collector over the
 latest live snapshot. Every series is rebuilt from the snapshot on each scrape, so a finding that
-resolves simply disappears (no stale series). Names are fixed (all underscores, prefix ``diagnoser_``):
+resolves simply disappears (no stale series), and while a target is down its signal and pool series
+disappear too (its last numbers are not current): ``diagnoser_scrape_up{target} 0`` stays, with the
+scrape duration and error count. Every label value goes through the redaction (a target URL, a flag
+value). Names are fixed (all underscores, prefix ``diagnoser_``):
 
     diagnoser_finding_active{rule,severity,target}            1 per active (firing) finding
     diagnoser_signal{target,signal}                            last value of each canonical signal
@@ -88,16 +91,16 @@ class SnapshotCollector:
             for f in snap.findings:
                 if f.state != "firing":
                     continue
-                key = (f.rule, f.severity.label, _label(f.target))
+                key = (_label(f.rule), f.severity.label, _label(f.target))
                 if key not in seen_active:
                     seen_active.add(key)
                     active.add_metric(list(key), 1.0)
                 for i, s in enumerate(f.suggestions):
-                    labels = (_label(f.target), f.rule, s.flag, _label(s.current), _label(s.proposed))
+                    labels = (_label(f.target), _label(f.rule), _label(s.flag), _label(s.current), _label(s.proposed))
                     if labels not in seen_info:
                         seen_info.add(labels)
                         info.add_metric(list(labels), 1.0)
-                    pk = (_label(f.target), f.rule, s.flag)
+                    pk = (_label(f.target), _label(f.rule), _label(s.flag))
                     if i > 0 or pk in seen_proj:
                         continue  # projections for the top suggestion of each finding
                     seen_proj.add(pk)
@@ -109,6 +112,12 @@ class SnapshotCollector:
                         p_tps.add_metric(list(pk), g)
             for t in snap.targets:
                 name = _label(t.name)
+                if t.is_url:
+                    up.add_metric([name], 1.0 if t.up else 0.0)
+                    dur.add_metric([name], float(t.last_duration_s))
+                    errs.add_metric([name], float(t.scrape_errors))
+                    if t.up is False:  # down: its last numbers are not current, so they are not exported
+                        continue
                 for sig, val in sorted(t.latest.items()):
                     if sig not in SIGNALS:
                         continue
@@ -119,10 +128,6 @@ class SnapshotCollector:
                 capv = _finite(cap.value) if cap is not None else _finite(t.latest.get("max_total_tokens"))
                 if capv is not None:
                     pool.add_metric([name], capv)
-                if t.is_url:
-                    up.add_metric([name], 1.0 if t.up else 0.0)
-                    dur.add_metric([name], float(t.last_duration_s))
-                    errs.add_metric([name], float(t.scrape_errors))
             rule_pass.add_metric([], float(snap.rule_pass_s))
         yield from (active, signal, pool, info, p_run, p_tps, up, dur, errs, rule_pass)
 

@@ -87,4 +87,4 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         doc["fleet"] = fleet_section(collection, report)
     if extra:
         doc.update(extra)
-    return doc
+    return redact(doc)  # the output door: whatever reached the document, no secret leaves in it
