@@ -60,10 +60,13 @@ class LogReader:
     size: int | None = None
     started: float = 0.0  # time.monotonic() when the bulk read began
     observer: Callable[[LogReader], None] | None = None
+    bad_stamps: int = 0  # lines whose timestamp no calendar has (also counted in report.errors)
 
     def feed_raw(self, raw: bytes, line_no: int) -> bool | None:
-        """One line without its newline: ``None`` when skipped (blank, or junk counted as an error),
-        else whether the parser recognised it. Does not count the line as read."""
+        """One line without its newline: ``None`` when skipped untouched (blank, junk or an impossible
+        stamp, counted as an error), else whether the parser recognised it (False also for a line the
+        parser failed on, counted as an error: it may have read the line's time). Does not count the
+        line as read."""
         if len(raw) >= MAX_LINE or _is_junk(raw):
             self.report.errors += 1
             return None
@@ -72,9 +75,12 @@ class LogReader:
             return None
         try:
             return bool(self.parser.feed(line, line_no))
-        except Exception:  # a parser bug on one odd line must not stop the read
+        except Exception as e:  # an impossible line (BadLine), or a parser bug on one odd line: skip it
             self.report.errors += 1
-            return None
+            if getattr(e, "reason", None) == "timestamp":
+                self.bad_stamps += 1
+                return None  # refused before the parser changed anything
+            return False  # it may have read the line's time first: not recognised, but not untouched
 
     def feed_bytes(self, raw: bytes) -> None:
         self.line_no += 1
@@ -212,6 +218,10 @@ class LogReader:
         self.line_no += 1
         self.report.lines_read += 1
         self.report.errors += 1
+
+    def skip_overlong(self) -> None:
+        """A line of :data:`MAX_LINE` bytes or more that a follower dropped unread: counted as junk."""
+        self._count_junk_line()
 
     def _feed_block(self, bulk: Any, block: bytes) -> None:
         n = block.count(b"\n") + 1
@@ -520,15 +530,32 @@ def finish_report(adapter: Any, reader: LogReader) -> None:
             f"No line of {rep.source} was recognised as an SGLang log line ({rep.lines_read} read). "
             f"Expected {formats}. Check that this is the server's own log at --log-level info."
         )
-    if rep.errors and rep.lines_read:
-        rep.messages.append(f"Skipped {rep.errors} unreadable line(s) (binary or over-long) in {rep.source}.")
+    lines_bad = rep.errors
+    if lines_bad and rep.lines_read:
+        why = "binary or over-long"
+        if reader.bad_stamps:
+            why = (f"{reader.bad_stamps} with a timestamp no calendar has, e.g. [0000-00-00 …]"
+                   + ("" if reader.bad_stamps == lines_bad else f"; {lines_bad - reader.bad_stamps} binary or over-long"))
+        rep.messages.append(f"Skipped {lines_bad} unreadable line(s) ({why}) in {rep.source}.")
+    dropped = getattr(reader.parser, "dropped_values", 0)
+    if dropped:  # fields of readable lines: an input problem too, counted once
+        reader.parser.dropped_values = 0
+        rep.errors += dropped
+        rep.messages.append(f"Dropped {dropped} value(s) that no scheduler line holds (NaN, ±Inf or negative) in {rep.source}; "
+                            "the rest of those lines was read.")
+
+
+FOLLOW_READ = 1024 * 1024  # a follower reads this much at a time (memory per poll stays about this)
 
 
 class LogFollower:
     """Follow a growing file like ``tail -F``: survives rotation (new inode) and truncation.
 
     Call :meth:`poll` periodically; it feeds every new complete line to the reader. A partial last
-    line is kept until its newline arrives.
+    line is kept until its newline arrives, but never more than :data:`MAX_LINE` bytes of it: a longer
+    line (a file that never writes a newline, a sparse or binary file) is dropped and counted as junk, and
+    its bytes are skipped up to the next newline, so memory stays bounded whatever the file holds. Each
+    poll reads at most ``max_bytes`` (in :data:`FOLLOW_READ` pieces); the rest waits for the next poll.
     """
 
     def __init__(self, reader: LogReader, path: str, from_start: bool = True) -> None:
@@ -541,6 +568,8 @@ class LogFollower:
         self.from_start = from_start
         self.rotations = 0
         self.truncations = 0
+        self.skipping = False  # inside an over-long line: drop bytes up to its newline
+        self.overlong = 0  # lines dropped for being over-long
 
     def _open(self) -> bool:
         try:
@@ -571,6 +600,9 @@ class LogFollower:
                 self.reader.feed_bytes(self.partial)
                 self.partial = b""
                 fed += 1
+            elif self.skipping:  # the old file ended inside an over-long line
+                self._skip()
+            self.skipping = False
             self.fh.close()
             self.fh = None
             self.rotations += 1
@@ -581,21 +613,49 @@ class LogFollower:
             self.fh.seek(0)
             self.pos = 0
             self.partial = b""
+            self.skipping = False
             fed += self._drain(max_bytes)
         return fed
 
+    def _skip(self) -> None:
+        self.overlong += 1
+        skip = getattr(self.reader, "skip_overlong", None)
+        if skip is not None:
+            skip()
+        else:  # a reader without it: a NUL line, which every reader counts as junk
+            self.reader.feed_bytes(b"\x00")
+
     def _drain(self, max_bytes: int) -> int:
         assert self.fh is not None
-        data = self.fh.read(max_bytes)
-        if not data:
-            return 0
-        self.pos = self.fh.tell()
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        for raw in lines:
-            self.reader.feed_bytes(raw)
-        return len(lines)
+        fed = 0
+        left = max_bytes
+        while left > 0:
+            data = self.fh.read(min(FOLLOW_READ, left))
+            if not data:
+                break
+            left -= len(data)
+            self.pos = self.fh.tell()
+            if self.skipping:
+                cut = data.find(b"\n")
+                if cut < 0:
+                    continue
+                self.skipping = False
+                self._skip()
+                fed += 1
+                data = data[cut + 1:]
+            data = self.partial + data if self.partial else data
+            lines = data.split(b"\n")
+            self.partial = lines.pop()
+            for raw in lines:
+                if len(raw) >= MAX_LINE:  # arrived whole in one read, but still too long: junk
+                    self._skip()
+                else:
+                    self.reader.feed_bytes(raw)
+            fed += len(lines)
+            if len(self.partial) >= MAX_LINE:
+                self.partial = b""
+                self.skipping = True
+        return fed
 
     def close(self) -> None:
         if self.fh is not None:

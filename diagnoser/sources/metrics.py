@@ -115,6 +115,11 @@ class MetricsTarget:
         samples = None
         if fast and not has_junk(text):
             samples = self.adapter.fast_samples(text)
+        if not samples and fetched is not None and fetched.truncated:
+            # more than the size cap and nothing SGLang's in it: not an SGLang exposition (SGLang's is about
+            # 100 KB), and not worth the line-by-line salvage; not "metrics disabled" either
+            return self._fail(f"{shown} sent more than {DEFAULT_MAX_BYTES // (1024 * 1024)} MiB with no SGLang sample in it; "
+                              "that is not an SGLang exposition (about 100 KB). Check that --url is the SGLang server itself.")
         if not samples:
             pr = parse_exposition(text)
             if pr.bad_lines:
@@ -135,7 +140,14 @@ class MetricsTarget:
         self.is_engine = True
         if truncated:
             self._note(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
+        dropped = getattr(self.state, "dropped", 0)
         used = self.adapter.ingest_samples(samples, ts, sink, self.state, source)
+        dropped = getattr(self.state, "dropped", 0) - dropped
+        if dropped:  # impossible values (NaN, ±Inf, negative, a bucket bound that is not a number)
+            self.report.errors += dropped
+            example = "; ".join(getattr(self.state, "drop_examples", [])[:1])
+            self._note(f"Samples with impossible values from {shown} were dropped (NaN, ±Inf, negative, or a bucket le that "
+                       f"is not a number; e.g. {example}); the rest was used. Check the server, or a proxy rewriting /metrics.")
         self.report.scrapes += 1
         self.report.lines_recognized += used
         self.consecutive_failures = 0
@@ -158,12 +170,16 @@ class MetricsTarget:
         t0 = time.perf_counter()
         ts = time.time()
         f = fetch(client, self.metrics_url, max_bytes, "metrics")
-        self.last_duration_s = time.perf_counter() - t0
+        return self.take(f, ts, sink, max_bytes, time.perf_counter() - t0), f
+
+    def take(self, f: Fetched, ts: float, sink: SignalSink, max_bytes: int = DEFAULT_MAX_BYTES, duration_s: float = 0.0) -> bool:
+        """Ingest one fetched answer (or record its failure); False when it was not usable."""
+        self.last_duration_s = duration_s
         if not f.ok:
-            return self._fail(f.error), f
+            return self._fail(f.error)
         if f.truncated:
             self._note(f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
-        return self.ingest_text(f.text, ts, sink, f), f
+        return self.ingest_text(f.text, ts, sink, f)
 
 
 def _looks_like_html_text(text: str) -> bool:

@@ -150,6 +150,10 @@ def summarize(values: Iterable[float] | np.ndarray) -> dict[str, Any]:
     }
 
 
+# a configuration number beyond this (or NaN, ±Inf) is garbage, not a setting: dropped by set_config
+MAX_NUMBER = float(2**63)
+
+
 @dataclass(slots=True)
 class Timeline:
     """Everything known about one target: signals over time, discrete events, config facts."""
@@ -216,8 +220,8 @@ class Timeline:
         self.events.append(event)
 
     def set_config(self, name: str, value: Any, source: str, *, override: bool = True) -> None:
-        if value is None:
-            return
+        if value is None or (type(value) in (int, float) and not -MAX_NUMBER <= value <= MAX_NUMBER):
+            return  # no configuration is NaN, infinite or a 400-digit number (the source was garbled)
         if not override and name in self.config:
             return
         self.config[name] = ConfigFact(value, source)

@@ -105,6 +105,16 @@ static int64_t epoch_day(int64_t y, int64_t m, int64_t d) {
     return (era * 146097 + doe - 719468) * 86400;
 }
 
+/* logformats.date_ok and time_ok: a real UTC time in 1970..9998, else the line is left to the reference
+   parser (which counts it as an error) */
+static int stamp_ok(int64_t y, int64_t mo, int64_t d, int64_t h, int64_t mi, int64_t s) {
+    static const int mdays[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (y < 1970 || y > 9998 || mo < 1 || mo > 12 || d < 1) return 0;
+    int leap = mo == 2 && y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    if (d > mdays[mo - 1] + leap) return 0;
+    return h < 24 && mi < 60 && s < 60;
+}
+
 static inline int dd(const unsigned char *p, int n, int64_t *v) {
     int64_t x = 0;
     for (int i = 0; i < n; i++) {
@@ -394,7 +404,8 @@ static int line(const unsigned char *p, const unsigned char *e, Row *r, Intern *
     const unsigned char *t = c.p + 1;
     int64_t y, mo, d, h, mi, s;
     if (!dd(t, 4, &y) || t[4] != '-' || !dd(t + 5, 2, &mo) || t[7] != '-' || !dd(t + 8, 2, &d) || t[10] != ' ' ||
-        !dd(t + 11, 2, &h) || t[13] != ':' || !dd(t + 14, 2, &mi) || t[16] != ':' || !dd(t + 17, 2, &s))
+        !dd(t + 11, 2, &h) || t[13] != ':' || !dd(t + 14, 2, &mi) || t[16] != ':' || !dd(t + 17, 2, &s) ||
+        !stamp_ok(y, mo, d, h, mi, s))
         return 0;
     c.p = t + 19;
     double frac = 0.0;

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, epoch_day
+from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, date_ok, epoch_day, time_ok
 
 if TYPE_CHECKING:
     from diagnoser.engines.sglang.logs import SGLangLogParser
@@ -133,10 +133,24 @@ _KIND_GROUPS: dict[str, tuple[str, ...]] = {
 _FEW = frozenset({"d_run", "d_use", "d_fuse", "d_suse", "d_alen", "d_arate", "d_queue", "p_seq", "p_hit", "p_use", "p_run", "p_queue"})
 
 
-def _stamp(stamp: bytes) -> int:
-    """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it."""
-    day = epoch_day(int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]))
-    return day + int(stamp[11:13]) * 3600 + int(stamp[14:16]) * 60 + int(stamp[17:19])
+def _stamp(stamp: bytes) -> int | None:
+    """``b"2026-11-29 09:32:06"`` → epoch seconds, as the reference parser computes it; None for a stamp
+    no calendar has (the reference parser makes such a line an error: ``logformats.date_ok``)."""
+    y, mo, d = int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10])
+    h, mi, s = int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19])
+    if not (date_ok(y, mo, d) and time_ok(h, mi, s)):
+        return None
+    return epoch_day(y, mo, d) + h * 3600 + mi * 60 + s
+
+
+def _unbulk(tuples: list[tuple[bytes, ...]], block: bytes, rows: list[int]) -> list[tuple[bytes, ...]]:
+    """``tuples`` with these rows turned into "other" lines (only the ``other`` group set, to the line)."""
+    lines = block.split(b"\n")
+    other = _G["other"]
+    out = list(tuples)
+    for i in rows:
+        out[i] = (b"",) * other + (lines[i],) + (b"",) * (NGROUPS - other - 1)
+    return out
 
 
 def _add_run(series: dict[tuple[str, str], tuple[list[int], list[float]]], key: tuple[str, str], rows: list[int], vals: list[float]) -> None:
@@ -203,6 +217,18 @@ class BlockParser:
         ig = operator.itemgetter
         # one pass over the rows for the groups every row needs (separate passes cost more: memory-bound)
         dec_c, pre_c, st_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
+        # the time of each stamp (None: no calendar has it; such a line is the reference parser's error)
+        stamps = self._stamps
+        if len(stamps) > 100_000:
+            stamps.clear()
+            stamps[b""] = 0.0
+        uniq = set(stamp_c)
+        for u in uniq.difference(stamps):
+            t = _stamp(u)
+            stamps[u] = None if t is None else float(t)  # int + 0.0, as the reference parser has it
+        if any(stamps[u] is None for u in uniq):
+            tuples = _unbulk(tuples, block, [i for i, u in enumerate(stamp_c) if stamps[u] is None])
+            dec_c, pre_c, st_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
         kinds_t: dict[str, tuple[list[int], dict[str, tuple[Any, ...]]]] = {}
         for kind, marker in (("decode", dec_c), ("prefill", pre_c), ("access", st_c)):
             if marker.count(b"") < n:
@@ -230,12 +256,6 @@ class BlockParser:
             return out
 
         # time of every row (0.0 for the rows that are not bulk lines)
-        stamps = self._stamps
-        if len(stamps) > 100_000:
-            stamps.clear()
-            stamps[b""] = 0.0
-        for u in set(stamp_c).difference(stamps):
-            stamps[u] = float(_stamp(u))  # int + 0.0, as the reference parser has it
         ts = list(map(stamps.__getitem__, stamp_c))
         if frac_c.count(b"") < n:
             fr = self._fracs

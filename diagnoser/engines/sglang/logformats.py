@@ -4,6 +4,7 @@ and version tables the line parser (:mod:`diagnoser.engines.sglang.logs`) and th
 
 from __future__ import annotations
 
+import math
 import re
 
 from diagnoser.engines.sglang.logevents import TRIGGERS as EVENT_TRIGGERS
@@ -36,7 +37,7 @@ _PREFIX_RE = re.compile(
     r"(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?"  # Ray
     r"(?:\[|(?=(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}[^\]]{0,60}\]))?"  # "[" (or missing "[" before a stamp)
     r"(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?"
-    r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\]\s?"
+    r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,9})*)\]\s?"  # a rank of 10+ digits is no rank (as in logfast)
 )
 _BARE_PREFIX_RE = re.compile(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?")
 _TAG_RE = _Lazy(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
@@ -230,7 +231,31 @@ def epoch_day(y: int, m: int, d: int) -> int:
     return (era * 146097 + doe - 719468) * 86400
 
 
+# A log stamp is a real UTC time from 1970-01-01 00:00:00 to 9998-12-31 23:59:59 (a day short of what
+# datetime can show, so a stamp plus a day still has a calendar date). Any other stamp — 0000-00-00,
+# 9999-12-31, month 13, 31 April, hour 24, second 60 (POSIX time has no leap seconds) — makes its line an
+# error (counted), the same in the line parser, the bulk regex path and the C scanner.
+STAMP_YEARS = (1970, 9998)
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def date_ok(y: int, m: int, d: int) -> bool:
+    if not (STAMP_YEARS[0] <= y <= STAMP_YEARS[1] and 1 <= m <= 12 and d >= 1):
+        return False
+    leap = m == 2 and y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    return d <= _MONTH_DAYS[m - 1] + leap
+
+
+def time_ok(h: int, mi: int, s: int) -> bool:
+    return h < 24 and mi < 60 and s < 60
+
+
+IMPOSSIBLE = -1.0  # what _num returns for a number no scheduler line holds (NaN, ±Inf, negative)
+
+
 def _num(text: str) -> float | None:
+    """A batch-line field's value; None when it is not a number, :data:`IMPOSSIBLE` when it is one that
+    no field of a scheduler line can be (every one is a count, a size, a ratio or a rate: finite, >= 0)."""
     text = text.strip().rstrip(",.")
     if text in ("True", "False"):
         return 1.0 if text == "True" else 0.0
@@ -241,6 +266,8 @@ def _num(text: str) -> float | None:
         v = float(text)
     except ValueError:
         return None
+    if not 0.0 <= v < math.inf:  # NaN fails both comparisons
+        return IMPOSSIBLE
     return v / 100.0 if pct else v
 
 

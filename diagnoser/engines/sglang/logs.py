@@ -65,16 +65,19 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _TAG_RE,
     _WRAP_HEAD_RE,
     _WRAP_TAIL_RE,
+    IMPOSSIBLE,
     TRIGGER_BYTES_RE,
     TRIGGER_RE,
     TRIGGERS,
     _num,
     _split_fields,
+    date_ok,
     epoch_day,
+    time_ok,
 )
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
-from diagnoser.model import LogEvent, SignalSink
+from diagnoser.model import BadLine, LogEvent, SignalSink
 
 _FACTS_RE = re.compile(r"(\w+)=([\d.]+)")
 
@@ -109,6 +112,7 @@ class SGLangLogParser:
         self.first_stamp: str | None = None  # the date of the first dated prefix (YYYY-MM-DD), for the version bound
         self.graph_labels: set[str] = set()  # "cuda", "cpu", "npu", "musa": the device the batch lines name
         self._pd_seen: set[tuple[str, str, str]] = set()
+        self.dropped_values = 0  # batch-line fields that were NaN, ±Inf or negative (not read)
 
     # -- version hints -------------------------------------------------------------------------
     def hint_at_least(self, v: Version, why: str) -> None:
@@ -141,23 +145,28 @@ class SGLangLogParser:
 
     # -- prefix --------------------------------------------------------------------------------
     def _ts(self, m: re.Match[str]) -> float:
-        date, hh, mm, ss, frac = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
+        """The prefix's time; raises :class:`BadLine` for a stamp no calendar has (``logformats.date_ok``)."""
+        date, frac = m.group(1), m.group(5)
+        h, mi, s = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        if not time_ok(h, mi, s):
+            raise BadLine("timestamp")
+        secs = h * 3600 + mi * 60 + s
         if date:
-            self.saw_date = True
-            if self.first_stamp is None:
-                self.first_stamp = date
             day = self._day_cache.get(date)
             if day is None:
                 y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
-                day = self._day_cache[date] = epoch_day(y, mo, d)
+                day = self._day_cache[date] = epoch_day(y, mo, d) if date_ok(y, mo, d) else -1
+            if day == -1:
+                raise BadLine("timestamp")
+            self.saw_date = True
+            if self.first_stamp is None:
+                self.first_stamp = date
         else:
             # time-only prefix (<= 0.3.3, or abbreviated when pasted): keep the day of the last stamp
             day = 0 if self.last_ts is None else int(self.last_ts // 86400) * 86400
-            if self.last_ts is not None:
-                t = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
-                if t + 43200 < self.last_ts:  # wrapped past midnight
-                    day += 86400
-        ts = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
+            if self.last_ts is not None and day + secs + 43200 < self.last_ts:  # wrapped past midnight
+                day += 86400
+        ts = day + secs
         return ts + (float("0." + frac) if frac else 0.0)
 
     @staticmethod
@@ -573,6 +582,9 @@ class SGLangLogParser:
             v = _num(val)
             if v is None:
                 continue
+            if v == IMPOSSIBLE:  # NaN, ±Inf or negative: counted, not read
+                self.dropped_values += 1
+                continue
             add(signal, ts, v, src, rank)
             if signal in ("full_token_usage", "swa_token_usage", "mamba_usage"):
                 usages.append(v)
@@ -629,7 +641,7 @@ class SGLangLogParser:
         for k, sig in m.items():
             if k in vals:
                 v = _num(vals[k])
-                if v is not None:
+                if v is not None and v != IMPOSSIBLE:
                     self.sink.add(sig, ts, v, src, rank)
         self.hint_at_most((0, 2, 99), "v0.1.x 'new fill batch' line")
         self.kinds["prefill"] += 1
@@ -687,10 +699,12 @@ class SGLangLogParser:
             "context_len": "context_len",
         }
         for k, name in mapping.items():
-            if k in facts:
-                sink.set_config(name, int(float(facts[k])), src)
-        if "max_total_num_tokens" in facts:
-            sink.add("max_total_tokens", ts, float(facts["max_total_num_tokens"]), src)
+            v = _num(facts[k]) if k in facts else None
+            if v is not None and v != IMPOSSIBLE:
+                sink.set_config(name, int(v), src)
+        pool = _num(facts.get("max_total_num_tokens", ""))
+        if pool is not None and pool != IMPOSSIBLE:
+            sink.add("max_total_tokens", ts, pool, src)
         for mem_key in ("available_gpu_mem", "available_cpu_mem"):
             if mem_key in facts:
                 sink.set_config("available_gpu_mem_gb", float(facts[mem_key]), src)

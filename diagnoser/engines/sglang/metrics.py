@@ -52,6 +52,7 @@ __all__ = [  # the name tables live in metric_names; re-exported for the other r
     "version_from_labels", "window_quantile", "window_quantiles",
 ]
 
+_INF = math.inf
 Sample = tuple[str, dict[str, str], float]  # (name without the sglang prefix, labels, value)
 
 @functools.cache
@@ -188,8 +189,16 @@ def samples_from_families(families: Iterable[Any]) -> list[Sample]:
         for s in fam.samples:
             name = normalise(s.name)
             if name in WANTED:
-                out.append((name, dict(s.labels), float(s.value)))
+                out.append((name, dict(s.labels), _float(s.value)))
     return out
+
+
+def _float(v: Any) -> float:
+    """A sample value as a float: prometheus_client reads "999…9" as an int, which may not fit a float."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 def has_sglang_family(families: Iterable[Any]) -> bool:
@@ -261,6 +270,8 @@ class MetricsState:
     engine_types: set[str] = field(default_factory=set)
     prerelease: bool = False
     last_ts: float | None = None  # time of the previous scrape (a counter that appears later starts at 0)
+    dropped: int = 0  # samples with impossible values (NaN, ±Inf, negative, bad le): counted, not used
+    drop_examples: list[str] = field(default_factory=list)
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -317,19 +328,23 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             et = labels.get("engine_type")
             if et:
                 state.engine_types.add(et)
+        if not (0.0 <= value < _INF) and name not in HINT_ONLY:  # NaN, ±Inf or negative: impossible here
+            _drop(state, name, labels, value, "NaN" if value != value else "infinite" if math.isinf(value) else "negative")
+            continue
         if name.endswith("_bucket"):
             stem = HISTOGRAMS.get(name[:-7])
             le = labels.get("le")
             if stem is None or le is None:
                 continue
+            bound = _bound(le)
+            if bound is None:
+                _drop(state, name, labels, value, "le is not a number")
+                continue
             b = hist.setdefault(stem, {})  # tokenizer histograms are per server; sum label splits
-            bound = float(le)
             b[bound] = b.get(bound, 0.0) + value
             used += 1
             continue
         if name in COUNTERS or name == "total_retracted_reqs":
-            if not math.isfinite(value):
-                continue
             key = name
             if name in ("realtime_tokens_total", "prefill_effective_tokens_total", "cuda_graph_passes_total"):
                 key = f"{name}:{labels.get('mode', '')}"
@@ -342,7 +357,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
         if name == "cached_tokens_total":
             continue
         rk = rank_key(labels)
-        if name in CONFIG_GAUGES and not math.isnan(value) and rk in ("", "dp0"):
+        if name in CONFIG_GAUGES and rk in ("", "dp0"):
             sink.set_config(CONFIG_GAUGES[name], _intish(value), f"{source} sglang:{name}")
         sig = GAUGES.get(name)
         if sig is None:
@@ -380,6 +395,29 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     detect_version(state)
     state.last_ts = ts
     return used
+
+
+# samples read only because their name is version evidence: any value (they feed no signal)
+HINT_ONLY = frozenset(h[0] for h in VERSION_HINTS) - set(GAUGES) - set(CONFIG_GAUGES) - set(COUNTERS) - {
+    f"{h}_bucket" for h in HISTOGRAMS} - {"total_retracted_reqs"}
+DROP_EXAMPLES = 1  # sample texts kept per scrape target to show what was dropped
+
+
+def _bound(le: str) -> float | None:
+    """A bucket's upper bound, or None when ``le`` is not a number (``le="abc"``, ``le=""``, NaN)."""
+    try:
+        b = float(le)
+    except ValueError:
+        return None
+    return None if b != b else b
+
+
+def _drop(state: MetricsState, name: str, labels: dict[str, str], value: float, why: str) -> None:
+    """Count a sample no SGLang server can send (its value is impossible, or its ``le`` is not a number)."""
+    state.dropped += 1
+    if len(state.drop_examples) < DROP_EXAMPLES:
+        le = f'{{le="{labels["le"][:20]}"}}' if "le" in labels else ""
+        state.drop_examples.append(f"sglang:{name}{le} {value!r} ({why})")
 
 
 def _intish(v: float) -> Any:

@@ -41,17 +41,28 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
+def _literal(text: str) -> Any:
+    """``ast.literal_eval`` of log text, quietly: a garbled line may hold an invalid escape (``"\\_"``),
+    which only warns."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.literal_eval(text)
+
+
 def _value(text: str) -> Any:
     text = text.strip()
     try:
-        return ast.literal_eval(text)
+        return _literal(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
 
 
 def _parse_dict(text: str) -> dict[str, Any]:
     try:
-        d = ast.literal_eval(text)
+        d = _literal(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         d = None
     if isinstance(d, dict):
