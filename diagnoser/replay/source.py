@@ -11,7 +11,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnoser.bundle import BundleError, encode_line, read_bundle, redact_fast
+from diagnoser.bundle import (
+    MAX_INFLATED,
+    BundleError,
+    NotRegularFile,
+    _gib,
+    encode_line,
+    read_bundle,
+    read_regular,
+    redact_fast,
+    redact_raw,
+    redact_record,
+)
 from diagnoser.redact import redact
 
 # file name in a run directory → the endpoint it was fetched from
@@ -24,6 +35,12 @@ CONFIG_FILES = {
     "v1_loads.json": "/v1/loads",
 }
 LOG_FILES = ("server.log",)
+# what a run directory's files may hold (checked before reading; a symlink to a device is refused):
+# a scrape file as much as a live scrape (sources.http.DEFAULT_MAX_BYTES), a JSON payload what
+# fetch_config reads, the log what a replay holds in memory as records (--once --log reads any size)
+MAX_PROM_FILE = 32 * 1024 * 1024
+MAX_JSON_FILE = 8 * 1024 * 1024
+MAX_LOG_FILE = 512 * 1024 * 1024
 _EPOCH_RE = re.compile(r"(\d{9,11}(?:\.\d+)?)\.prom$")
 _STAMP_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 
@@ -73,12 +90,23 @@ def line_time(line: str) -> float | None:
     return ts + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str) -> tuple[Any, str]:
+    """A JSON object from a file, or None and why not (one clause)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return json.load(fh)
-    except (OSError, ValueError, RecursionError):
-        return None
+        data, size = read_regular(path, MAX_JSON_FILE + 1)
+    except OSError as e:
+        return None, f"could not be read ({_why(e)})"
+    if size > MAX_JSON_FILE:
+        return None, f"is {_gib(size)}, more than a server-info payload can be ({_gib(MAX_JSON_FILE)})"
+    try:
+        data = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None, "is not a JSON object"
+    return (data, "") if isinstance(data, dict) else (None, "is not a JSON object")
+
+
+def _why(e: OSError) -> str:
+    return str(e) if isinstance(e, NotRegularFile) else (e.strerror or str(e))
 
 
 def _load_directory(path: str) -> ReplaySource:
@@ -99,7 +127,7 @@ def _load_directory(path: str) -> ReplaySource:
         if skipped:
             problems.append(f"{skipped} .prom file(s) in {mdir} have no epoch in their name and were skipped")
     scrapes.sort(key=lambda p: p[0])
-    logs = [os.path.join(root, n) for n in LOG_FILES if os.path.isfile(os.path.join(root, n))]
+    logs = [os.path.join(root, n) for n in LOG_FILES if os.path.lexists(os.path.join(root, n))]
     if not scrapes and not logs:
         raise BundleError(
             f"{root} has neither server.log nor metrics/*_<epoch>.prom; pass a run directory, a case folder or a bundle file"
@@ -110,7 +138,10 @@ def _load_directory(path: str) -> ReplaySource:
     t_first = scrapes[0][0] if scrapes else None
     log_records: list[dict[str, Any]] = []
     for lp in logs:
-        log_records.extend(_log_records(lp, target))
+        try:
+            log_records.extend(_log_records(lp, target, problems))
+        except OSError as e:
+            problems.append(f"{lp} could not be read ({_why(e)}) and was skipped")
     if log_records:
         t_log = min(float(r["t"]) for r in log_records)
         t_first = t_log if t_first is None else min(t_first, t_log)
@@ -118,19 +149,27 @@ def _load_directory(path: str) -> ReplaySource:
     records: list[dict[str, Any]] = []
     for fname, ep in CONFIG_FILES.items():
         fp = os.path.join(root, fname)
-        if os.path.isfile(fp):
-            data = _read_json(fp)
+        if os.path.lexists(fp):
+            data, why = _read_json(fp)
             if isinstance(data, dict):
                 records.append({"kind": "config", "t": t_first, "target": target, "path": ep, "data": redact(data)})
             else:
-                problems.append(f"{fp} is not a JSON object and was skipped")
+                problems.append(f"{fp} {why} and was skipped")
+    total = 0
     for ts, fp in scrapes:
         try:
-            with open(fp, "rb") as fh:
-                text = fh.read().decode("utf-8", errors="replace")
+            raw, size = read_regular(fp, MAX_PROM_FILE + 1)
         except OSError as e:
-            problems.append(f"{fp} could not be read ({e.strerror})")
+            problems.append(f"{fp} could not be read ({_why(e)}) and was skipped")
             continue
+        if size > MAX_PROM_FILE:
+            problems.append(f"{fp} is {_gib(size)}, more than a scrape can be ({_gib(MAX_PROM_FILE)}), and was skipped")
+            continue
+        total += len(raw)
+        if total > MAX_INFLATED:
+            problems.append(f"the scrapes of {mdir} add up to more than {_gib(MAX_INFLATED)}; the later ones were not read")
+            break
+        text = raw.decode("utf-8", errors="replace")
         records.append({"kind": "scrape", "t": ts, "target": target, "text": redact_fast(text), "status": 200,
                         "content_type": "text/plain; version=0.0.4; charset=utf-8", "file": os.path.basename(fp)})
     records.extend(log_records)
@@ -145,15 +184,21 @@ def _load_directory(path: str) -> ReplaySource:
         "sglang_version": version, "interval_s": None, "window": {"start": t_first},
     }
     src = ReplaySource(path=root, kind="directory", manifest=man, records=_time_sorted(records), problems=problems)
-    src.summary = f"{root}: {len(scrapes)} scrape(s), {sum(len(r['lines']) for r in log_records)} log line(s)."
+    n_scrapes = sum(1 for r in records if r["kind"] == "scrape")
+    src.summary = f"{root}: {n_scrapes} scrape(s), {sum(len(r['lines']) for r in log_records)} log line(s)" + (
+        f"; {'; '.join(problems)}." if problems else ".")
     return src
 
 
-def _log_records(path: str, target: str) -> list[dict[str, Any]]:
-    """A log file as log records, each line timed by its own stamp (untimed lines take the last one)."""
+def _log_records(path: str, target: str, problems: list[str]) -> list[dict[str, Any]]:
+    """A log file as log records, each line timed by its own stamp (untimed lines take the last one).
+    At most :data:`MAX_LOG_FILE` bytes are read (up to the last whole line), and the cut is said."""
     out: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        data = fh.read()
+    data, size = read_regular(path, MAX_LOG_FILE)
+    if size > MAX_LOG_FILE:
+        data = data[: data.rfind(b"\n") + 1]
+        problems.append(f"{path} is {_gib(size)}; its first {_gib(MAX_LOG_FILE)} were replayed "
+                        f"(diagnose --once --log {path} reads a log of any size)")
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -182,10 +227,7 @@ def _log_records(path: str, target: str) -> list[dict[str, Any]]:
 
 
 def _redact_raw(raw: bytes) -> bytes:
-    try:
-        return redact_fast(raw.decode("utf-8")).encode("utf-8")
-    except UnicodeDecodeError:
-        return redact_fast(raw.decode("latin-1")).encode("latin-1")
+    return redact_raw(raw)
 
 
 def _time_sorted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -199,13 +241,15 @@ def load_source(path: str) -> ReplaySource:
     if os.path.isdir(path):
         return _load_directory(path)
     res = read_bundle(path)
-    man = res.manifest or {"kind": "manifest", "targets": [], "logs": []}
-    if not res.manifest:
-        names = {r.get("target") for r in res.records if r.get("kind") == "scrape" and r.get("target")}
+    records = [redact_record(r) for r in res.records]  # whoever wrote the bundle: secrets never get further
+    man = redact(res.manifest) if res.manifest else {"kind": "manifest"}
+    if "targets" not in man:  # no manifest, or one whose targets were unreadable: the records name them
+        names = {r["target"] for r in records if r.get("kind") == "scrape" and r["target"]}
         man["targets"] = [{"name": n, "url": n} for n in sorted(names)]
-        man["logs"] = sorted({(r.get("source"), r.get("target")) for r in res.records if r.get("kind") == "log"})
-        man["logs"] = [{"source": s, "target": t} for s, t in man["logs"]]
-    src = ReplaySource(path=path, kind="bundle", manifest=man, records=res.records, problems=list(res.problems))
+    if "logs" not in man:
+        logs = sorted({(str(r.get("source") or "server.log"), r["target"]) for r in records if r.get("kind") == "log"})
+        man["logs"] = [{"source": s, "target": t} for s, t in logs]
+    src = ReplaySource(path=path, kind="bundle", manifest=man, records=records, problems=list(res.problems))
     src.summary = res.summary()
     return src
 
