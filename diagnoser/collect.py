@@ -5,6 +5,7 @@ This is the glue between sources and the timeline; it knows nothing about rules 
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -94,7 +95,7 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
     # a pool size read from a series also counts as a config fact
     if "max_total_tokens" not in tl.config:
         s = tl.get("max_total_tokens")
-        if s is not None:
+        if s is not None and math.isfinite(float(s.values[-1])):
             tl.set_config("max_total_tokens", int(float(s.values[-1])), s.sources[-1])
     if "max_total_tokens" not in tl.config and "kv_pool_tokens_log" in tl.config:
         f = tl.config["kv_pool_tokens_log"]
@@ -202,6 +203,35 @@ def collect_files(adapter: Any, metrics_files: list[str], logs: list[str], stdin
     return col
 
 
+GRACE_S = 0.5  # a request's thread gets this long past its deadline to hand its (failed) answer back
+
+
+def in_threads(jobs: list[Callable[[], Any]], until: float, every: Callable[[], None] | None = None) -> list[tuple[bool, Any]]:
+    """Run each job in a daemon thread and wait for all of them, but not past ``until``
+    (``time.monotonic()``): ``(done, result)`` per job. A job still running then is abandoned (it cannot
+    stop the process from exiting); its late result is dropped. An exception is the job's result.
+    ``every`` is called about four times a second while waiting (a progress line)."""
+    import threading
+
+    out: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
+
+    def run(i: int, job: Callable[[], Any]) -> None:
+        try:
+            out[i] = (True, job())
+        except Exception as e:  # noqa: BLE001 — handed to the caller as the job's result
+            out[i] = (True, e)
+
+    threads = [threading.Thread(target=run, args=(i, j), name="diagnoser-fetch", daemon=True) for i, j in enumerate(jobs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        while th.is_alive() and time.monotonic() < until:
+            th.join(min(0.25, max(0.0, until - time.monotonic())) if every else max(0.0, until - time.monotonic()))
+            if every is not None:
+                every()
+    return list(out)
+
+
 def collect_once(
     adapter: Any,
     urls: list[str],
@@ -213,6 +243,7 @@ def collect_once(
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[dict[str, Any]], None] | None = None,
     log_options: LogOptions | None = None,
+    timeout: float | None = None,
 ) -> Collection:
     """Scrape every URL each ``interval`` for ``duration`` seconds and read the logs once.
 
@@ -221,49 +252,86 @@ def collect_once(
     while waiting, with ``scrapes`` done ``of`` the rounds, ``elapsed_s`` of ``duration_s``, and how many
     of the ``targets`` are ``failing`` (their last scrape failed). ``log_options``: the window the logs
     are kept to, and their reading progress (:class:`LogOptions`).
+
+    Bounded in time whatever the servers do: the config endpoints of every target get ``2 × timeout``
+    together, each scrape ``timeout`` for the whole request (each target is scraped on its own schedule,
+    in its own thread), and no scrape starts after the sampling window, so the run ends within about
+    ``2 × timeout + duration + timeout`` even against a server that trickles its answers.
     """
     col = Collection()
     if not urls:
         return collect_logs(adapter, logs, stdin, options=log_options)
 
-    from diagnoser.sources.http import make_client
+    from diagnoser.sources.http import (
+        DEFAULT_MAX_BYTES,
+        Fetched,
+        client_timeout,
+        fetch,
+        make_client,
+        too_slow,
+    )
     from diagnoser.sources.metrics import MetricsTarget
     from diagnoser.sources.serverinfo import fetch_config
 
     own_client = client is None
-    client = client or make_client()
+    client = client or make_client(**({"timeout": timeout} if timeout else {}))
+    timeout = float(timeout or client_timeout(client))
     try:
         targets = [MetricsTarget(u, adapter) for u in urls]
         tls = {t.url: Timeline(target=t.report.source) for t in targets}
         ranges = {t.url: VersionRange() for t in targets}
-        for t in targets:
-            rep, raw = fetch_config(client, t.url, adapter, tls[t.url], ranges[t.url])
+        # config: every target at once, each into a scratch timeline merged when it came back in time
+        cfg_until = time.monotonic() + 2 * timeout
+        scratch = {t.url: (Timeline(target=t.report.source), VersionRange()) for t in targets}
+        answers = in_threads([lambda t=t: fetch_config(client, t.url, adapter, *scratch[t.url], deadline=cfg_until)  # type: ignore[misc]
+                              for t in targets], cfg_until + GRACE_S)
+        for t, (done, res) in zip(targets, answers, strict=True):
+            if not done or isinstance(res, BaseException):
+                continue
+            rep, raw = res
+            tl, rng = scratch[t.url]
+            tls[t.url].config.update(tl.config)
+            ranges[t.url].merge(rng)
             col.raw_config[t.report.source] = raw
             if rep.scrapes:
                 tls[t.url].inputs.append(rep)
                 col.inputs.append(rep)
         n = max(1, int(round(duration / interval)) + 1) if duration > 0 and interval > 0 else 1
-        started = time.monotonic()
-        slept = 0.0  # time spent waiting, as asked of ``sleep`` (a test's sleep may not pass real time)
+        start = time.monotonic()
+        sampling_end = start + duration
+        # each target on its own schedule in its own thread (a slow one never delays the others'
+        # samples); what comes back is ingested here, in order, once every thread is done or given up
+        fetched: dict[str, list[tuple[float, Fetched, float]]] = {t.url: [] for t in targets}
 
-        def report(done: int) -> None:
+        def sample(t: MetricsTarget) -> None:
+            got = fetched[t.url]
+            for i in range(n):
+                wait = start + i * interval - time.monotonic()
+                if wait > 0:
+                    sleep(wait)
+                t0 = time.monotonic()
+                if i and t0 > sampling_end + min(interval, timeout):  # slow answers: the window is over
+                    return
+                ts = time.time()
+                f = fetch(client, t.metrics_url, DEFAULT_MAX_BYTES, "metrics", t0 + timeout)
+                got.append((ts, f, time.monotonic() - t0))
+
+        def report() -> None:
             if progress:
-                progress({"scrapes": done, "of": n, "elapsed_s": max(time.monotonic() - started, slept), "duration_s": duration,
-                          "targets": len(targets), "failing": sum(1 for t in targets if t.last_error)})
+                rounds = [len(fetched[t.url]) for t in targets]
+                failing = sum(1 for t in targets if fetched[t.url] and not fetched[t.url][-1][1].ok)
+                progress({"scrapes": min(rounds), "of": n, "elapsed_s": time.monotonic() - start, "duration_s": duration,
+                          "targets": len(targets), "failing": failing})
 
-        for i in range(n):
-            t0 = time.monotonic()
-            for t in targets:
-                t.scrape(client, tls[t.url])
-            report(i + 1)
-            if i < n - 1:
-                wait = max(0.0, interval - (time.monotonic() - t0))
-                while wait > 0:  # with a progress line, wake every second so it keeps moving
-                    step = min(wait, 1.0) if progress else wait
-                    sleep(step)
-                    slept += step
-                    wait -= step
-                    report(i + 1)
+        done = in_threads([lambda t=t: sample(t) for t in targets], sampling_end + timeout + GRACE_S,  # type: ignore[misc]
+                          every=report if progress else None)
+        report()
+        for t, (finished, _res) in zip(targets, done, strict=True):
+            got = list(fetched[t.url])  # a thread given up may still append: take what is there now
+            if not finished:  # still waiting on a server that trickles: its last request failed at the deadline
+                got.append((time.time(), Fetched(t.metrics_url, False, error=too_slow(t.report.source + "/metrics", timeout)), timeout))
+            for ts, f, took in got:
+                t.take(f, ts, tls[t.url], DEFAULT_MAX_BYTES, took)
         for t in targets:
             tl = tls[t.url]
             tl.inputs.insert(0, t.report)

@@ -57,6 +57,7 @@ class LiveTarget:
     followers: list[LogFollower] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy: bool = False
+    busy_since: float = 0.0  # time.monotonic() when the scrape in flight started
     up: bool | None = None
     last_error: str = ""
     scrape_errors: int = 0
@@ -207,6 +208,7 @@ class LiveMonitor:
         client: Any = None,
         workers: int = 16,
         follow_from_start: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.adapter = adapter
         self.interval = float(interval)
@@ -226,7 +228,7 @@ class LiveMonitor:
         self.hysteresis = Hysteresis(holds)
         self.default_hold = 0.0 if for_seconds is None else float(for_seconds)
         self._own_client = client is None
-        self.client = client or make_client(timeout=timeout)
+        self.client = client or make_client(timeout=timeout, headers=headers)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diagnoser-scrape")
         self.targets: list[LiveTarget] = []
         self.resolved: deque[tuple[float, Finding]] = deque(maxlen=200)
@@ -246,13 +248,16 @@ class LiveMonitor:
         self._fleet_findings: list[Finding] = []
         self._fleet_done = False
         self._rule_pass_s = 0.0
+        self.last_tick_at: float | None = None  # time.monotonic() at the end of the last tick that completed
+        self.tick_error: tuple[float, str] | None = None  # (time.time(), error) of the last tick that failed
+        self.died: tuple[float, str] | None = None  # (time.time(), why) when the background thread ended
         urls = list(urls or [])
         logs = list(logs or [])
         for u in urls:
             mt = MetricsTarget(u, adapter)
             # a connection per target over http.client, httpx for https and redirects (see sources/http.py);
             # a client passed in (auth headers, a test transport) serves every target
-            own = PlainTarget(timeout=timeout) if self._own_client else None
+            own = PlainTarget(timeout=timeout, headers=headers) if self._own_client else None
             self.targets.append(LiveTarget(mt.report.source, Timeline(target=mt.report.source), metrics=mt, client=own))
         for path in logs:
             if len(urls) == 1:
@@ -277,7 +282,7 @@ class LiveMonitor:
                 t.config_at = now
                 scratch = Timeline(target=t.name)
                 rng = VersionRange()
-                rep, raw = fetch_config(client, t.metrics.url, self.adapter, scratch, rng)
+                rep, raw = fetch_config(client, t.metrics.url, self.adapter, scratch, rng, deadline=time.monotonic() + 2 * self.timeout)
                 with t.lock:
                     if raw:
                         t.raw_config = raw
@@ -286,7 +291,7 @@ class LiveMonitor:
             # fetch outside the lock (readers never wait on the network), ingest under it
             t0 = time.perf_counter()
             ts = time.time()
-            f = fetch(client, t.metrics.metrics_url, DEFAULT_MAX_BYTES, "metrics")
+            f = fetch(client, t.metrics.metrics_url, DEFAULT_MAX_BYTES, "metrics", time.monotonic() + self.timeout)
             t.metrics.last_duration_s = time.perf_counter() - t0
             with t.lock:
                 if not f.ok:
@@ -321,6 +326,7 @@ class LiveMonitor:
             if t.busy:  # still waiting on the previous scrape: skip this tick for it only
                 continue
             t.busy = True
+            t.busy_since = time.monotonic()
             started.append(self.pool.submit(self._scrape, t))
         for t in self.targets:
             for fol in t.followers:
@@ -337,6 +343,17 @@ class LiveMonitor:
                 fut.result(timeout=remaining)
             except Exception:  # noqa: S110 — _scrape records its own errors
                 pass
+
+    def _stuck(self, t: LiveTarget) -> str:
+        """One sentence when ``t``'s scrape has been in flight well past its deadline (every fetch has one;
+        this is the backstop for a request that ignores it, e.g. headers trickled over https)."""
+        if not (t.is_url and t.busy):
+            return ""
+        late = time.monotonic() - t.busy_since
+        if late <= 3 * self.timeout + self.interval + 1.0:  # config (2 x timeout) and /metrics (timeout)
+            return ""
+        return (f"{t.name} has not finished answering for {late:.0f} s (a scrape is still in flight, far past --timeout "
+                f"{self.timeout:g} s); its last numbers are stale. Check the server.")
 
     def _ref_now(self, t: LiveTarget, now: float) -> float:
         if t.is_url:
@@ -366,6 +383,9 @@ class LiveMonitor:
         for i, t in enumerate(self.targets):
             ref = refs[t.name] = self._ref_now(t, now)
             up, err = t.up, t.last_error  # read once: a scrape thread may finish mid-tick
+            stuck = self._stuck(t)
+            if stuck:  # a scrape in flight far past its deadline: its last numbers are stale, not healthy
+                up, err = False, stuck
             due = self._due(i, up, err)
             with t.lock:
                 trim(t.timeline, ref - self.history_s, self.max_points, self.max_events)
@@ -443,6 +463,7 @@ class LiveMonitor:
             episodes=[dict(e) for e in self.episodes],
         )
         self.snapshot = snap
+        self.last_tick_at = time.monotonic()
         for cb in list(self.listeners):
             try:
                 cb(snap)
@@ -495,15 +516,50 @@ class LiveMonitor:
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
+        """Tick every interval until ``stop``. A tick that raises (out of memory, a bug) is recorded in
+        :attr:`tick_error` and retried at the next interval: readers keep the last good snapshot, and
+        :meth:`health` says the data is stale."""
         stop = stop or self._stop
         while not stop.is_set():
             t0 = time.monotonic()
-            self.tick()
+            try:
+                self.tick()
+                self.tick_error = None
+            except Exception as e:  # noqa: BLE001 — kept for /healthz and the pages, then retried
+                self.tick_error = (time.time(), f"{type(e).__name__}: {e}"[:300])
             stop.wait(max(0.05, self.interval - (time.monotonic() - t0)))
 
+    def _loop(self) -> None:
+        try:
+            self.run()
+        except BaseException as e:  # the thread is going away: say why, for /healthz
+            self.died = (time.time(), f"{type(e).__name__}: {e}"[:300])
+            raise
+        if not self._stop.is_set():
+            self.died = (time.time(), "the polling loop returned")
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="diagnoser-live", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="diagnoser-live", daemon=True)
         self._thread.start()
+
+    def health(self) -> tuple[bool, str]:
+        """``(healthy, one sentence)``: unhealthy when the polling thread has died, when ticks fail, or
+        when no tick has completed for a while (about three intervals plus the scrape timeouts)."""
+        from diagnoser.model import iso
+
+        if self.died is not None:
+            return False, (f"The polling thread stopped at {iso(self.died[0])} ({self.died[1]}); every number shown is from "
+                           "before then. Restart diagnose serve.")
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return False, "The polling thread is not running; every number shown is stale. Restart diagnose serve."
+        if self.tick_error is not None:
+            return False, (f"Polling failed at {iso(self.tick_error[0])} ({self.tick_error[1]}); the numbers shown are from the last "
+                           "poll that worked. It is retried every interval.")
+        if self._thread is not None and self.last_tick_at is not None:
+            age = time.monotonic() - self.last_tick_at
+            if age > 3 * self.interval + 3 * self.timeout + 10.0:
+                return False, f"No poll has completed for {age:.0f} s; the numbers shown are stale."
+        return True, ""
 
     def stop(self) -> None:
         self._stop.set()

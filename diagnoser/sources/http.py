@@ -12,15 +12,25 @@ For plain-http targets a live poll goes one step further (:class:`PlainTarget`):
 httpx (bench/bench_serve.py), and the serve budget is 5 ms per scrape in all. Everything else — https,
 credentials in the URL, redirects — still goes through the target's httpx client, which stays the
 reference: tests compare both paths on the same server, answer for answer and error for error.
+
+Every fetch has a deadline for the whole request (``--timeout`` by default: connect, headers and body
+together), not only for each read: a server that trickles its answer at 2 bytes/s is cut off at the
+deadline with one sentence, like one that does not answer. On the plain-http path a watchdog thread
+(:class:`Reaper`) shuts the socket at the deadline, which also ends a trickle of the headers; through
+httpx each read gets the time left and the body is checked between chunks (a trickle of the headers
+alone is then bounded by the caller: ``--once`` abandons the request, watch/serve mark the target down).
 """
 
 from __future__ import annotations
 
+import heapq
 import http.client
+import socket
 import ssl
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -149,6 +159,84 @@ def _failed(shown: str, e: BaseException) -> str:
     return f"Fetching {shown} failed ({type(e).__name__}). Check the URL and the server."
 
 
+def too_slow(shown: str, total: float) -> str:
+    return (f"{shown} did not finish answering within {total:g} s (the whole request: it is overloaded, hung, or sending "
+            "very slowly). Check the server, or raise --timeout.")
+
+
+class Reaper:
+    """One daemon thread that runs callbacks at deadlines (to shut a socket whose request ran out of
+    time); :meth:`arm` returns a handle that :meth:`disarm` cancels. A handle's ``[3]`` is True once its
+    callback ran. Cheap to arm: a heap push, no thread per request."""
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._cv = threading.Condition()
+        self._n = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, cb: Callable[[], None]) -> list[Any]:
+        with self._cv:
+            self._n += 1
+            entry = [deadline, self._n, cb, False]
+            heapq.heappush(self._heap, entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="diagnoser-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._cv.notify()
+            return entry
+
+    def disarm(self, entry: list[Any]) -> bool:
+        """Cancel; True when the callback had already run (the deadline passed)."""
+        with self._cv:
+            entry[2] = None
+            return bool(entry[3])
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                while self._heap and self._heap[0][2] is None:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    if not self._cv.wait(60.0) and not self._heap:
+                        self._thread = None
+                        return
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                entry = heapq.heappop(self._heap)
+                cb, entry[2], entry[3] = entry[2], None, True
+                try:
+                    cb()
+                except Exception:  # noqa: S110 — shutting a socket that is already closed
+                    pass
+
+
+REAPER = Reaper()
+DEADLINE_GRACE_S = 0.25
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the reading thread; it sees EOF or an error
+        except OSError:
+            pass
+
+
+def client_timeout(client: Any) -> float:
+    """The per-request total a client stands for: ``PlainTarget.timeout``, an httpx client's read timeout."""
+    t = getattr(client, "timeout", None)
+    if isinstance(t, int | float):
+        return float(t)
+    read = getattr(t, "read", None)
+    return float(read) if isinstance(read, int | float) and read > 0 else DEFAULT_TIMEOUT
+
+
 class PlainTarget:
     """Scrapes one target over plain http with ``http.client`` and one kept-alive connection per host.
 
@@ -172,30 +260,36 @@ class PlainTarget:
             self._conns.clear()
         self.fallback.close()
 
-    def fetch(self, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "") -> Fetched:
+    def fetch(self, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "", deadline: float | None = None) -> Fetched:
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.username or parts.password or not parts.hostname:
-            return fetch(self.fallback, url, max_bytes, what)
+            return fetch(self.fallback, url, max_bytes, what, deadline)
         try:
             port = parts.port or 80
         except ValueError:
-            return fetch(self.fallback, url, max_bytes, what)
+            return fetch(self.fallback, url, max_bytes, what, deadline)
         with self._lock:
-            out = self._get(url, parts.hostname, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), max_bytes, what)
-        return fetch(self.fallback, url, max_bytes, what) if out is None else out
+            out = self._get(url, parts.hostname, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), max_bytes, what, deadline)
+        return fetch(self.fallback, url, max_bytes, what, deadline) if out is None else out
 
-    def _get(self, url: str, host: str, port: int, path: str, max_bytes: int, what: str) -> Fetched | None:
+    def _get(self, url: str, host: str, port: int, path: str, max_bytes: int, what: str, deadline: float) -> Fetched | None:
         shown = display_url(url)
         key = (host, port)
         t0 = time.perf_counter()
+        total = max(0.0, deadline - time.monotonic())
         for attempt in (0, 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Fetched(url, False, error=too_slow(shown, round(total, 3)))
             conn, used_at = self._conns.pop(key, (None, 0.0))
             if conn is not None and t0 - used_at > TARGET_KEEPALIVE_S:
                 conn.close()
                 conn = None
             reused = conn is not None
             if conn is None:
-                conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+                conn = http.client.HTTPConnection(host, port, timeout=min(self.timeout, left))
                 try:
                     conn.connect()
                 except TimeoutError:
@@ -207,21 +301,32 @@ class PlainTarget:
                 except OSError:
                     conn.close()
                     return Fetched(url, False, error=_cannot_connect(shown, False))
+            # ends a trickle of headers or body; a little after the deadline, so that a server that sends
+            # nothing at all meets the read timeout first (the same sentence as through httpx)
+            watch = REAPER.arm(deadline + DEADLINE_GRACE_S, lambda c=conn: _shut(c))
             try:
                 conn.request("GET", path, headers=self.headers)
                 resp = conn.getresponse()
                 body = resp.read(max_bytes + 1)
             except TimeoutError:
                 conn.close()
+                REAPER.disarm(watch)
                 return Fetched(url, False, error=_read_timeout(shown))
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
+                if REAPER.disarm(watch):
+                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
                 if reused and attempt == 0:
                     continue  # the server closed the kept-alive socket meanwhile: once more on a new one
                 return Fetched(url, False, error=_failed(shown, e))
             except (http.client.HTTPException, OSError) as e:
                 conn.close()
+                if REAPER.disarm(watch):
+                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
                 return Fetched(url, False, error=_failed(shown, e))
+            if REAPER.disarm(watch):  # the socket was shut mid-body: what arrived is not the whole answer
+                conn.close()
+                return Fetched(url, False, error=too_slow(shown, round(total, 3)))
             if 300 <= resp.status < 400 and resp.getheader("location"):
                 conn.close()
                 return None  # a redirect: httpx follows it
@@ -242,16 +347,25 @@ class PlainTarget:
         return None  # not reached: the second attempt returns
 
 
-def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "") -> Fetched:
+def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "", deadline: float | None = None) -> Fetched:
+    """GET ``url`` within ``deadline`` (``time.monotonic()``; default: now + the client's timeout), at
+    most ``max_bytes`` of body; any failure is one sentence in ``Fetched.error``."""
     if isinstance(client, PlainTarget):
-        return client.fetch(url, max_bytes, what)
+        return client.fetch(url, max_bytes, what, deadline)
+    if deadline is None:
+        deadline = time.monotonic() + client_timeout(client)
     shown = display_url(url)
+    total = max(0.0, deadline - time.monotonic())
+    if total <= 0:
+        return Fetched(url, False, error=too_slow(shown, 0))
     try:
-        with client.stream("GET", url) as resp:
+        with client.stream("GET", url, timeout=httpx.Timeout(min(total, client_timeout(client)))) as resp:
             chunks: list[bytes] = []
             size = 0
             truncated = False
             for chunk in resp.iter_bytes():
+                if time.monotonic() > deadline:
+                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
                 size += len(chunk)
                 if size > max_bytes:
                     chunks.append(chunk[: max(0, max_bytes - (size - len(chunk)))])
@@ -284,7 +398,8 @@ def _finish(url: str, status: int, body: bytes, ctype: str, elapsed: float, trun
             msg = (f"{shown} answered 404: the server has no /metrics. Start SGLang with --enable-metrics "
                    "(in gRPC mode /metrics is on the HTTP sidecar, --port + 1).")
         elif status in (401, 403):
-            msg = f"{shown} answered {status} (not authorised). Pass the server's key with --api-key KEY (or @FILE), or scrape from an allowed host."
+            msg = (f"{shown} answered {status} (not authorised). Give diagnoser the server's API key with --api-key, its @FILE "
+                   "form or $SGLANG_API_KEY; or scrape from an allowed host.")
         else:
             msg = f"{shown} answered HTTP {status}{(' for ' + what) if what else ''}. Check the URL and the server's state."
         return Fetched(url, False, status=status, text=text, content_type=ctype, error=msg, elapsed_s=elapsed)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from diagnoser.model import InputReport, SignalSink
 from diagnoser.redact import redact
-from diagnoser.sources.http import display_url, fetch
+from diagnoser.sources.http import Fetched, client_timeout, display_url, too_slow
+from diagnoser.sources.http import fetch as _fetch
 
 
 def _json(text: str) -> Any:
@@ -18,10 +20,21 @@ def _json(text: str) -> Any:
         return None
 
 
-def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version: Any) -> tuple[InputReport, dict[str, Any]]:
-    """Fetch what config endpoints exist; returns the input report and the raw (redacted) payloads."""
+def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version: Any,
+                 deadline: float | None = None) -> tuple[InputReport, dict[str, Any]]:
+    """Fetch what config endpoints exist; returns the input report and the raw (redacted) payloads.
+    ``deadline`` (``time.monotonic()``) bounds all the requests together: past it, no further endpoint
+    is asked and what was read is kept."""
     report = InputReport(kind="server_info", source=display_url(base))
     raw: dict[str, Any] = {}
+
+    def fetch(client: Any, url: str, max_bytes: int, what: str) -> Any:
+        if deadline is None:
+            return _fetch(client, url, max_bytes, what)
+        if time.monotonic() >= deadline:
+            return Fetched(url, False, status=-1, error=too_slow(display_url(base), 0))
+        return _fetch(client, url, max_bytes, what, min(deadline, time.monotonic() + client_timeout(client)))
+
     for path in adapter.server_info_paths:
         f = fetch(client, base + path, 8 * 1024 * 1024, "server info")
         if f.ok:
