@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import errno
 import io
-import json
 import os
 import signal
 import sys
@@ -32,9 +31,10 @@ from typing import Any
 
 from diagnoser.bundle import BundleFull, BundleWriter, encode_line, manifest, redact_fast
 from diagnoser.cli import UsageError
-from diagnoser.cli.run import _Parser, parse_duration
+from diagnoser.cli.run import API_KEY_HELP, _Parser, api_key_headers, parse_duration
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.jsonout import dumps
 from diagnoser.model import InputReport, iso
 from diagnoser.redact import redact_text
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, display_url, fetch, make_client
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=parse_duration, default=2.0, help="seconds between scrapes (default 2)")
     p.add_argument("-o", "--output", required=True, help="bundle file to write (conventionally .dgb)")
     p.add_argument("--max-size", type=parse_size, default=parse_size("50M"), help="stop before the bundle passes this size (default 50M)")
-    p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per request in seconds (default 5)")
+    p.add_argument("--timeout", type=float, default=5.0, help="time each request may take, in seconds (default 5)")
+    p.add_argument("--api-key", default=None, help=API_KEY_HELP)
     p.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     p.add_argument("--report", choices=("text", "json"), help="print the diagnosis of the recorded window at the end")
     p.add_argument("--fail-on", default="warning", choices=("info", "warning", "critical"), help=argparse.SUPPRESS)
@@ -327,6 +328,9 @@ def main(cmd: str, argv: list[str]) -> int:
             raise UsageError(f"log file {lp} does not exist (or is not a file); check the path")
     if args.max_size < 4096:
         raise UsageError("--max-size must be at least 4K")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be above 0 seconds")
+    headers = api_key_headers(args)  # checked before the output file is created
     try:
         writer = BundleWriter(args.output, max_bytes=args.max_size)
     except OSError as e:
@@ -334,7 +338,7 @@ def main(cmd: str, argv: list[str]) -> int:
     from diagnoser.engines import get_adapter
 
     adapter = get_adapter("sglang")
-    client = make_client(timeout=args.timeout)
+    client = make_client(timeout=args.timeout, headers=headers)
     rec = Recorder(adapter, args.url, args.log, writer, client, args.interval, args.duration)
     tty = sys.stderr.isatty()
     last = [-1.0]
@@ -439,7 +443,7 @@ def _report(args: argparse.Namespace, rec: Recorder, adapter: Any) -> int:
     col = rec.collection()
     _report_obj, doc = analyse(ns, col, adapter)
     if args.report == "json":
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(dumps(doc, indent=2) + "\n")
     else:
         from diagnoser.outputs.text import render
 

@@ -30,6 +30,8 @@ from typing import IO, Any
 
 from diagnoser.bundle import BundleError, decode_line
 from diagnoser.cli import UsageError
+from diagnoser.jsonout import dumps
+from diagnoser.redact import redact
 from diagnoser.replay import ReplayFeed, ReplaySource, load_source
 
 METRICS_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -113,7 +115,7 @@ def make_handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
                 if data is None:
                     self._send(404, json.dumps({"detail": "Not Found"}).encode(), "application/json")
                 else:
-                    self._send(200, json.dumps(data).encode("utf-8"), "application/json")
+                    self._send(200, dumps(redact(data)).encode("utf-8"), "application/json")
             else:
                 self._send(404, json.dumps({"detail": "Not Found"}).encode(), "application/json")
 

@@ -18,6 +18,7 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # default poll interval of the continuous modes (watch, serve): SGLang spends ~27 ms of CPU rendering
 # /metrics (bench/bench_observer.py), so 10 s keeps our polling near 0.3 % of its time (target < 0.5 %)
 WATCH_INTERVAL_S = 10.0
+API_KEY_HELP = "the SGLang server's --api-key for --url targets, or @FILE holding it (default $SGLANG_API_KEY)"
 
 
 def parse_duration(text: str) -> float:
@@ -45,9 +46,23 @@ def _terminal_columns() -> int:
     return columns if columns > 0 else 80
 
 
+def _unrecognised(message: str) -> str:
+    """argparse's "unrecognized arguments: …" with only the flags shown: what follows a mistyped flag
+    (``--api-kee KEY``) may be a secret, and no pattern can know it."""
+    head = "unrecognized arguments: "
+    if not message.startswith(head):
+        return message
+    words = message[len(head):].split()
+    flags = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+    hidden = len(words) - len(flags) + sum(1 for w in words if w.startswith("-") and "=" in w)
+    shown = " ".join(flags)
+    more = f"{hidden} value(s), not shown" if hidden else ""
+    return "unrecognized arguments: " + (f"{shown} (and {more})" if shown and more else shown or more)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one sentence, exit 2, no usage dump
-        raise UsageError(f"{message}. See 'diagnose --help'.")
+        raise UsageError(f"{_unrecognised(message)}. See 'diagnose --help'.")
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         # what argparse does with width=None, minus its shutil import (it also subtracts 2)
@@ -85,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between scrapes (default 2 with --once, 10 in watch mode: each /metrics render "
                    "costs SGLang about 27 ms of CPU, see bench/bench_observer.py)")
     p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m (without it, a log is judged on its newest 4 M points)")
-    p.add_argument("--api-key", default=None, help="the SGLang server's --api-key for --url targets, or @FILE holding it (default $SGLANG_API_KEY)")
-    p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per request in seconds (default 5)")
+    p.add_argument("--api-key", default=None, help=API_KEY_HELP)
+    p.add_argument("--timeout", type=float, default=5.0, help="time each request may take in seconds, connect to last byte (default 5)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--fail-on", default="warning", choices=("info", "warning", "critical"), help="lowest severity that exits 1")
     p.add_argument("--config", help="TOML file with rule thresholds ([rules.NAME] tables)")
@@ -190,6 +205,7 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
 
     line: Any = None
     progress: Any = None
+    client = _client(args) if args.url else None  # checks --api-key before any request
     if args.url and args.duration > 0:  # sampling takes --duration: say how far it is (on a terminal only)
         from diagnoser.cli.statusline import StatusLine, sampling_progress
 
@@ -199,7 +215,7 @@ def gather(args: argparse.Namespace, adapter: Any) -> Any:
     reading = options.progress
     try:
         return collect_once(adapter, args.url, args.log, duration=args.duration, interval=args.interval, progress=progress,
-                            client=_client(args) if args.url else None, log_options=options)
+                            client=client, timeout=args.timeout, log_options=options)
     finally:
         if line is not None:
             line.clear()
@@ -221,22 +237,30 @@ def _log_options(args: argparse.Namespace, line: Any) -> Any:
     return LogOptions(max_points=None if args.last else MAX_POINTS, last_s=args.last or None, progress=reading)
 
 
+def api_key_headers(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--api-key`` (or ``@FILE``, or $SGLANG_API_KEY) as the bearer header every command sends to every
+    --url endpoint; None without a key. The key itself is never printed."""
+    key = getattr(args, "api_key", None) or os.environ.get("SGLANG_API_KEY") or None
+    if not key:
+        return None
+    from diagnoser.fleet.promapi import auth_headers
+
+    try:
+        headers = auth_headers(bearer_token=key)
+    except ValueError as e:
+        raise UsageError(str(e).replace("--bearer-token", "--api-key")) from None
+    value = headers["Authorization"]
+    if value == "Bearer " or not all(33 <= ord(c) < 127 for c in value[7:]):
+        raise UsageError("the key given with --api-key, or $SGLANG_API_KEY, is empty or holds spaces or characters an HTTP header "
+                         "cannot carry; pass the key exactly as the server was started with it")
+    return headers
+
+
 def _client(args: argparse.Namespace) -> Any:
     """The one httpx pool for every --url target; ``--api-key`` (or $SGLANG_API_KEY) as a bearer token."""
-    import os
-
     from diagnoser.sources.http import make_client
 
-    key = getattr(args, "api_key", None) or os.environ.get("SGLANG_API_KEY") or None
-    headers = None
-    if key:
-        from diagnoser.fleet.promapi import auth_headers
-
-        try:
-            headers = auth_headers(bearer_token=key)
-        except ValueError as e:
-            raise UsageError(str(e).replace("--bearer-token", "--api-key")) from None
-    return make_client(timeout=args.timeout, headers=headers)
+    return make_client(timeout=args.timeout, headers=api_key_headers(args))
 
 
 def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict[str, Any]]:
@@ -285,9 +309,9 @@ def run_once(args: argparse.Namespace) -> int:
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)
     if args.format == "json":
-        import json  # imported here: the text report (the default) does not need it (start-up time)
+        from diagnoser.jsonout import dumps  # imported here: the text report (the default) does not need it
 
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(dumps(doc, indent=2) + "\n")
     else:
         from diagnoser.outputs.text import render
 

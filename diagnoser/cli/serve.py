@@ -14,7 +14,14 @@ import sys
 from typing import Any
 
 from diagnoser.cli import UsageError
-from diagnoser.cli.run import WATCH_INTERVAL_S, _Parser, load_thresholds, parse_duration
+from diagnoser.cli.run import (
+    API_KEY_HELP,
+    WATCH_INTERVAL_S,
+    _Parser,
+    api_key_headers,
+    load_thresholds,
+    parse_duration,
+)
 
 TOKEN_ENV = "DIAGNOSER_TOKEN"
 
@@ -26,12 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument("--interval", type=parse_duration, default=WATCH_INTERVAL_S, help="seconds between polls (default 10: keeps our polling under 0.5 %% of SGLang's time)")
-    p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout per target in seconds (default 5)")
+    p.add_argument("--timeout", type=float, default=5.0, help="time each request to a target may take, in seconds (default 5)")
+    p.add_argument("--api-key", default=None, help=API_KEY_HELP)
     p.add_argument("--window", type=parse_duration, default=300.0, help="how much recent history the rules judge (default 5m)")
     p.add_argument("--history", type=parse_duration, default=24 * 3600.0, help="history kept per target (default 24h)")
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None,
                    help="how long a condition must hold before a finding fires (default: each rule's own, about 60s)")
     p.add_argument("--token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or env {TOKEN_ENV})")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow binding a non-loopback --host without --token (only on a network that is yours alone)")
     p.add_argument("--job-requests", type=int, default=None, help="total requests in the batch job, for the ETA")
     p.add_argument("--client-concurrency", type=int, default=None, help="requests the client keeps in flight, if known")
     p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
@@ -77,10 +87,12 @@ def make_monitor(args: argparse.Namespace, adapter: Any) -> Any:
 
     if args.interval <= 0:
         raise UsageError("--interval must be above 0 seconds")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be above 0 seconds")
     return LiveMonitor(
         adapter, args.url, args.log, interval=args.interval, timeout=args.timeout, window_s=args.window,
         history_s=args.history, for_seconds=args.for_s, thresholds=load_thresholds(args),
-        rules=select_rules(args.select, args.ignore), extras=extras_from(args),
+        rules=select_rules(args.select, args.ignore), extras=extras_from(args), headers=api_key_headers(args),
     )
 
 
@@ -143,7 +155,10 @@ def main(cmd: str, argv: list[str]) -> int:
         monitor = make_monitor(args, adapter)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host):
-        extra = " with a bearer token" if token else f"; anyone who can reach it sees your servers' state. Set --token or {TOKEN_ENV}"
+        if not token and not args.insecure:
+            raise UsageError(f"refusing to bind --host {args.host} (not loopback) without a token: anyone who can reach it would see "
+                             f"your servers' state. Pass --token T (or set {TOKEN_ENV}), or --insecure if only you can reach that network")
+        extra = " with a bearer token" if token else " without a token (--insecure): anyone who can reach it sees your servers' state"
         print(f"diagnose serve: warning: binding {args.host}, not loopback: the dashboard is reachable from other machines{extra}.", file=sys.stderr)
     _check_bind(args.host, args.port)
     import uvicorn

@@ -179,8 +179,8 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
     return doc
 
 
-def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600) -> dict[str, Any]:
-    end = snapshot_end(monitor, t)
+def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600, snap: Any = None) -> dict[str, Any]:
+    end = snapshot_end(monitor, t, snap)
     names = sorted({s[0] for c in CHARTS for s in c["signals"]})
     data = monitor.series(t.index, names, end - range_s, None, max_points=max_points)
     lines = {}
@@ -194,10 +194,11 @@ def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600) -> d
             "tz": "UTC"}
 
 
-def snapshot_end(monitor: Any, t: Any) -> float:
+def snapshot_end(monitor: Any, t: Any, snap: Any = None) -> float:
+    ts = (snap or monitor.snapshot).ts
     if t.is_url:
-        return float(monitor.snapshot.ts)
-    return float(t.window[1] or monitor.snapshot.ts)
+        return float(ts)
+    return float(t.window[1] or ts)
 
 
 def rules_doc() -> dict[str, Any]:
