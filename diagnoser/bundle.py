@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from diagnoser import __version__
 from diagnoser.jsonout import dumps as json_dumps
-from diagnoser.redact import redact, redact_lines, redact_text
+from diagnoser.redact import redact, redact_lines, redact_strings, redact_text
 
 FORMAT = "diagnoser-bundle"
 FORMAT_VERSION = 1
@@ -72,8 +72,10 @@ def redact_record(rec: dict[str, Any]) -> dict[str, Any]:
     """A record with its secrets out — texts, log lines, payloads, target names, the manifest: what every
     bundle goes through when it is written and when it is read, whoever wrote it."""
     kind = rec.get("kind")
+    if kind == "config":  # a server's payload: by key name too
+        return {**redact_strings({k: v for k, v in rec.items() if k != "data"}), "data": redact(rec.get("data"))}
     if kind not in ("scrape", "log"):
-        return redact(rec)  # config payloads, the manifest, notes, the end record: small JSON
+        return redact_strings(rec)  # the manifest, notes, the end record: diagnoser's own fields
     out = dict(rec)
     for k in ("target", "error", "source"):
         if isinstance(out.get(k), str):

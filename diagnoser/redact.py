@@ -1,9 +1,10 @@
 """Secret redaction: the one path every input and every output goes through.
 
-Applied twice on purpose: on ingestion (server info, log lines, scrapes, recordings as they are read), and
-again at every output boundary (the JSON report and the text built from it, each web page and JSON twin,
-exporter labels, bundle records, the replay-server's answers, usage errors), so that no route from an
-input to an output can skip it.
+Applied twice on purpose: on ingestion (server info, log lines, scrapes, recordings as they are read:
+:func:`redact`, by key name and by text), and again at every output boundary (the JSON report and the
+text built from it, each web page and JSON twin, exporter labels, bundle records, the replay-server's
+answers, usage errors: :func:`redact_strings`, by text, since those documents' keys are diagnoser's own),
+so that no route from an input to an output can skip it.
 
 Redacted, wherever it appears (inside JSON, JSON held in strings at any depth, command lines, dict
 reprs, free text):
@@ -187,6 +188,20 @@ def redact_value(key: str, value: Any) -> Any:
 
 
 _PLAIN = frozenset((int, float, bool, type(None)))
+
+
+def redact_strings(obj: Any) -> Any:
+    """Deep-copy ``obj`` with every string (and dict key) redacted as text, and nothing replaced because
+    of its key's name: the output doors use this on diagnoser's own documents, whose keys are its own
+    schema ("key", "tokens"), while the values that came from a server were redacted by name on the way
+    in (:func:`redact`)."""
+    if isinstance(obj, str):
+        return redact_string(obj)
+    if isinstance(obj, dict):
+        return {(redact_text(k) if isinstance(k, str) else k): (v if type(v) in _PLAIN else redact_strings(v)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [v if type(v) in _PLAIN else redact_strings(v) for v in obj]
+    return obj
 
 
 def redact(obj: Any) -> Any:

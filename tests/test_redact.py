@@ -193,3 +193,15 @@ def test_redact_lines_equals_redact_text_on_every_shape_and_real_line(data_dir: 
     assert len(texts) > 2_000
     for t in texts:
         assert redact_lines(t) == redact_text(t), t
+
+
+def test_output_doors_redact_text_but_keep_diagnosers_own_keys() -> None:
+    """redact_strings (every output door) hides credentials in any string but leaves values under
+    diagnoser's own schema keys alone ("key" is a fleet column's id, not a secret)."""
+    from diagnoser.redact import redact_strings
+
+    doc = {"headers": [{"key": "queue", "title": "queued"}], "tokens": "3 of 4", "source": "http://u:pw-door-1@h:1/x",
+           "nested": [{"note": "--api-key sk-door-2 --port 1"}], "n": [1.5, None, 2]}
+    out = redact_strings(doc)
+    assert out["headers"] == [{"key": "queue", "title": "queued"}] and out["tokens"] == "3 of 4" and out["n"] == [1.5, None, 2]
+    assert "pw-door-1" not in str(out) and "sk-door-2" not in str(out)

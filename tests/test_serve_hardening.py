@@ -185,3 +185,27 @@ def test_every_command_that_talks_to_a_server_takes_api_key(cmd: list[str], caps
     err = capsys.readouterr().err
     assert rc == 2 and "cannot carry" in err and "s3cr3t" not in err
     assert not (tmp_path / "never-written.dgb").exists()
+
+
+def test_watch_says_a_failed_poll_and_goes_on(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from diagnoser.cli import watch
+    from diagnoser.cli.run import build_parser
+
+    real = LiveMonitor.tick
+    calls = {"n": 0}
+
+    def flaky(self: LiveMonitor, *a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("the first poll ran out of memory")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(LiveMonitor, "tick", flaky)
+    with SampleServer(data_dir, "kv-full-retract") as srv:
+        out = io.StringIO()
+        rc = watch.main(build_parser().parse_args(["--url", srv.url, "--interval", "0.2"]), out=out, max_ticks=3)
+    text = out.getvalue()
+    assert "polling failed (MemoryError: the first poll ran out of memory); retrying" in text
+    assert f"{srv.url}: run" in text and "Summary after" in text and rc in (0, 1)

@@ -149,7 +149,15 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
     try:
         while max_ticks is None or ticks < max_ticks:
             t0 = time.monotonic()
-            snap = monitor.tick()
+            try:
+                snap = monitor.tick()
+            except Exception as e:  # noqa: BLE001 — a poll that fails (a bug, memory) is said and retried
+                ticks += 1
+                msg = f"{iso(time.time())} polling failed ({type(e).__name__}: {e}"[:400]
+                out.write(redact_text(f"{msg}); retrying in {monitor.interval:g} s\n"))
+                out.flush()
+                time.sleep(monitor.interval)
+                continue
             ticks += 1
             if tty:
                 out.write(CLEAR + screen(snap, started))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from diagnoser.model import Severity, iso
-from diagnoser.redact import redact
+from diagnoser.redact import redact, redact_strings
 from diagnoser.timeline import SIGNALS, Timeline
 from diagnoser.timeline.derived import window_rate
 
@@ -87,4 +87,4 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         doc["fleet"] = fleet_section(collection, report)
     if extra:
         doc.update(extra)
-    return redact(doc)  # the output door: whatever reached the document, no secret leaves in it
+    return redact_strings(doc)  # the output door: whatever reached the document, no secret leaves in it

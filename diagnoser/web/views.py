@@ -11,7 +11,7 @@ from typing import Any
 
 from diagnoser.model import basis_text, iso
 from diagnoser.outputs.report import config_table
-from diagnoser.redact import redact, redact_text
+from diagnoser.redact import redact_strings, redact_text
 from diagnoser.rules import REGISTRY, by_name
 from diagnoser.timeline import SIGNALS, Timeline
 from diagnoser.web.present import present_suggestion, top_fixes, verdict
@@ -88,7 +88,7 @@ def headline(t: Any) -> list[dict[str, Any]]:
 
 
 def finding_doc(f: Any) -> dict[str, Any]:
-    d = redact(f.to_dict())
+    d = redact_strings(f.to_dict())
     d["severity"] = f.severity.label
     d["rule_page"] = f"/rules/{f.rule}"
     d["anchor"] = f"f-{f.rule}"
@@ -127,7 +127,7 @@ def overview_doc(snap: Any, interval: float) -> dict[str, Any]:
         "interval_s": interval,
         "targets": [target_summary(snap, t) for t in snap.targets],
         "firing": len(snap.firing()),
-        "errors": redact(snap.errors),
+        "errors": redact_strings(snap.errors),
     }
 
 
