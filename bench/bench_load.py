@@ -16,7 +16,8 @@ All viewers open their page within ``--spread`` seconds (default 1: a wall of sc
 so their refreshes come in bursts. Reported: latency percentiles per request kind and overall, for the
 viewer cycle run alone and then under load; the ratio p99 (load) / p99 (alone); with ``--compare DIR``
 the same load first against the diagnoser of another checkout (e.g. the previous release) in the same
-run, and the ratio of the two p99s. Exits 1 if the overall p99 under load is 200 ms or more.
+run, and the ratio of the two p99s; and the server's CPU share during the load (which, unlike the
+latencies, hardly moves with the machine's load). Exits 1 if the overall p99 under load is 200 ms or more.
 
 Run: ``.venv/bin/python bench/bench_load.py [--viewers 50] [--targets 8] [--seconds 60] [--interval 5]
 [--history 3600] [--compare DIR]``.
@@ -178,6 +179,12 @@ async def load(host: str, port: int, viewers: int, targets: int, seconds: float,
     return out
 
 
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
@@ -276,8 +283,11 @@ def run_one(name: str, code: str, urls: list[str], a: argparse.Namespace) -> tup
         print(f" {name} (load avg {os.getloadavg()[0]:.1f})")
         alone = asyncio.run(load("127.0.0.1", port, 2, a.targets, 4 * a.interval, a.interval, 0.0, a.seed))
         base_p99 = table(alone, "one target viewer and one overview viewer alone")
+        c0, w0 = proc_cpu(server.pid), time.monotonic()
         rows = asyncio.run(load("127.0.0.1", port, a.viewers, a.targets, a.seconds, a.interval, a.spread, a.seed))
+        cpu = (proc_cpu(server.pid) - c0) / (time.monotonic() - w0)
         p99 = table(rows, f"{a.viewers} viewers")
+        print(f"    server CPU under the load: {cpu:.1%} of one core (polling, rules and every answer)")
         return base_p99, p99
     finally:
         server.terminate()
