@@ -160,8 +160,9 @@ def _failed(shown: str, e: BaseException) -> str:
 
 
 def too_slow(shown: str, total: float) -> str:
-    return (f"{shown} did not finish answering within {total:g} s (the whole request: it is overloaded, hung, or sending "
-            "very slowly). Check the server, or raise --timeout.")
+    """The sentence for a request that ran out of its time (``total``: the seconds it had, to 0.1 s)."""
+    return (f"{shown} did not finish answering within {round(total, 1):g} s (the whole request: it is overloaded, hung, "
+            "or sending very slowly). Check the server, or raise --timeout.")
 
 
 class Reaper:
@@ -282,7 +283,7 @@ class PlainTarget:
         for attempt in (0, 1):
             left = deadline - time.monotonic()
             if left <= 0:
-                return Fetched(url, False, error=too_slow(shown, round(total, 3)))
+                return Fetched(url, False, error=too_slow(shown, total))
             conn, used_at = self._conns.pop(key, (None, 0.0))
             if conn is not None and t0 - used_at > TARGET_KEEPALIVE_S:
                 conn.close()
@@ -315,18 +316,18 @@ class PlainTarget:
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
                 if REAPER.disarm(watch):
-                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
+                    return Fetched(url, False, error=too_slow(shown, total))
                 if reused and attempt == 0:
                     continue  # the server closed the kept-alive socket meanwhile: once more on a new one
                 return Fetched(url, False, error=_failed(shown, e))
             except (http.client.HTTPException, OSError) as e:
                 conn.close()
                 if REAPER.disarm(watch):
-                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
+                    return Fetched(url, False, error=too_slow(shown, total))
                 return Fetched(url, False, error=_failed(shown, e))
             if REAPER.disarm(watch):  # the socket was shut mid-body: what arrived is not the whole answer
                 conn.close()
-                return Fetched(url, False, error=too_slow(shown, round(total, 3)))
+                return Fetched(url, False, error=too_slow(shown, total))
             if 300 <= resp.status < 400 and resp.getheader("location"):
                 conn.close()
                 return None  # a redirect: httpx follows it
@@ -365,7 +366,7 @@ def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str =
             truncated = False
             for chunk in resp.iter_bytes():
                 if time.monotonic() > deadline:
-                    return Fetched(url, False, error=too_slow(shown, round(total, 3)))
+                    return Fetched(url, False, error=too_slow(shown, total))
                 size += len(chunk)
                 if size > max_bytes:
                     chunks.append(chunk[: max(0, max_bytes - (size - len(chunk)))])
