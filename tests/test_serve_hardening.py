@@ -209,3 +209,25 @@ def test_watch_says_a_failed_poll_and_goes_on(data_dir: Path, monkeypatch: pytes
     text = out.getvalue()
     assert "polling failed (MemoryError: the first poll ran out of memory); retrying" in text
     assert f"{srv.url}: run" in text and "Summary after" in text and rc in (0, 1)
+
+
+def test_replay_server_binds_a_non_loopback_address_only_with_insecure() -> None:
+    """The replay-server plays a recording as a live SGLang: open to a network only when asked."""
+    rec = str(ROOT / "examples" / "kv-full-retract.dgb")
+    p = subprocess.run([sys.executable, "-m", "diagnoser", "replay-server", rec, "--host", "0.0.0.0", "--port", str(free_port())],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and "refusing to bind --host 0.0.0.0" in p.stderr and "--insecure" in p.stderr
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "diagnoser", "replay-server", rec, "--host", "0.0.0.0", "--port", str(port), "--insecure"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait(up, timeout=40)
+    finally:
+        srv.terminate()
+        srv.communicate(timeout=30)

@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-out", help="write the recorded log lines here as they occur (- for stdout)")
     p.add_argument("--keep-log-times", action="store_true", help="write log lines verbatim (default: stamps moved to now)")
     p.add_argument("--target", help="which recorded target to serve (bundles of several servers)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow binding a non-loopback --host (the recording's state, redacted, is then open to that network)")
     return p
 
 
@@ -243,6 +245,11 @@ def main(cmd: str, argv: list[str]) -> int:
         raise UsageError("--speed must be greater than 0")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number (0-65535)")
+    from diagnoser.cli.serve import is_loopback
+
+    if not is_loopback(args.host) and not args.insecure:
+        raise UsageError(f"refusing to bind --host {args.host} (not loopback): anyone who can reach it would read the recording. "
+                         "Pass --insecure if only you can reach that network (a container's own network, say)")
     try:
         source = load_source(args.path)
     except BundleError as e:
