@@ -30,3 +30,29 @@ def test_dp_ranks_headline_and_width(data_dir: Path) -> None:
     assert rows[0] == "diagnoser · sglang >=0.4.10,<=0.5.6 · status: OK"
     assert "gen tok/s 772" in rows[4]
     assert "! input: http://b:30000/metrics did not answer" in out.replace("\n", " ").replace("  ", " ")
+
+
+def test_bad_inputs_say_why_once_and_nothing_else(tmp_path: Path, capsys: object) -> None:
+    """Nothing recognised: the report is the input's own sentence, printed once, with no note about
+    'what the findings stand on' (there are none); a saved HTML page is named as a file, not a URL."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    junk = tmp_path / "junk.log"
+    junk.write_bytes(bytes(range(256)) * 40)
+    html = tmp_path / "m.txt"
+    html.write_text("<html><body>Sign in</body></html>\n")
+    for args, says in ((["--log", "junk.log"], "No line of junk.log was recognised"),
+                       (["--metrics-file", "m.txt"], "m.txt holds an HTML page"),
+                       (["--url", "http://127.0.0.1:9", "--duration", "1"], "Could not connect to http://127.0.0.1:9/metrics")):
+        r = subprocess.run([sys.executable, "-m", "diagnoser", "--once", *args], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert r.returncode == 2, r
+        out = " ".join(r.stdout.split())
+        assert "insufficient_data" not in r.stdout, r.stdout
+        assert ("source_unreachable" in r.stdout) == ("--url" in args) and ("Findings" in r.stdout) == ("--url" in args), r.stdout
+        assert out.count(f"! {says}") == 1, r.stdout  # under its input, once
+        assert says in r.stderr and "Traceback" not in r.stderr

@@ -62,10 +62,11 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
     ends = [e for tl in tls for e in [tl.span()[1]] if e is not None]
     version = next((tl.version for tl in tls if tl.version), None)
     usable = collection.usable()
-    findings = [f.to_dict() for f in report.findings]
     from diagnoser.rules import REGISTRY
 
     notes = {r.name for r in REGISTRY if r.note}  # a note about the inputs never makes a problem on its own
+    # nothing was recognised: the input errors say why; a note on what the findings stand on has nothing to qualify
+    findings = [f.to_dict() for f in report.findings if usable or f.rule not in notes]
     problems = any(f.severity >= fail_on and f.rule not in notes for f in report.findings)
     status = "error" if not usable else ("problems" if problems else "ok")
     untimed = any(tl.untimed for tl in tls)

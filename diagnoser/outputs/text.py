@@ -142,7 +142,10 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
         out.extend(_wrap(line, "  ", ""))
         for m in i.get("messages", []):
             out.extend(_wrap(m, "    ", "  ! "))
+    said = {m for i in doc.get("inputs", []) for m in i.get("messages", [])}
     for e in doc.get("errors", []):
+        if e.get("source") == "input" and e["error"] in said:
+            continue  # already printed under the input it came from
         out.extend(_wrap(f"{e.get('rule', e.get('source'))}: {e['error']}", "    ", "  ! "))
     return "\n".join(out).rstrip() + "\n"
 

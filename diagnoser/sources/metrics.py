@@ -109,6 +109,9 @@ class MetricsTarget:
         finds nothing, goes through prometheus_client (the reference), which also counts bad lines."""
         shown = display_url(self.metrics_url)
         if (fetched is not None and looks_like_html(fetched)) or _looks_like_html_text(text):
+            if self.label and fetched is None:  # a saved file (--metrics-file), not a URL
+                return self._fail(f"{shown} holds an HTML page, not Prometheus metrics. Save the SGLang server's own "
+                                  "/metrics (e.g. curl http://HOST:30000/metrics > metrics.txt), not a dashboard or login page.")
             return self._fail(f"{shown} returned an HTML page, not Prometheus metrics. Point --url at the SGLang server itself (host:port), not a dashboard or login page.")
         text, truncated = cut_partial_line(text)
         source = f"scrape@{_iso(ts)}"
