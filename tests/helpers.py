@@ -1,6 +1,6 @@
 """Helpers shared by the tests that run real components: a free loopback port, a required binary
-(skipped loudly locally, a failure under CI), Debian Chromium's launch settings, and a real
-Prometheus started on 127.0.0.1 from a fixture."""
+(skipped loudly locally, a failure under CI), Debian Chromium's launch settings, a real
+Prometheus started on 127.0.0.1 from a fixture, and a log read through each of the reader's paths."""
 
 from __future__ import annotations
 
@@ -104,3 +104,36 @@ def start_prometheus(workdir: Path, config_yaml: str | None = None, data_dir: Pa
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("prometheus did not become ready in 30 s:\n" + log.read_text()[-2000:])
+
+
+READ_PATHS = ("line", "scan", "regex")  # the line parser, the bulk reader with the C scanner, and without it
+
+
+def read_log_bytes(data: bytes, path: str, how: str, target: str = "t") -> tuple[Any, Any]:
+    """Read a log's bytes through one of :data:`READ_PATHS`; returns (reader, timeline)."""
+    import io
+    import os
+
+    import diagnoser.engines.sglang.logfast as lf
+    from diagnoser.engines.sglang import ADAPTER
+    from diagnoser.sources.logs import finish_report, open_log_reader
+    from diagnoser.timeline import Timeline
+
+    old = os.environ.get("DIAGNOSER_NO_SCAN")
+    os.environ["DIAGNOSER_NO_SCAN"] = "1" if how == "regex" else ""
+    lf.SCAN = "unloaded"
+    try:
+        tl = Timeline(target=target)
+        r = open_log_reader(ADAPTER, tl, path)
+        if how == "line":
+            r.feed_lines(io.BytesIO(data))
+        else:
+            r.feed_stream(io.BytesIO(data), bulk_min=0, workers=0)
+        finish_report(ADAPTER, r)
+        return r, tl
+    finally:
+        if old is None:
+            os.environ.pop("DIAGNOSER_NO_SCAN", None)
+        else:
+            os.environ["DIAGNOSER_NO_SCAN"] = old
+        lf.SCAN = "unloaded"

@@ -11,7 +11,6 @@ multiplies the case counts (e.g. 10 for a longer hunt).
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import re
@@ -25,10 +24,10 @@ from diagnoser.engines.sglang import ADAPTER
 from diagnoser.evaluate import evaluate
 from diagnoser.jsonout import dumps
 from diagnoser.outputs.text import render
-from diagnoser.sources.logs import finish_report, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
 from tests.conftest import ARTIFACTS, DATA
+from tests.helpers import read_log_bytes
 
 SEED = int(os.environ.get("DIAGNOSER_FUZZ_SEED", "17"))
 SCALE = max(1, int(os.environ.get("DIAGNOSER_FUZZ_SCALE", "1")))
@@ -98,26 +97,7 @@ def mutate_line(rnd: random.Random, line: bytes, corpus: list[bytes]) -> bytes:
 
 
 def _read(data: bytes, mode: str) -> tuple[Any, Timeline]:
-    import diagnoser.engines.sglang.logfast as lf
-
-    old = os.environ.get("DIAGNOSER_NO_SCAN")
-    os.environ["DIAGNOSER_NO_SCAN"] = "1" if mode == "regex" else ""
-    lf.SCAN = "unloaded"
-    try:
-        tl = Timeline(target="fuzz")
-        r = open_log_reader(ADAPTER, tl, "fuzz.log")
-        if mode == "line":
-            r.feed_lines(io.BytesIO(data))
-        else:
-            r.feed_stream(io.BytesIO(data), bulk_min=0, workers=0)
-        finish_report(ADAPTER, r)
-        return r, tl
-    finally:
-        if old is None:
-            os.environ.pop("DIAGNOSER_NO_SCAN", None)
-        else:
-            os.environ["DIAGNOSER_NO_SCAN"] = old
-        lf.SCAN = "unloaded"
+    return read_log_bytes(data, "fuzz.log", mode, target="fuzz")
 
 
 def _summary(r: Any, tl: Timeline) -> tuple[Any, ...]:

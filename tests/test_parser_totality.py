@@ -5,10 +5,8 @@ manifests and records of the wrong type, and odd dashboard URLs give a counted i
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -21,10 +19,10 @@ import pytest
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang import ADAPTER
 from diagnoser.evaluate import evaluate
-from diagnoser.sources.logs import finish_report, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
 from tests.conftest import DATA, ROOT
+from tests.helpers import read_log_bytes
 
 RUN = DATA / "sglang-cpu-real" / "kv-full-retract"
 SCRAPES = sorted((RUN / "metrics").glob("*.prom"))[3:6]
@@ -100,26 +98,7 @@ BAD_STAMPS = ["0000-00-00 00:00:00", "9999-12-31 23:59:59", "2025-02-29 10:00:00
 
 
 def _read(data: bytes, mode: str) -> tuple[Any, Timeline]:
-    import diagnoser.engines.sglang.logfast as lf
-
-    old = os.environ.get("DIAGNOSER_NO_SCAN")
-    os.environ["DIAGNOSER_NO_SCAN"] = "1" if mode == "bulk, regex path" else ""
-    lf.SCAN = "unloaded"
-    try:
-        tl = Timeline(target="t")
-        r = open_log_reader(ADAPTER, tl, "server.log")
-        if mode == "line parser":
-            r.feed_lines(io.BytesIO(data))
-        else:
-            r.feed_stream(io.BytesIO(data), bulk_min=0, workers=0)
-        finish_report(ADAPTER, r)
-        return r, tl
-    finally:
-        if old is None:
-            os.environ.pop("DIAGNOSER_NO_SCAN", None)
-        else:
-            os.environ["DIAGNOSER_NO_SCAN"] = old
-        lf.SCAN = "unloaded"
+    return read_log_bytes(data, "server.log", {"line parser": "line", "bulk, C scanner": "scan", "bulk, regex path": "regex"}[mode])
 
 
 def test_out_of_range_stamps_are_errors_on_their_line_in_every_reading_path() -> None:
