@@ -285,6 +285,29 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
             else:
                 kept.append(s)
         f.suggestions = kept
+    _order_pool_before_conservativeness(order)
+
+
+_GROWS_POOL = ("--max-total-tokens", "--mem-fraction-static")
+
+
+def _order_pool_before_conservativeness(findings: list[Finding]) -> None:
+    """A larger pool and a higher ``--schedule-conservativeness`` pull the running batch opposite ways:
+    when both are kept for one target, the pool change comes first and the conservativeness only if
+    retractions persist after it (a larger pool cuts retractions without shrinking the batch)."""
+    grows: dict[str, Suggestion] = {}
+    for f in findings:
+        for s in f.suggestions:
+            if s.flag in _GROWS_POOL and _direction(s) > 0:
+                grows.setdefault(f.target, s)
+    for f in findings:
+        g = grows.get(f.target)
+        if g is None:
+            continue
+        for i, s in enumerate(f.suggestions):
+            if s.flag == "--schedule-conservativeness" and _direction(s) > 0 and "only if retractions persist" not in s.why:
+                f.suggestions[i] = replace(s, why=f"{s.why}; apply it after {g.flag} {_shown(g.current)} → {g.proposed}, and "
+                                           "only if retractions persist: the larger pool cuts retractions without shrinking the batch")
 
 
 def _shown(v: Any) -> str:

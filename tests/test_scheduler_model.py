@@ -232,3 +232,42 @@ def test_rewrite_keeps_one_suggestion_per_flag() -> None:
     assert [s.flag for s in f.suggestions] == ["--max-total-tokens"]
     assert any("became --max-total-tokens" in n for n in f.notes)
 
+
+
+def test_conservativeness_comes_after_the_pool_change_that_pulls_the_other_way() -> None:
+    """Raising the conservativeness shrinks the batch while a larger pool grows it: when both are
+    suggested for one server, the conservativeness waits for the pool change; alone it stands as is."""
+    tl = window(token_usage=[0.99] * 6, queue_reqs=[10.0] * 6, running_reqs=[6.0] * 6,
+                config={"max_total_tokens": 2048, "arg.max_total_tokens": 2048, "arg.schedule_conservativeness": 1.0,
+                        "arg.model_path": "m"})
+
+    def findings(with_pool: bool) -> tuple[Finding, Finding]:
+        sat = Finding("kv_saturation", Severity.WARNING, "medium", tl.target, "full",
+                      suggestions=[Suggestion("--max-total-tokens", 2048, 16384, "cap")] if with_pool else [])
+        ret = Finding("kv_retraction", Severity.WARNING, "high", tl.target, "retracted",
+                      suggestions=[Suggestion("--schedule-conservativeness", 1.0, 1.3, "reserve more")])
+        return sat, ret
+
+    sat, ret = findings(True)
+    check_suggestions(_report([sat, ret]), [tl])
+    check_suggestions(_report([sat, ret]), [tl])  # run again (after enrich): said once
+    (s,) = ret.suggestions
+    assert s.why.count("only if retractions persist") == 1 and "after --max-total-tokens 2048 → 16384" in s.why
+    sat, ret = findings(False)
+    check_suggestions(_report([sat, ret]), [tl])
+    assert ret.suggestions[0].why == "reserve more"
+
+
+def test_real_retracting_run_orders_its_two_fixes() -> None:
+    """On the bundled real run (pool capped at 2,048 tokens, nine retractions) the pool change is the
+    top fix and the conservativeness is conditional on it."""
+    from diagnoser.evaluate import top_cause
+
+    col = collect_replay(str(Path(__file__).parent.parent / "examples" / "kv-full-retract.dgb"), ADAPTER)
+    rep = _diagnose(col.timelines)
+    target = col.timelines[0].target
+    _, first = top_cause(rep.findings, target)
+    assert first is not None and first.flag == "--max-total-tokens"
+    (ret,) = [f for f in rep.findings if f.rule == "kv_retraction"]
+    cons = [s for s in ret.suggestions if s.flag == "--schedule-conservativeness"]
+    assert cons and "only if retractions persist" in cons[0].why
