@@ -147,6 +147,8 @@ class InputReport:
             d["lines_read"] = self.lines_read
         else:
             d["scrapes"] = self.scrapes
+        if self.kind == "replay":  # a recording: what it held (each input below says what was recognised)
+            d["lines_read"] = self.lines_read
         d["lines_recognized"] = self.lines_recognized
         d["errors"] = self.errors
         if self.messages:

@@ -56,3 +56,15 @@ def test_bad_inputs_say_why_once_and_nothing_else(tmp_path: Path, capsys: object
         assert ("source_unreachable" in r.stdout) == ("--url" in args) and ("Findings" in r.stdout) == ("--url" in args), r.stdout
         assert out.count(f"! {says}") == 1, r.stdout  # under its input, once
         assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_recording_is_counted_by_what_it_holds() -> None:
+    """A replayed recording's own input line says what it held (scrapes, log lines), not "0 recognised":
+    each input inside it has its own line with what was recognised."""
+    from diagnoser.replay import collect_replay
+
+    col = collect_replay(str(Path(__file__).parent.parent / "examples" / "kv-full-retract.dgb"), ADAPTER)
+    out = render(build(col, SimpleNamespace(findings=[], errors=[])))
+    flat = " ".join(out.split())
+    assert "kv-full-retract.dgb: 20 scrapes and 596 log lines replayed, 0 errors" in flat
+    assert "input log server.log: 596 lines, 492 recognised, 0 errors" in flat

@@ -137,8 +137,12 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
         out.append("No problem found: nothing at warning or above.")
         out.append("")
     for i in doc.get("inputs", []):
-        what = f"{i.get('lines_read', i.get('scrapes', 0))} {'lines' if i['kind'] == 'log' else 'reads'}"
-        line = f"input {i['kind']} {i['source']}: {what}, {i['lines_recognized']} recognised, {i['errors']} errors"
+        if i["kind"] == "replay":  # the recording itself: the inputs it held are listed above with their counts
+            line = (f"input replay {i['source']}: {i.get('scrapes', 0)} scrapes and {i.get('lines_read', 0)} log lines "
+                    f"replayed, {i['errors']} errors")
+        else:
+            what = f"{i.get('lines_read', i.get('scrapes', 0))} {'lines' if i['kind'] == 'log' else 'reads'}"
+            line = f"input {i['kind']} {i['source']}: {what}, {i['lines_recognized']} recognised, {i['errors']} errors"
         out.extend(_wrap(line, "  ", ""))
         for m in i.get("messages", []):
             out.extend(_wrap(m, "    ", "  ! "))
