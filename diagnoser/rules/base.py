@@ -390,6 +390,14 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
     return ctx.memo["pool"]  # type: ignore[no-any-return]
 
 
+def pool_phrase(pool: int, source: str) -> str:
+    """``pool N tokens``, or ``pool about N tokens (#token / token usage)`` when :func:`pool_tokens`
+    derived it from a 2-decimal usage (good to about 1 %, so rounded to hundreds)."""
+    if source.endswith("(#token / token usage)"):
+        return f"pool about {pool:,} tokens (#token / token usage)"
+    return f"pool {pool:,} tokens"
+
+
 def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
     """KV tokens one running request holds at decode moments, derived the same way from a log, scrapes
     or Prometheus (:func:`diagnoser.timeline.derived.decode_tokens_per_request`)."""

@@ -81,6 +81,7 @@ from diagnoser.rules.base import (
     evidence,
     fmt_int,
     next_pow2,
+    pool_phrase,
     pool_tokens,
     slot_cap,
     suggest,
@@ -278,9 +279,10 @@ class KVSaturation(Rule):
         if waiting:
             parts.append(f"up to {queue['max']:.0f} requests waited")
         if running["n"]:
-            parts.append(f"{running['min']:.0f}–{running['max']:.0f} ran" + (f" of {cap} slots" if cap else ""))
+            ran = f"{running['max']:.0f}" if running["min"] == running["max"] else f"{running['min']:.0f}–{running['max']:.0f}"
+            parts.append(f"{ran} ran" + (f" of {cap} slots" if cap else ""))
         if pool:
-            parts.append(f"pool {pool:,} tokens")
+            parts.append(pool_phrase(pool, pool_src))
         if path_fit and foot is not None and fit is not None and not (path_wait or path_retract):
             parts.append(f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, "
                          f"and {running['p50']:.0f} ran at the median, so admission (which reserves room for the remaining output, "
@@ -331,7 +333,7 @@ class KVSaturation(Rule):
         pool, pool_src = pool_tokens(ctx)
         if pool:
             evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
-            parts.append(f"pool {pool:,} tokens")
+            parts.append(pool_phrase(pool, pool_src))
         summary = "The KV pool ran out: " + "; ".join(parts) + "."
         notes = ["No token-usage reading is in the inputs: the pool is judged from SGLang's own message; "
                  "a Decode batch line or a /metrics scrape would show how often it is full."]

@@ -283,3 +283,18 @@ def test_a_pool_shorter_than_the_context_counts_requests_at_the_size_they_run(tm
     _, doc = diagnose(tmp_path, summary(pool=116_171, cap=2048, ctx=262_144))
     f = by_rule(doc)["kv_pool_too_small"]
     assert "1,000 tokens per request (an example" in f["summary"] and f["basis"].get("startup"), f
+
+
+def test_a_pool_derived_from_one_line_is_said_to_be_derived(tmp_path: Path) -> None:
+    """The issue's one line (no pool printed): the pool is read as #token / token usage, good to about 1 %,
+    and the summary says so ("about"); one running count reads as one number, not "1010–1010"."""
+    line = ("[2025-01-05 10:00:00 TP0] Decode batch. #running-req: 1010, #token: 55006, token usage: 0.93, "
+            "gen throughput (token/s): 1397, #queue-req: 12279")
+    rc, doc = diagnose(tmp_path, line, "log")
+    f = by_rule(doc)["kv_saturation"]
+    assert rc == 1 and "pool about 59,100 tokens (#token / token usage)" in f["summary"], f["summary"]
+    assert "1010 ran" in f["summary"] and "1010–1010" not in f["summary"]
+    log = tmp_path / "startup.log"  # with the pool printed, it is the engine's own number
+    log.write_text(SUMMARY.format(pool=59146, cap=2048, ctx=32768) + "\n" + line + "\n")
+    rc, doc = diagnose(tmp_path, log.read_text(), "log")
+    assert "pool 59,146 tokens" in by_rule(doc)["kv_saturation"]["summary"]
