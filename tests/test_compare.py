@@ -100,3 +100,18 @@ def test_radix_cache_off_under_a_shared_prefix_is_named_and_its_fix_checked(caps
     assert row["applied"] == "applied" and row["verdict"] == "as predicted"
     ttft = next(c for c in row["checks"] if c["number"] == "ttft_p95_s")
     assert ttft["predicted_move"] == -1 and ttft["realized"] < ttft["before"]
+
+
+def test_radix_cache_off_on_a_server_that_keeps_up_is_info(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same scenario on a quiet machine (real run): prefill 56x the tokens decoded, but TTFT p95 0.20 s
+    and a queue in 29 % of the readings. The radix cache is still named, at info (the cost is engine
+    time, not waiting), and its change is still the first one; nothing at warning, so exit 0."""
+    quiet = DATA / "sglang-cpu-before-after" / "radix-off-quiet" / "before"
+    code, out, _ = _run(capsys, "--once", "--replay", str(quiet), "--format", "json", "--ignore-eos")
+    doc = json.loads(out)
+    f = next(f for f in doc["findings"] if f["rule"] == "low_cache_hit")
+    assert code == 0 and f["severity"] == "info" and "Not a warning" in f["summary"], f["summary"]
+    top = next(iter(doc["top"].values()))
+    assert top["rule"] == "low_cache_hit" and top["suggestion"]["flag"] == "--disable-radix-cache"
+    code, out, _ = _run(capsys, "--once", "--replay", str(RADIX / "before"), "--format", "json")
+    assert next(f for f in json.loads(out)["findings"] if f["rule"] == "low_cache_hit")["severity"] == "warning"

@@ -8,8 +8,10 @@ What it detects:
     first and second half of the window to below `min_hit` while KV usage p95 was at or above
     `high_usage` (0.9): evictions are dropping reusable prefixes (info). (c) The radix cache is off
     (`--disable-radix-cache`) while prefill dominates: the prefill tokens computed are at least
-    `prefill_ratio` (4) times the tokens decoded, and requests pay for it (TTFT p95 at or above
-    `ttft_high_s`, 1 s, or a waiting queue in `queue_share` (30 %) of the readings): warning. With the
+    `prefill_ratio` (4) times the tokens decoded. When requests pay for it (TTFT p95 at or above
+    `ttft_high_s`, 1 s, or a waiting queue in `queue_share` (30 %) of the readings) it is a warning;
+    otherwise info: the engine's work is mostly prompt computation, which a batch job pays for in
+    throughput even while TTFT stays low. With the
     cache off no prefix is ever reused (each request's KV is freed at its end), so the hit rate the cache
     would earn cannot be measured; the finding says what it would save per shared prefix share.
 
@@ -43,7 +45,9 @@ References:
       flags](docs/sglang.md#hicache-flags).
     - SGLang's [hyperparameter tuning
       guide](https://docs.sglang.ai/advanced_features/hyperparameter_tuning.html).
-    - No public real case yet: tested on a constructed log in SGLang's start-up and batch-line shapes.
+    - Real runs: (c) on the SGLang 0.5.23 CPU engine, before and after re-enabling the cache
+      (`tests/data/sglang-cpu-before-after/radix-off`); (a) and (b) on constructed logs in SGLang's
+      start-up and batch-line shapes (no public case yet).
 """
 
 from __future__ import annotations
@@ -148,8 +152,7 @@ class LowCacheHit(Rule):
         q = ctx.series("queue_reqs")
         qshare = float(np.count_nonzero(q.values > 0) / len(q)) if q is not None and len(q) else 0.0
         slow = ttft is not None and ttft >= t["ttft_high_s"]
-        if not (slow or qshare >= t["queue_share"]):
-            return None
+        pays = slow or qshare >= t["queue_share"]  # requests wait for the prefill: a warning; else a note of the work
         from diagnoser.capacity.serverstate import prompt_tokens
 
         prompt = prompt_tokens(ctx.timeline)
@@ -164,7 +167,9 @@ class LowCacheHit(Rule):
         summary = (f"The radix cache is off (--disable-radix-cache) while prefill dominates: {prefill:,.0f} prompt tokens were computed "
                    f"for {decoded:,.0f} decoded ({prefill / decoded:.0f}x){per}"
                    + (f"; TTFT p95 {ttft:.2f} s" if ttft is not None else "") + (f"; requests waited in {qshare:.0%} of the readings" if qshare else "")
-                   + ". Every prompt is computed in full, shared prefixes included.")
+                   + ". Every prompt is computed in full, shared prefixes included."
+                   + ("" if pays else f" Not a warning: TTFT p95 is under {t['ttft_high_s']:g} s and a queue showed in under "
+                      f"{t['queue_share']:.0%} of the readings, so the cost is engine time, which a batch job pays in throughput."))
         if prompt:
             save = (f"if a share s of each {prompt:,.0f}-token prompt is a prefix other requests share, each later request computes "
                     f"{prompt:,.0f} x (1 - s) tokens instead: at s = 0.5 half the prefill work ({prefill / 2:,.0f} of {prefill:,.0f} tokens "
@@ -175,7 +180,7 @@ class LowCacheHit(Rule):
         sugg = [suggest(ctx, "disable_radix_cache", True, False, "with the radix cache off, no prompt prefix is ever reused", save,
                         ("the prompts share prefixes (a system prompt, few-shot examples, chat history); unique prompts gain nothing",
                          "the pool has room to keep finished requests' prefixes (the cache evicts them when it needs the slots)"))]
-        return self.finding(ctx, summary, evs, sugg, confidence="low", severity=Severity.WARNING,
+        return self.finding(ctx, summary, evs, sugg, confidence="low", severity=Severity.WARNING if pays else Severity.INFO,
                             notes=["The hit rate the cache would earn cannot be measured while it is off; the low confidence says so."])
 
 

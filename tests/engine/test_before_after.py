@@ -5,7 +5,9 @@ way diagnoser predicted. Each run is recorded like tests/data/sglang-cpu-real/ a
 
 Four bottlenecks (tests/engine/README.md): a full KV pool capped by --max-total-tokens, a slot cap,
 capped prefill chunks, and the radix cache off under prompts that share a long prefix. The loads are
-large and end when the diagnosis does, so both windows stay busy.
+large and end when the diagnosis does, so both windows stay busy; each is heavy enough that requests
+wait for the bottleneck on a quiet machine too (16 clients did not make the radix-off run wait there:
+tests/data/sglang-cpu-before-after/radix-off-quiet).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ SCENARIOS = [
              {"n": 4000, "concurrency": 16, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True},
              "prefill_stall", "--chunked-prefill-size", {"ttft_p95_s": -1}, extra=["--ignore-eos"]),
     Scenario("radix-off", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--disable-radix-cache"],
-             {"n": 4000, "concurrency": 16, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True, "shared_prefix": True},
+             {"n": 4000, "concurrency": 32, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True, "shared_prefix": True},
              "low_cache_hit", "--disable-radix-cache", {"ttft_p95_s": -1}, extra=["--ignore-eos"]),
 ]
 
