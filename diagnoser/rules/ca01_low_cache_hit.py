@@ -1,4 +1,4 @@
-"""A prefix cache (radix cache or HiCache) is enabled but earns little.
+"""A prefix cache (radix cache or HiCache) earns little, or the radix cache is off while prefill dominates.
 
 What it detects:
     The prefix-cache hit rate: cached / (cached + new) tokens summed over `Prefill batch` lines, else
