@@ -36,7 +36,9 @@ Evidence:
 Fix:
     Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free
     for activations and graphs (SGLang's tuning guide: `available_gpu_mem` 5–8 GB is right); when the pool is
-    capped by `--max-total-tokens`, raise that cap; `--kv-cache-dtype fp8_e4m3` doubles tokens per
+    capped by `--max-total-tokens`, raise that cap, to the next power of two that holds the requests in
+    flight (median running + median waiting over the readings with work, idle stretches left out) at
+    their full length with 10 % to spare, and at least twice the pool; `--kv-cache-dtype fp8_e4m3` doubles tokens per
     byte; for hybrid SWA models whose full-attention pool is full while the SWA pool is nearly empty,
     lower `--swa-full-tokens-ratio`; for MLA models at TP > 1, DP attention gives each rank its own
     pool (the capacity model adds the numbers). HiCache does not help here: it grows the prefix cache,
@@ -353,7 +355,8 @@ class KVSaturation(Rule):
         if full and running["p50"] is not None:
             # every request in flight at its full length: then admission never has to over-commit the pool
             # (it reserves the remaining max_new_tokens x new_token_ratio, which decays toward 0.14 x its start)
-            want = (running["p50"] + (queue["p50"] or 0)) * full / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
+            run50, queue50 = _in_flight_while_busy(ctx, running, queue)
+            want = (run50 + queue50) * full / 0.9 / dp_ranks(ctx)  # the flag sizes each DP rank's pool
         if pinned and cap_tokens and pool:
             proposed = next_pow2(max(want or 0, 2 * pool))
             why = (f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory" if state.cap_tokens else
@@ -394,3 +397,18 @@ class KVSaturation(Rule):
                                "moves memory from the SWA pool to the full-attention pool, so more long requests fit",
                                ("the SWA pool stays below about half full at the new ratio",)))
         return out
+
+
+def _in_flight_while_busy(ctx: RuleContext, running: dict[str, Any], queue: dict[str, Any]) -> tuple[float, float]:
+    """Median running and waiting requests over the readings where the server had work (either > 0).
+
+    The demand a larger pool must hold: an idle stretch in the window (a job that ended, a Prometheus
+    range that runs past it, a log that starts before the load) would otherwise pull the medians to 0
+    and size the pool by how long the window is, not by the load. Falls back to the plain medians when
+    the two series do not join."""
+    p = pairs(ctx, "running_reqs", "queue_reqs")
+    if len(p):
+        busy = (p.a > 0) | (p.b > 0)
+        if np.any(busy):
+            return float(np.median(p.a[busy])), float(np.median(p.b[busy]))
+    return float(running["p50"] or 0.0), float(queue["p50"] or 0.0)

@@ -10,6 +10,7 @@ from diagnoser.rules.oc02_client_bound import ClientBound
 from diagnoser.rules.qu01_queue_buildup import QueueBuildup
 from diagnoser.rules.rg01_runaway_generation import RunawayGeneration
 from diagnoser.rules.sl01_max_running_requests_cap import MaxRunningRequestsCap
+from diagnoser.timeline import Timeline
 from tests.rules.helpers import run, window
 
 CFG = {"max_running_requests": 64, "max_total_tokens": 100_000, "mem_fraction_static": 0.85, "available_gpu_mem_gb": 12.0}
@@ -59,6 +60,21 @@ def test_kv_saturation_max_total_tokens_cap_is_the_lever() -> None:
     assert f is not None
     (s,) = f.suggestions
     assert s.flag == "--max-total-tokens" and s.current == 2048 and s.proposed == 16384  # (6+30) * 332 / 0.9 → next pow2
+
+
+def test_kv_saturation_sizes_the_pool_by_the_load_not_by_an_idle_tail() -> None:
+    """A window that runs past the end of the job (a Prometheus range, a log read after the load) has
+    idle readings: the pool is sized by what was in flight while there was work, the same as without them."""
+    cfg = {"max_total_tokens": 2048, "arg.max_total_tokens": 2048, "max_running_requests": 64}
+    retract = [("retraction", 2, {"retracted_reqs": 1}), ("retraction", 4, {"retracted_reqs": 1})]
+
+    def tl(idle: int) -> Timeline:
+        return window(token_usage=[0.97] * 6 + [0.0] * idle, queue_reqs=[30] * 6 + [0] * idle, running_reqs=[6] * 6 + [0] * idle,
+                      used_tokens=[1990] * 6 + [0] * idle, config=cfg, events=retract)
+
+    got = [run(KVSaturation, tl(idle)) for idle in (0, 10)]
+    assert all(f is not None for f in got)
+    assert [f.suggestions[0].proposed for f in got if f] == [16384, 16384]
 
 
 def test_kv_saturation_few_requests_get_no_flag_advice() -> None:
