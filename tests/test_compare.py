@@ -100,6 +100,9 @@ def test_radix_cache_off_under_a_shared_prefix_is_named_and_its_fix_checked(caps
     assert row["applied"] == "applied" and row["verdict"] == "as predicted"
     ttft = next(c for c in row["checks"] if c["number"] == "ttft_p95_s")
     assert ttft["predicted_move"] == -1 and ttft["realized"] < ttft["before"]
+    hit = next(c for c in row["checks"] if c["number"] == "cache_hit")  # what re-enabling the cache does first
+    assert hit["predicted_move"] == 1 and hit["before"] == 0.0 and hit["realized"] > 0.9 and hit["as_predicted"]
+    assert next(h for h in doc["headline"] if h["name"] == "cache_hit")["judgement"] == "better"
 
 
 def test_radix_cache_off_on_a_server_that_keeps_up_is_info(capsys: pytest.CaptureFixture[str]) -> None:

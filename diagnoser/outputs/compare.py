@@ -63,6 +63,14 @@ def _retractions(side: Side) -> int:
     return retractions(RuleContext(side.timeline, {}, None))[0]
 
 
+def _cache_hit(side: Side) -> float | None:
+    """The prefix-cache hit rate over the window, as low_cache_hit reads it (cached / prefill tokens)."""
+    from diagnoser.rules.base import RuleContext
+    from diagnoser.rules.ca01_low_cache_hit import hit_rate
+
+    return hit_rate(RuleContext(side.timeline, {}, None))[0]
+
+
 def headline(side: Side) -> dict[str, float | None]:
     tl = side.timeline
     st = tl.stats
@@ -76,16 +84,17 @@ def headline(side: Side) -> dict[str, float | None]:
         "kv_usage": st("token_usage")["mean"],
         "gen_tps": _busy(tl, "gen_throughput_tps", "mean"),
         "ttft_p95_s": ttft,
+        "cache_hit": _cache_hit(side),
         "retractions": float(_retractions(side)),
         "out_tps": window_rate(tl, "output_tps").value,
     }
 
 
 HEADLINE_LABELS = {"running": "running (median while busy)", "queued": "queued (median)", "kv_usage": "KV usage (mean)",
-                   "gen_tps": "gen tok/s (mean while busy)", "ttft_p95_s": "TTFT p95 s", "retractions": "retractions",
+                   "gen_tps": "gen tok/s (mean while busy)", "ttft_p95_s": "TTFT p95 s", "cache_hit": "prefix cache hit rate", "retractions": "retractions",
                    "out_tps": "out tok/s (over the window)"}
 # which way is better for each headline number (+1 higher is better, -1 lower, 0 neither)
-BETTER = {"running": 0, "queued": -1, "kv_usage": 0, "gen_tps": 1, "ttft_p95_s": -1, "retractions": -1, "out_tps": 1}
+BETTER = {"running": 0, "queued": -1, "kv_usage": 0, "gen_tps": 1, "ttft_p95_s": -1, "cache_hit": 1, "retractions": -1, "out_tps": 1}
 
 
 def _flag(name: str) -> str:
@@ -159,7 +168,7 @@ FIX_MOVES: dict[str, dict[str, int]] = {
     "kv_retraction": {"retractions": -1},
     "max_running_requests_cap": {"running": +1, "queued": -1},
     "prefill_stall": {"ttft_p95_s": -1},
-    "low_cache_hit": {"ttft_p95_s": -1},
+    "low_cache_hit": {"cache_hit": +1, "ttft_p95_s": -1},  # the prefill work it saves, then TTFT while prefill dominates
     "cuda_graph_disabled_or_exceeded": {"gen_tps": +1},
     "prefill_decode_interference": {"gen_tps": +1},
     "low_spec_acceptance": {"gen_tps": +1},
@@ -257,6 +266,8 @@ def _fmt(v: Any, k: str = "") -> str:
     if isinstance(v, float):
         if k in ("kv_usage",):
             return f"{v:.2f}"
+        if k == "cache_hit":
+            return f"{v:.0%}"
         if k == "ttft_p95_s":
             return f"{v:.2f}"
         return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.1f}"
