@@ -98,8 +98,8 @@ def test_radix_cache_off_under_a_shared_prefix_is_named_and_its_fix_checked(caps
     assert code == 0 and doc["top_resolved"] and doc["verdict"] == "improved"
     row = next(r for r in doc["suggestions"] if r["flag"] == "--disable-radix-cache")
     assert row["applied"] == "applied" and row["verdict"] == "as predicted"
-    ttft = next(c for c in row["checks"] if c["number"] == "ttft_p95_s")
-    assert ttft["predicted_move"] == -1 and ttft["realized"] < ttft["before"]
+    ttft = next(h for h in doc["headline"] if h["name"] == "ttft_p95_s")  # shown, not claimed (see FIX_MOVES)
+    assert ttft["after"] < ttft["before"] and ttft["judgement"] == "better"
     hit = next(c for c in row["checks"] if c["number"] == "cache_hit")  # what re-enabling the cache does first
     assert hit["predicted_move"] == 1 and hit["before"] == 0.0 and hit["realized"] > 0.9 and hit["as_predicted"]
     assert next(h for h in doc["headline"] if h["name"] == "cache_hit")["judgement"] == "better"

@@ -173,10 +173,11 @@ class LowCacheHit(Rule):
         if prompt:
             save = (f"if a share s of each {prompt:,.0f}-token prompt is a prefix other requests share, each later request computes "
                     f"{prompt:,.0f} x (1 - s) tokens instead: at s = 0.5 half the prefill work ({prefill / 2:,.0f} of {prefill:,.0f} tokens "
-                    "in this window), and TTFT falls with it while prefill dominates")
+                    "in this window); TTFT and throughput gain only as far as prefill time is what requests wait for "
+                    "(a fast prefill, as of a small model, saves compute but hardly moves TTFT)")
         else:
-            save = ("a shared prefix is computed once instead of once per request: the prefill work (and TTFT, while prefill dominates) "
-                    "falls by the shared share of each prompt")
+            save = ("a shared prefix is computed once instead of once per request: the prefill work falls by the shared share "
+                    "of each prompt; TTFT and throughput gain only as far as prefill time is what requests wait for")
         sugg = [suggest(ctx, "disable_radix_cache", True, False, "with the radix cache off, no prompt prefix is ever reused", save,
                         ("the prompts share prefixes (a system prompt, few-shot examples, chat history); unique prompts gain nothing",
                          "the pool has room to keep finished requests' prefixes (the cache evicts them when it needs the slots)"))]
