@@ -374,6 +374,9 @@ def slot_cap(ctx: RuleContext) -> tuple[int | None, str]:
     return None, ""
 
 
+DERIVED_POOL = "(#token / token usage)"  # how pool_tokens marks a pool it derived rather than read
+
+
 def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
     v = ctx.cfg("max_total_tokens")
     if isinstance(v, int | float) and v > 0:
@@ -384,7 +387,7 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
         ok = np.nonzero(p.b >= 0.05)[0]
         if len(ok):
             k = int(ok[np.argmax(p.b[ok])])
-            ctx.memo["pool"] = (int(round(float(p.a[k] / p.b[k]), -2)), f"{p.src(k)} (#token / token usage)")
+            ctx.memo["pool"] = (int(round(float(p.a[k] / p.b[k]), -2)), f"{p.src(k)} {DERIVED_POOL}")
         else:
             ctx.memo["pool"] = (None, "")
     return ctx.memo["pool"]  # type: ignore[no-any-return]
@@ -393,8 +396,8 @@ def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
 def pool_phrase(pool: int, source: str) -> str:
     """``pool N tokens``, or ``pool about N tokens (#token / token usage)`` when :func:`pool_tokens`
     derived it from a 2-decimal usage (good to about 1 %, so rounded to hundreds)."""
-    if source.endswith("(#token / token usage)"):
-        return f"pool about {pool:,} tokens (#token / token usage)"
+    if source.endswith(DERIVED_POOL):
+        return f"pool about {pool:,} tokens {DERIVED_POOL}"
     return f"pool {pool:,} tokens"
 
 
