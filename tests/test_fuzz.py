@@ -27,7 +27,7 @@ from diagnoser.outputs.text import render
 from diagnoser.sources.metrics import MetricsTarget
 from diagnoser.timeline import Timeline
 from tests.conftest import ARTIFACTS, DATA
-from tests.helpers import read_log_bytes
+from tests.helpers import READ_PATHS, read_log_bytes
 
 SEED = int(os.environ.get("DIAGNOSER_FUZZ_SEED", "17"))
 SCALE = max(1, int(os.environ.get("DIAGNOSER_FUZZ_SCALE", "1")))
@@ -140,7 +140,7 @@ def test_mutated_real_log_lines(part: int) -> None:
     lines = [mutate_line(rnd, rnd.choice(corpus), corpus) for _ in range(LOG_CHUNK)]
     data = b"\n".join(lines) + b"\n"
     try:
-        got = {mode: _read(data, mode) for mode in ("line", "scan", "regex")}
+        got = {mode: _read(data, mode) for mode in READ_PATHS}
         sums = {mode: _summary(*rt) for mode, rt in got.items()}
         assert sums["line"] == sums["scan"] == sums["regex"], "the three reading paths disagree"
         r, tl = got["line"]
