@@ -23,7 +23,9 @@ Evidence:
 Fix:
     SGLang's tuning guide: occasional retraction (about once a minute) is fine; frequent retraction
     means raising `--schedule-conservativeness` (e.g. 1.0 → 1.3) so admission reserves more room for
-    future decode tokens. Growing the pool (`kv_saturation`) also helps. The suggestion passes SGLang's
+    future decode tokens. Growing the pool (`kv_saturation`) also helps, without shrinking the batch: when
+    a larger pool is suggested for the same server, this suggestion says to apply it after that one and
+    only if retractions persist. The suggestion passes SGLang's
     scheduler model (`diagnoser/engines/sglang/scheduler_model.py`): the initial new_token_ratio is
     min(0.7 × conservativeness, 1.0) (`python/sglang/srt/managers/scheduler_components/new_token_ratio_tracker.py`
     at v0.5.23), so from 1.43 up a larger value changes nothing and none is proposed; `ignore_eos` requests
