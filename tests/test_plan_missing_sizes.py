@@ -216,3 +216,21 @@ def test_mixer_indexer_and_quantization_defaults_are_listed() -> None:
     assert any("no bits" in x for x in e.assumed) and any("no group_size" in x for x in e.assumed)
     v32 = dict(load_model_config(CONFIGS / "deepseek-v3.json"), index_topk=2048)  # a DSA indexer without its sizes
     assert [x.split(" not in")[0] for x in estimate_weights(v32).assumed] == ["index_n_heads", "index_head_dim"]
+
+
+def test_the_logs_override_is_the_servers_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real CPU-engine log (tests/data/sglang-cpu-before-after) whose server_args are edited to carry
+    --json-model-override-args: the plan reads the model the server ran, and says where that came from;
+    the flag given on the command line wins."""
+    log = (HERE / "data" / "sglang-cpu-before-after" / "kv-full" / "before" / "server.log").read_text()
+    assert log.count("'json_model_override_args': '{}'") == 1
+    edited = tmp_path / "server.log"
+    edited.write_text(log.replace("'json_model_override_args': '{}'", "'json_model_override_args': '{\"num_key_value_heads\": 1}'"))
+    base = ["plan", "--model-config", str(CONFIGS / "tiny-llama.json"), "--format", "json"]
+    docs = []
+    for extra in (["--log", str(edited)], ["--log", str(edited), "--json-model-override-args", "{}"]):
+        code, out, _ = run(base + extra, capsys)
+        assert code == 0
+        docs.append(json.loads(out))
+    assert docs[0]["bytes_per_token_per_rank"] == 256 and docs[1]["bytes_per_token_per_rank"] == 512  # 2 KV heads in the config
+    assert "model config with num_key_value_heads from the log's json_model_override_args" in docs[0]["notes"]
