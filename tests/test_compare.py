@@ -252,3 +252,17 @@ def test_rates_change_in_points_and_small_moves_of_a_rate_are_no_movement() -> N
     assert heads["gen_tps"]["change"] == pytest.approx(0.16) and heads["gen_tps"]["judgement"] == "better"  # a throughput stays relative
     heads = {h["name"]: h for h in headline_rows(base, {**base, "cache_hit": 0.9})}
     assert heads["cache_hit"]["judgement"] == "better" and _change(heads["cache_hit"]) == "+87 pt"
+
+
+def test_a_suggestion_taken_part_of_the_way_is_judged(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """AFTER's args say --max-total-tokens 8192 (built from the real pair): towards the proposed 16384 from
+    2048, so it counts as applied in part, and its numbers are checked."""
+    after = _edited_after(tmp_path, {"max_total_tokens": (16384, 8192)})
+    code, out, _ = _run(capsys, "compare", str(BEFORE), str(after), "--format", "json")
+    doc = json.loads(out)
+    row = next(r for r in doc["suggestions"] if r["flag"] == "--max-total-tokens")
+    assert row["applied"] == "partly (same direction)" and row["after"] == 8192
+    assert row["verdict"] != "not applied" and any(c["as_predicted"] is not None for c in row["checks"])
+    assert doc["verdict_basis"]["applied"] == ["--max-total-tokens"]
+    code, out, _ = _run(capsys, "compare", str(BEFORE), str(after))
+    assert "partly (same direction) [AFTER has 8192]" in " ".join(out.split())

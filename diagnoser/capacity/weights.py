@@ -370,14 +370,14 @@ def _mixer_params(c: dict[str, Any], hidden: int, notes: list[str], assumed: lis
     return None
 
 
-def _vision_params(cfg: dict[str, Any], notes: list[str]) -> float:
+def _vision_params(cfg: dict[str, Any], notes: list[str], assumed: list[str]) -> float:
     v = cfg.get("vision_config")
     if not isinstance(v, dict):
         return 0.0
     depth = _int(v, "depth", "num_hidden_layers", "num_layers")
     h = _int(v, "hidden_size", "embed_dim", "width")
     if not depth or not h:
-        notes.append("the vision_config gives no depth/hidden size: the vision encoder is not counted")
+        assumed.append("the vision_config gives no depth/hidden size: the vision encoder is not counted (--weights-gb gives the real figure)")
         return 0.0
     inter = _int(v, "intermediate_size")
     how = ""
@@ -470,7 +470,8 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         mp = _mixer_params(c, hidden, notes, assumed)
         if mp is None:
             mp = (parts[-1][1] / max(1, attn_layers), 0.0)
-            notes.append(f"{mixer_layers} non-attention mixer layers have no sizes this tool reads: counted as attention layers (approximate)")
+            assumed.append(f"{mixer_layers} non-attention mixer layers have no sizes this tool reads: counted as attention layers "
+                           "(approximate; --weights-gb gives the real figure)")
         parts.append(("mixer", (mp[0] + mp[1]) * mixer_layers, (mp[0] / attn_tp + mp[1]) * mixer_layers))
 
     # MLP / MoE
@@ -534,7 +535,7 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         notes.append(f"{c['num_nextn_predict_layers']} MTP layer(s) in the checkpoint are not counted: SGLang loads them only as "
                      "the speculative-decoding draft")
     norms = float(2 * hidden * layers + hidden)
-    vision = _vision_params(cfg, notes)
+    vision = _vision_params(cfg, notes, assumed)
     if vision:
         parts.append(("vision", vision, vision / tp))
 
