@@ -266,3 +266,13 @@ def test_a_suggestion_taken_part_of_the_way_is_judged(capsys: pytest.CaptureFixt
     assert doc["verdict_basis"]["applied"] == ["--max-total-tokens"]
     code, out, _ = _run(capsys, "compare", str(BEFORE), str(after))
     assert "partly (same direction) [AFTER has 8192]" in " ".join(out.split())
+
+
+def test_a_warning_the_change_did_not_address_is_said_beside_the_verdict() -> None:
+    from diagnoser.outputs.compare import judge
+
+    rows = [_row("kv_saturation", True, True)]
+    findings = {"resolved": [_finding("kv_saturation")], "persisting": [_finding("prefill_stall")], "new": []}
+    j = judge(rows, findings, NONE_CHANGED, [])
+    assert j["verdict"] == "improved"  # the change did what it was for
+    assert "still there, not what the change addressed: prefill_stall (warning)" in j["reasons"]

@@ -317,8 +317,12 @@ def judge(rows: list[dict[str, Any]], findings: dict[str, list[dict[str, Any]]],
                                                                       "; no server flag differs between the recordings"))
         if not good and not bad and not regressed:
             reasons.append("no finding at warning or above before or after")
-    elif others:
-        reasons.append(f"also changed, not suggested: {', '.join(others)} (its effect is mixed into the result)")
+    else:
+        left = [x for x in findings["persisting"] if _serious(x) and x["rule"] not in seen]
+        if left:
+            reasons.append("still there, not what the change addressed: " + ", ".join(f"{x['rule']} ({x['severity']})" for x in left))
+        if others:
+            reasons.append(f"also changed, not suggested: {', '.join(others)} (its effect is mixed into the result)")
     moved = [h["name"] for h in heads if h["name"] not in judged and h["move"]]
     return {"verdict": verdict, "reasons": reasons, "applied": [r["flag"] for r in applied], "other_flags": others,
             "other_movements": moved}
