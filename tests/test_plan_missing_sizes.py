@@ -234,3 +234,17 @@ def test_the_logs_override_is_the_servers_config(tmp_path: Path, capsys: pytest.
         docs.append(json.loads(out))
     assert docs[0]["bytes_per_token_per_rank"] == 256 and docs[1]["bytes_per_token_per_rank"] == 512  # 2 KV heads in the config
     assert "model config with num_key_value_heads from the log's json_model_override_args" in docs[0]["notes"]
+
+
+def test_a_log_without_server_args_says_tp_1_was_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """Real start-up logs: SGLang's reference start-up log, whose server_args line is elided to
+    ``ServerArgs(model_path='Qwen/Qwen3-8B', ...)`` (its first line gives the source), leaves the TP size
+    unknown; the CPU engine's whole log does not."""
+    note = "the log does not show the server's --tp-size"
+    cases = [(HERE / "data" / "sglang" / "logs" / "log_startup_qwen3_8b_tp1_2026-05.log", "qwen3-8b.json", True),
+             (HERE / "data" / "sglang-cpu-before-after" / "kv-full" / "before" / "server.log", "tiny-llama.json", False)]
+    for log, cfg, said in cases:
+        code, out, _ = run(["plan", "--model-config", str(CONFIGS / cfg), "--log", str(log), "--format", "json"], capsys)
+        assert code == 0 and any(n.startswith(note) for n in json.loads(out)["notes"]) is said, log
+        code, out, _ = run(["plan", "--model-config", str(CONFIGS / cfg), "--log", str(log), "--tp", "1", "--format", "json"], capsys)
+        assert not any(n.startswith(note) for n in json.loads(out)["notes"])

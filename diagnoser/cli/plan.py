@@ -300,6 +300,9 @@ def build(args: argparse.Namespace) -> Plan:
         pool = PoolFacts(shape=shape)
     if shape is None and not (tl is not None and pool.kv_gib):
         raise UsageError("pass --model-config config.json (the model's Hugging Face config) to size the KV cache")
+    if tl is not None and args.tp is None and tl.cfg("tp_size") is None:
+        notes.append("the log does not show the server's --tp-size (no server_args line): TP 1 taken, SGLang's default; "
+                     "pass --tp if it ran with more")
     for name, val in (("tp", args.tp), ("dp", args.dp), ("page_size", args.page_size), ("kv_cache_dtype", args.kv_cache_dtype),
                       ("mem_fraction", args.mem_fraction_static)):
         if val is not None:
