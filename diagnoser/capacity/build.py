@@ -106,7 +106,7 @@ def planner_for(tl: Timeline, extras: dict[str, Any], version: tuple[int, int, i
     pool: PoolFacts = pool_from_timeline(tl, shape)
     if extras.get("host_mem_gb"):
         pool.host_mem_gib = float(extras["host_mem_gb"])
-    notes = list(pool.notes) + (list(shape.notes) if shape is not None else [])
+    notes = (list(shape.assumed) if shape is not None else []) + list(pool.notes) + (list(shape.notes) if shape is not None else [])
     if why:
         notes.append(why)
     points = decode_points(tl)

@@ -50,6 +50,7 @@ class ModelShape:
     attn_params_replicated: int = 0  # attention weights every rank holds anyway
     context_length: int | None = None
     notes: tuple[str, ...] = field(default=())
+    assumed: tuple[str, ...] = field(default=())  # sizes the config lacks, and what was taken for them
 
     @property
     def hybrid(self) -> bool:
@@ -131,6 +132,26 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def apply_model_overrides(cfg: dict[str, Any], overrides: Any) -> dict[str, Any]:
+    """The config with SGLang's ``--json-model-override-args`` applied as SGLang applies it: each key set
+    at the top level, a dict merged into a sub-config that is a dict (``{"text_config": {...}}``)
+    (``python/sglang/srt/utils/hf_transformers/config.py`` ``get_config`` at v0.5.23)."""
+    if isinstance(overrides, str):
+        import json
+
+        try:
+            overrides = json.loads(overrides or "{}")
+        except json.JSONDecodeError:
+            raise CapacityInputError("--json-model-override-args is not JSON; write it like '{\"moe_intermediate_size\": 2048}'") from None
+    if not isinstance(overrides, dict):
+        raise CapacityInputError("--json-model-override-args must be a JSON object, like '{\"moe_intermediate_size\": 2048}'")
+    out = dict(cfg)
+    for k, v in overrides.items():
+        cur = out.get(k)
+        out[k] = {**cur, **v} if isinstance(v, dict) and isinstance(cur, dict) else v
+    return out
+
+
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Multimodal wrappers (Kimi-K2.5, Llava, Qwen-VL…) keep the language model under a sub-key."""
     for key in ("text_config", "language_config", "llm_config"):
@@ -150,6 +171,27 @@ def _int(cfg: dict[str, Any], *keys: str) -> int | None:
         if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
             return int(v)
     return None
+
+
+# architectures that are multi-head attention by definition (no KV-head field in their config class)
+MHA_ONLY = ("gpt2", "gptj", "bloom", "opt", "gpt_neox", "mpt", "codegen")
+
+
+def kv_heads_of(cfg: dict[str, Any], heads: int) -> tuple[int, str | None]:
+    """KV heads of a (text) config: its own field, the architecture's definition (GPT-BigCode and Falcon
+    are multi-query unless they say otherwise; GPT-2 & co. are MHA), else transformers' default for a
+    config without the field (as many as the query heads), with a sentence saying it was taken."""
+    n = _int(cfg, "num_key_value_heads", "multi_query_group_num", "num_kv_heads", "n_head_kv")
+    if n is not None:
+        return n, None
+    mt = str(cfg.get("model_type") or "")
+    if mt == "gpt_bigcode":  # GPTBigCodeConfig multi_query=True: one KV head
+        return (1 if cfg.get("multi_query", True) else heads), None
+    if mt == "falcon" and not cfg.get("new_decoder_architecture"):  # FalconConfig multi_query=True: one KV head
+        return (1 if cfg.get("multi_query", True) else heads), None
+    if mt in MHA_ONLY:
+        return heads, None
+    return heads, f"num_key_value_heads not in the config: taken as num_attention_heads ({heads}), as transformers does (MHA)"
 
 
 def _full_attention_layers(cfg: dict[str, Any], layers: int) -> tuple[int, str]:
@@ -185,9 +227,17 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
     if not layers:
         raise CapacityInputError("the model config has no num_hidden_layers; pass the language model's config.json")
     dtype_name = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
-    # a float32 checkpoint runs as float16 under SGLang's --dtype auto (configs/model_config.py, _get_and_verify_dtype)
-    mdb = 2.0 if dtype_name in ("float32", "fp32", "float") else DTYPE_BYTES.get(dtype_name, 2.0)
     notes: list[str] = []
+    assumed: list[str] = []
+    # a float32 checkpoint runs as float16 under SGLang's --dtype auto (configs/model_config.py, _get_and_verify_dtype),
+    # and so does one without a dtype (the weight estimate says so)
+    if dtype_name in ("float32", "fp32", "float"):
+        mdb = 2.0
+    elif dtype_name in DTYPE_BYTES:
+        mdb = DTYPE_BYTES[dtype_name]
+    else:
+        mdb = 2.0
+        assumed.append(f"unknown torch_dtype {dtype_name!r}: the KV cache (auto) counted at 2 B per element; pass --kv-cache-dtype")
     full, why = _full_attention_layers(c, layers)
     if why:
         notes.append(why)
@@ -196,10 +246,16 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
     ctx = _int(c, "max_position_embeddings")
     if c.get("kv_lora_rank"):
         kvr = int(c["kv_lora_rank"])
-        rope = int(c.get("qk_rope_head_dim") or 0)
+        rope = _int(c, "qk_rope_head_dim")
+        if rope is None:  # half of each MLA KV entry: no default would be honest
+            raise CapacityInputError("the model config has kv_lora_rank but no qk_rope_head_dim, so the KV bytes per token cannot be "
+                                     "computed; supply it with --json-model-override-args '{\"qk_rope_head_dim\": N}'")
         nope = int(c.get("qk_nope_head_dim") or 0)
         vhd = int(c.get("v_head_dim") or 0)
         qlr = int(c.get("q_lora_rank") or 0)
+        if not nope or not vhd:
+            notes.append("the config has no qk_nope_head_dim / v_head_dim: the attention weights DP attention would replicate are "
+                         "not counted")
         if c.get("index_topk") or c.get("index_head_dim"):
             notes.append("NSA/DSA model: the indexer's per-layer cache is not counted (docs/sglang.md#kv-bytes), so bytes per token are a floor")
         q_b = (qlr if qlr else hidden) * heads * (nope + rope)
@@ -210,17 +266,19 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         return ModelShape(
             arch=top_arch, attention="mla", layers=layers, full_attention_layers=full, kv_lora_rank=kvr,
             qk_rope_head_dim=rope, model_dtype_bytes=mdb, attn_params_sharded=(q_b + kv_b + o) * full,
-            attn_params_replicated=(q_a + kv_a) * full, context_length=ctx, notes=tuple(notes),
+            attn_params_replicated=(q_a + kv_a) * full, context_length=ctx, notes=tuple(notes), assumed=tuple(assumed),
         )
-    kv_heads = _int(c, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads
-    head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)
+    kv_heads, why = kv_heads_of(c, heads) if heads else (0, None)
+    if why:
+        assumed.append(why)
+    head_dim = _int(c, "head_dim") or (hidden // heads if heads else 0)  # the definition when head_dim is unset
     if not kv_heads or not head_dim:
         raise CapacityInputError("the model config has no attention heads/head_dim; pass the language model's config.json")
     qkvo = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     return ModelShape(
         arch=top_arch, attention="mha", layers=layers, full_attention_layers=full, kv_heads=kv_heads,
         head_dim=head_dim, model_dtype_bytes=mdb, attn_params_sharded=qkvo * full, context_length=ctx,
-        notes=tuple(notes),
+        notes=tuple(notes), assumed=tuple(assumed),
     )
 
 

@@ -34,6 +34,12 @@ dtype runs as float16 under SGLang's ``--dtype auto``, ``python/sglang/srt/confi
 * ``mxfp4`` (gpt-oss): MoE experts at 0.5 B + one scale byte per 32, the rest at the runtime dtype;
 * bitsandbytes 4-bit: 0.5 B + its absmax (fp32 per 64, or about 1 B per 64 with double quantization).
 
+A size the count needs and the config lacks is never replaced by a rule of thumb silently: either the
+architecture itself defines it (GPT-2's MLP is 4 × hidden when ``n_inner`` is unset; transformers' own
+defaults for a field the config class fills in) and :attr:`WeightEstimate.assumed` says what was taken,
+or the estimate stops with :class:`CapacityInputError` naming the field and how to supply it
+(``--weights-gb``, or SGLang's own ``--json-model-override-args '{"field": N}'``).
+
 Layers named in ``ignore`` / ``modules_to_not_convert`` / ``ignored_layers`` / ``exclude_modules`` stay
 at the runtime dtype; embeddings stay unquantized. The estimate leaves out buffers SGLang allocates at load
 (rotary caches, MLA's absorbed ``w_kc``/``w_vc`` copies): tens to hundreds of MiB. Every figure that rests
@@ -49,11 +55,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capacity.kvbytes import GIB, CapacityInputError, _full_attention_layers, _int, _text_config
+from diagnoser.capacity.kvbytes import (
+    GIB,
+    CapacityInputError,
+    _full_attention_layers,
+    _int,
+    _text_config,
+    kv_heads_of,
+)
 
 VOCAB_PADDING = 64  # SGLang's DEFAULT_VOCAB_PADDING_SIZE (python/sglang/srt/layers/vocab_parallel_embedding.py)
 RUNTIME_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0}
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "opt", "falcon", "bloom", "starcoder2", "gpt_bigcode")
+# architectures whose MLP is 4 × hidden when the config leaves its width unset (GPT2Config / GPTJConfig
+# n_inner=None, FalconConfig ffn_hidden_size=None, BLOOM's fixed 4 × hidden)
+FOUR_X_MLP = ("gpt2", "gpt_bigcode", "gptj", "falcon", "bloom")
+# MoE architectures whose experts are intermediate_size wide (no moe_intermediate_size in their config class)
+EXPERTS_AT_INTERMEDIATE = ("mixtral", "gpt_oss", "olmoe", "phimoe", "granitemoe", "granitemoehybrid", "jamba", "minimax", "grok")
+# MoE architectures whose config class has its own moe_intermediate_size (intermediate_size is the dense width)
+OWN_EXPERT_WIDTH = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe",
+                    "qwen3_omni_moe", "glm4_moe", "glm4v_moe", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "bailing_moe", "step3_text")
+SUPPLY = ("give --weights-gb G (the weights one GPU rank holds: the 'Load weight end … mem usage' of a start-up) "
+          "or supply it with --json-model-override-args")
 NON_GATED_MLP = ("gpt2", "gpt_neox", "falcon", "phi", "starcoder2", "opt", "bloom", "gpt_bigcode", "mpt", "gptj")
 
 # Representative module names, for matching a quantization config's ignore lists.
@@ -93,6 +116,7 @@ class WeightEstimate:
     ep: int = 1
     attn_tp: int = 1
     notes: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)  # sizes the config lacks, and what was taken for them
 
     @property
     def params(self) -> float:
@@ -125,7 +149,7 @@ class WeightEstimate:
             "attn_tp": self.attn_tp,
             "parts": {p.name: {"params": round(p.params), "params_per_rank": round(p.per_rank), "bytes_per_param": round(p.bytes_per_param, 4)}
                       for p in self.parts},
-            "notes": list(self.notes),
+            "notes": list(self.notes), "assumed": list(self.assumed),
         }
 
 
@@ -154,6 +178,19 @@ class _Quant:
         return pat in name
 
 
+def _missing(lacking: list[tuple[tuple[str, ...], str]], under: str | None = None) -> CapacityInputError:
+    """The error for sizes the count cannot do without: each field (alternatives joined by "or") with
+    what it sizes, and how to supply them (under the sub-config ``under`` of a multimodal wrapper, which
+    SGLang's override merges into)."""
+    parts = [f"{' or '.join(names)} ({what})" for names, what in lacking]
+    example = "{" + ", ".join(f'"{names[0]}": N' for names, _ in lacking) + "}"
+    if under:
+        parts = [f"{under}.{p}" for p in parts]
+        example = f'{{"{under}": {example}}}'
+    supply = SUPPLY.replace("supply it", "supply them") if len(lacking) > 1 else SUPPLY
+    return CapacityInputError(f"the model config has no {' and no '.join(parts)}, so the weights cannot be sized; {supply} '{example}'")
+
+
 def _group_bytes(bits: float, group: int | None, scale_bytes: float = 2.0, zero_bits: float = 0.0) -> float:
     """Packed ``bits``-bit weights plus one scale (and a packed zero) per group."""
     g = group if group and group > 0 else 0
@@ -164,7 +201,7 @@ def _strs(v: Any) -> tuple[str, ...]:
     return tuple(str(x) for x in v) if isinstance(v, list) else ()
 
 
-def _quant(cfg: dict[str, Any], notes: list[str]) -> _Quant | None:
+def _quant(cfg: dict[str, Any], notes: list[str], assumed: list[str] | None = None) -> _Quant | None:
     q = cfg.get("quantization_config") or cfg.get("compression_config")
     if not isinstance(q, dict) or not q:
         return None
@@ -183,7 +220,13 @@ def _quant(cfg: dict[str, Any], notes: list[str]) -> _Quant | None:
         notes.append(f"ModelOpt quant_algo {algo!r} is not sized here: weights counted at the runtime dtype (an upper bound)")
         return None
     if method in ("awq", "awq_marlin", "gptq", "gptq_marlin", "auto-round", "auto_round"):
-        bits = _int(q, "bits", "w_bit") or 4
+        bits = _int(q, "bits", "w_bit")
+        if bits is None:
+            bits = 4
+            if assumed is not None:
+                assumed.append(f"quantization_config gives no bits: {method} taken as 4-bit (its usual width)")
+        if "group_size" not in q and "q_group_size" not in q and assumed is not None:
+            assumed.append(f"quantization_config gives no group_size: {method} groups taken as 128")
         group = q.get("group_size", q.get("q_group_size", 128))
         group = int(group) if isinstance(group, int | float) and group > 0 else None
         name = "AWQ" if method.startswith("awq") else ("AutoRound" if "round" in method else "GPTQ")
@@ -202,12 +245,12 @@ def _quant(cfg: dict[str, Any], notes: list[str]) -> _Quant | None:
         if q.get("load_in_8bit"):
             return _Quant("bitsandbytes 8-bit", 1.0, skip=skip + _strs(q.get("llm_int8_skip_modules")))
     if method == "compressed-tensors" or "config_groups" in q:
-        return _compressed_tensors(q, notes)
+        return _compressed_tensors(q, notes, assumed)
     notes.append(f"quantization method {method or '?'!r} is not sized here: weights counted at the runtime dtype (an upper bound)")
     return None
 
 
-def _compressed_tensors(q: dict[str, Any], notes: list[str]) -> _Quant | None:
+def _compressed_tensors(q: dict[str, Any], notes: list[str], assumed: list[str] | None = None) -> _Quant | None:
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         notes.append("compressed-tensors config without config_groups: weights counted at the runtime dtype (an upper bound)")
@@ -224,11 +267,19 @@ def _compressed_tensors(q: dict[str, Any], notes: list[str]) -> _Quant | None:
         if "nvfp4" in fmt or (bits == 4 and kind == "float"):
             per, label = 0.5 + 1 / 16, "NVFP4 (compressed-tensors)"
         elif strategy == "group" or strategy == "tensor_group":
-            gs = _int(w, "group_size") or 128
+            gs = _int(w, "group_size")
+            if gs is None:
+                gs = 128
+                if assumed is not None:
+                    assumed.append("compressed-tensors group strategy without group_size: groups taken as 128")
             per = _group_bytes(bits, gs, 2.0, 0.0 if w.get("symmetric", True) else bits)
             label = f"compressed-tensors {kind}{bits:g}, group {gs}"
         elif strategy == "block":
-            bs = w.get("block_structure") or [128, 128]
+            bs = w.get("block_structure")
+            if not (isinstance(bs, list) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs)):
+                bs = [128, 128]
+                if assumed is not None:
+                    assumed.append("compressed-tensors block strategy without a block_structure: blocks taken as 128 × 128")
             per = bits / 8 + 4.0 / (bs[0] * bs[1])
             label = f"compressed-tensors {kind}{bits:g}, {bs[0]}×{bs[1]} blocks"
         else:
@@ -277,14 +328,25 @@ def _moe_layers(c: dict[str, Any], layers: int) -> list[bool]:
     return [i >= k and i % freq == 0 and (i + step_offset) % step == 0 and i not in only for i in range(layers)]
 
 
-def _mixer_params(c: dict[str, Any], hidden: int, notes: list[str]) -> tuple[float, float] | None:
-    """(sharded, replicated) parameters of one non-attention mixer layer, from its own fields."""
+def _field(c: dict[str, Any], keys: tuple[str, ...], default: int, why: str, assumed: list[str]) -> int:
+    """A size from the config, else ``default`` with a line in ``assumed`` saying so."""
+    v = _int(c, *keys)
+    if v is not None:
+        return v
+    assumed.append(f"{keys[0]} not in the config: taken as {default:,} ({why})")
+    return default
+
+
+def _mixer_params(c: dict[str, Any], hidden: int, notes: list[str], assumed: list[str] | None = None) -> tuple[float, float] | None:
+    """(sharded, replicated) parameters of one non-attention mixer layer, from its own fields (a field
+    the config lacks is taken at its transformers default and listed in ``assumed``)."""
+    assumed = [] if assumed is None else assumed
     nk = _int(c, "linear_num_key_heads")
-    if nk:  # Gated DeltaNet (Qwen3-Next)
-        nv = _int(c, "linear_num_value_heads") or nk
-        dk = _int(c, "linear_key_head_dim") or 128
-        dv = _int(c, "linear_value_head_dim") or 128
-        conv = _int(c, "linear_conv_kernel_dim") or 4
+    if nk:  # Gated DeltaNet (Qwen3-Next; defaults of transformers' Qwen3NextConfig)
+        nv = _field(c, ("linear_num_value_heads",), nk, "as many value heads as key heads", assumed)
+        dk = _field(c, ("linear_key_head_dim",), 128, "the Qwen3NextConfig default", assumed)
+        dv = _field(c, ("linear_value_head_dim",), 128, "the Qwen3NextConfig default", assumed)
+        conv = _field(c, ("linear_conv_kernel_dim",), 4, "the Qwen3NextConfig default", assumed)
         kd, vd = nk * dk, nv * dv
         sharded = hidden * (2 * kd + 2 * vd) + hidden * 2 * nv + (2 * kd + vd) * conv + 2 * nv + vd * hidden
         return float(sharded), float(dv)
@@ -292,30 +354,41 @@ def _mixer_params(c: dict[str, Any], hidden: int, notes: list[str]) -> tuple[flo
     if d_state:  # Mamba-2 style mixer
         heads = _int(c, "mamba_num_heads", "mamba_n_heads")
         head_dim = _int(c, "mamba_head_dim", "mamba_d_head")
-        expand = _int(c, "mamba_expand", "expand") or 2
-        inner = heads * head_dim if heads and head_dim else expand * hidden
-        heads = heads or max(1, inner // 64)
-        groups = _int(c, "mamba_n_groups", "n_groups") or 1
-        conv = _int(c, "mamba_d_conv", "conv_kernel", "mamba_conv_kernel") or 4
+        if heads and head_dim:
+            inner = heads * head_dim
+        else:
+            expand = _field(c, ("mamba_expand", "expand"), 2, "the Mamba-2 default", assumed)
+            inner = expand * hidden
+        if not heads:
+            heads = max(1, inner // 64)
+            assumed.append(f"mamba_num_heads not in the config: taken as {heads:,} (heads of 64 channels, the Mamba-2 default)")
+        groups = _field(c, ("mamba_n_groups", "n_groups"), 1, "one group", assumed)
+        conv = _field(c, ("mamba_d_conv", "conv_kernel", "mamba_conv_kernel"), 4, "the Mamba-2 default", assumed)
         sharded = hidden * (2 * inner + 2 * groups * d_state + heads) + (inner + 2 * groups * d_state) * conv + 3 * heads + inner + inner * hidden
         notes.append("Mamba mixer layers counted as Mamba-2 (in_proj, conv, out_proj); a Mamba-1 model differs a little")
         return float(sharded), 0.0
     return None
 
 
-def _vision_params(cfg: dict[str, Any], notes: list[str]) -> float:
+def _vision_params(cfg: dict[str, Any], notes: list[str], assumed: list[str]) -> float:
     v = cfg.get("vision_config")
     if not isinstance(v, dict):
         return 0.0
     depth = _int(v, "depth", "num_hidden_layers", "num_layers")
     h = _int(v, "hidden_size", "embed_dim", "width")
     if not depth or not h:
-        notes.append("the vision_config gives no depth/hidden size: the vision encoder is not counted")
+        assumed.append("the vision_config gives no depth/hidden size: the vision encoder is not counted (--weights-gb gives the real figure)")
         return 0.0
-    inter = _int(v, "intermediate_size") or int(h * float(v.get("mlp_ratio") or 4))
+    inter = _int(v, "intermediate_size")
+    how = ""
+    if inter is None:
+        ratio = v.get("mlp_ratio")
+        ratio = float(ratio) if isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0 else None
+        inter = int(h * (ratio or 4))
+        how = f", MLP {inter:,} wide ({'mlp_ratio' if ratio else 'no intermediate_size or mlp_ratio: taken as 4 × width'})"
     out = _int(v, "out_hidden_size", "projection_dim") or h
     params = depth * (4 * h * h + 2 * h * inter) + 2 * h * out
-    notes.append(f"vision encoder estimated from vision_config ({depth} blocks of width {h}): {params / 1e9:.2f} B parameters, approximate")
+    notes.append(f"vision encoder estimated from vision_config ({depth} blocks of width {h}{how}): {params / 1e9:.2f} B parameters, approximate")
     return float(params)
 
 
@@ -327,7 +400,10 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
     if tp % ep:
         raise CapacityInputError(f"--ep {ep} does not divide --tp {tp}; SGLang needs the EP size to divide the TP size")
     notes: list[str] = []
+    assumed: list[str] = []
     c = _text_config(cfg)
+    under = next((k for k in ("text_config", "language_config", "llm_config") if c is not cfg and isinstance(cfg.get(k), dict)
+                  and (cfg[k].get("num_hidden_layers") or cfg[k].get("num_layers"))), None)  # the sub-config _text_config took
     model_type = str(c.get("model_type") or cfg.get("model_type") or "")
     layers = _int(c, "num_hidden_layers", "num_layers", "n_layer")
     hidden = _int(c, "hidden_size", "n_embd", "d_model")
@@ -338,7 +414,7 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
                                  "pass the language model's config.json, or give --weights-gb")
     assert layers and hidden and vocab
     dtype, b = _runtime_dtype(c, notes)
-    quant = _quant(c, notes) or (_quant(cfg, notes) if c is not cfg else None)
+    quant = _quant(c, notes, assumed) or (_quant(cfg, notes, assumed) if c is not cfg else None)
     parts: list[tuple[str, float, float]] = []  # name, params, per rank
 
     # embeddings and lm_head (under DP attention the input embedding splits over the attention-TP group)
@@ -363,20 +439,24 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         raise CapacityInputError("the model config has no num_attention_heads, so its weights cannot be sized; pass the language model's config.json")
     if c.get("kv_lora_rank"):
         kvr = int(c["kv_lora_rank"])
-        rope = int(c.get("qk_rope_head_dim") or 0)
-        nope = int(c.get("qk_nope_head_dim") or 0)
-        vhd = int(c.get("v_head_dim") or 0)
-        qlr = int(c.get("q_lora_rank") or 0)
+        lacking = tuple(n for n in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim") if not _int(c, n))
+        if lacking:
+            raise _missing([(lacking, "the MLA attention")], under)
+        rope, nope, vhd = int(c["qk_rope_head_dim"]), int(c["qk_nope_head_dim"]), int(c["v_head_dim"])
+        qlr = int(c.get("q_lora_rank") or 0)  # null: no q compression (DeepSeek-V2-Lite)
         sharded = (qlr if qlr else hidden) * heads * (nope + rope) + kvr * heads * (nope + vhd) + heads * vhd * hidden
         replicated = (hidden * qlr + qlr if qlr else 0) + hidden * (kvr + rope) + kvr
         if c.get("index_topk") or c.get("index_head_dim"):
-            ih, ihd = _int(c, "index_n_heads") or 64, _int(c, "index_head_dim") or 128
+            ih = _field(c, ("index_n_heads",), 64, "DeepSeek-V3.2's indexer", assumed)
+            ihd = _field(c, ("index_head_dim",), 128, "DeepSeek-V3.2's indexer", assumed)
             replicated += (qlr or hidden) * ih * ihd + hidden * ihd + hidden * ih
             notes.append("NSA/DSA indexer weights counted as replicated on every rank")
         parts.append(("attention", float((sharded + replicated) * attn_layers), sharded * attn_layers / attn_tp + replicated * attn_layers))
     else:
-        kv_heads = _int(c, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads
-        hd = _int(c, "head_dim") or hidden // heads
+        kv_heads, why = kv_heads_of(c, heads)
+        if why:
+            assumed.append(why)
+        hd = _int(c, "head_dim") or hidden // heads  # the definition when head_dim is unset
         bias = bool(c.get("attention_bias") or c.get("qkv_bias") or model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))
         qo = 2 * hidden * heads * hd + (heads * hd if bias else 0)
         kv = 2 * hidden * kv_heads * hd + (2 * kv_heads * hd if bias else 0)
@@ -387,32 +467,58 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         if attn_tp > kv_heads:
             notes.append(f"{kv_heads} KV heads over {attn_tp} attention ranks: each rank holds a whole KV head (replicated)")
     if mixer_layers:
-        mp = _mixer_params(c, hidden, notes)
+        mp = _mixer_params(c, hidden, notes, assumed)
         if mp is None:
             mp = (parts[-1][1] / max(1, attn_layers), 0.0)
-            notes.append(f"{mixer_layers} non-attention mixer layers have no sizes this tool reads: counted as attention layers (approximate)")
+            assumed.append(f"{mixer_layers} non-attention mixer layers have no sizes this tool reads: counted as attention layers "
+                           "(approximate; --weights-gb gives the real figure)")
         parts.append(("mixer", (mp[0] + mp[1]) * mixer_layers, (mp[0] / attn_tp + mp[1]) * mixer_layers))
 
     # MLP / MoE
-    inter = _int(c, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    inter = _int(c, "intermediate_size", "ffn_hidden_size", "n_inner")
+    if inter is None and model_type in FOUR_X_MLP:
+        inter = 4 * hidden
+        assumed.append(f"the MLP width is not in the config: 4 × hidden = {inter:,}, what {model_type} uses when it is unset")
     mats = 2 if model_type in NON_GATED_MLP else 3
     n_exp = _int(c, "n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
     if pattern:
         dense_layers = pattern.count("-")
         moe_layers = pattern.count("E")
         mamba_in_pattern = pattern.count("M")  # Nemotron-H: one block kind per layer (M, *, -, E)
-        mp = _mixer_params(c, hidden, notes) if mamba_in_pattern else None
+        mp = _mixer_params(c, hidden, notes, assumed) if mamba_in_pattern else None
         if mp:
             parts.append(("mixer", (mp[0] + mp[1]) * mamba_in_pattern, (mp[0] / attn_tp + mp[1]) * mamba_in_pattern))
     else:
         moe_flags = _moe_layers(c, layers) if n_exp else [False] * layers
         moe_layers = sum(moe_flags)
         dense_layers = layers - moe_layers
+    lacking: list[tuple[tuple[str, ...], str]] = []
+    if dense_layers and inter is None:
+        lacking.append((("intermediate_size",), f"the MLP of {dense_layers} dense layer(s)"))
+    moe_inter = _int(c, "moe_intermediate_size", "expert_intermediate_size") if moe_layers and n_exp else None
+    if moe_layers and n_exp and moe_inter is None:
+        if inter is None or model_type in OWN_EXPERT_WIDTH:
+            # e.g. a DeepSeek-V3 / Kimi-K2 config without it: 4 × hidden gave 14 T parameters for a 1 T model
+            names = (("moe_intermediate_size",) if model_type in OWN_EXPERT_WIDTH else ("intermediate_size",)
+                     if model_type in EXPERTS_AT_INTERMEDIATE else ("moe_intermediate_size", "intermediate_size"))
+            what = f"the {n_exp} experts of {moe_layers} MoE layer(s)"
+            if lacking and lacking[0][0] == names:
+                lacking[0] = (names, f"{lacking[0][1]} and {what}")
+            else:
+                lacking.append((names, what))
+        else:
+            moe_inter = inter
+            if model_type not in EXPERTS_AT_INTERMEDIATE:
+                assumed.append(f"moe_intermediate_size not in the config: each expert counted at intermediate_size ({inter:,}), as "
+                               "Mixtral's are; if this model's experts are narrower, supply it with --json-model-override-args")
+    if lacking:
+        raise _missing(lacking, under)
     if dense_layers:
+        assert inter is not None
         dense = mats * hidden * inter
         parts.append(("mlp", float(dense * dense_layers), dense * dense_layers / tp))
     if moe_layers and n_exp:
-        moe_inter = _int(c, "moe_intermediate_size", "expert_intermediate_size") or inter
+        assert moe_inter is not None
         exp_bias = 2 * moe_inter + hidden if model_type == "gpt_oss" else 0  # gate_up and down biases
         per_expert = 3 * hidden * moe_inter + exp_bias
         parts.append(("experts", float(per_expert * n_exp * moe_layers), per_expert * n_exp * moe_layers / tp))
@@ -429,7 +535,7 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         notes.append(f"{c['num_nextn_predict_layers']} MTP layer(s) in the checkpoint are not counted: SGLang loads them only as "
                      "the speculative-decoding draft")
     norms = float(2 * hidden * layers + hidden)
-    vision = _vision_params(cfg, notes)
+    vision = _vision_params(cfg, notes, assumed)
     if vision:
         parts.append(("vision", vision, vision / tp))
 
@@ -438,7 +544,7 @@ def estimate_weights(cfg: dict[str, Any], tp: int = 1, ep: int = 1, attn_tp: int
         bpp = quant.bytes_per_param if quant is not None and quant.covers(name) else b
         out.append(Part(name, params, per_rank, bpp))
     out.append(Part("norms", norms, norms, b))
-    est = WeightEstimate(out, dtype, quant.label if quant else "", tp=tp, ep=ep, attn_tp=attn_tp, notes=notes)
+    est = WeightEstimate(out, dtype, quant.label if quant else "", tp=tp, ep=ep, attn_tp=attn_tp, notes=notes, assumed=assumed)
     if quant is not None:
         done = [p.name for p in out if p.bytes_per_param != b and p.params]
         kept = [p.name for p in out if p.bytes_per_param == b and p.params]

@@ -4,6 +4,8 @@
 
 BEFORE and AFTER are bundles (``diagnose record``) or run directories, one server each (``--target``
 picks one of several). Each is diagnosed as ``diagnose --once --replay`` would, with the same options.
+The verdict judges the change that was made: the suggestions of BEFORE that AFTER applied (their
+findings, their predicted numbers), else the findings; other movements are listed beside it.
 
 Exit codes: 0 when AFTER has no finding at or above ``--fail-on`` that BEFORE did not have; 1 when it
 does (the change made something worse); 2 on a usage error or an unreadable recording.

@@ -5,7 +5,7 @@ before a server exists — or beside a server's own start-up numbers.
                   [--tp N] [--ep N] [--dp N] [--dp-attention] [--kv-cache-dtype …] [--mem-fraction-static F]
                   [--avg-tokens-per-request T] [--weights-gb W] [--max-total-tokens N] [--log server.log]
                   [--client-concurrency C] [--job-requests N] [--gen-throughput X --running R]
-                  [--sglang-version V] [--format text|json]
+                  [--json-model-override-args JSON] [--sglang-version V] [--format text|json]
 
 From the config alone: KV bytes per token and the weights per rank (:mod:`diagnoser.capacity.weights`).
 With the GPU's memory: SGLang's pool formula at the given fraction or SGLang's own automatic one for that
@@ -13,6 +13,11 @@ GPU and version (:mod:`diagnoser.capacity.gpus`), the headroom for activations a
 the requests that fit, and the what-ifs side by side (fraction, fp8 KV, DP attention, TP). With ``--log``
 (or ``--max-total-tokens``, the pool a server reported) the engine's numbers win and the estimate is shown
 beside them with the difference. Memory sizes are GiB, as SGLang prints them ("GB" in its logs).
+
+A size the weight count needs and the config lacks is not guessed: the plan stops and names it, with
+``--weights-gb`` (the weights per rank) or ``--json-model-override-args`` (the size itself, as SGLang
+takes it) to supply it; a size taken from an architecture's or transformers' default is listed first
+among the notes. With no GPU memory given, such a gap leaves the weights out and says why.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from diagnoser.capacity.kvbytes import (
     GIB,
     CapacityInputError,
     ModelShape,
+    apply_model_overrides,
     attention_weight_gib_per_rank,
     bytes_per_token,
     kv_dtype_bytes,
@@ -82,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, default=None, help="the pool the server reported (max_total_num_tokens)")
     p.add_argument("--weights-gb", type=float, default=None, help="weights per GPU, GiB (the 'Load weight end … mem usage'); "
                                                                   "default: estimated from the config")
+    p.add_argument("--json-model-override-args", default=None, metavar="JSON",
+                   help="sizes to add to or change in the model config, as SGLang's flag of that name does, e.g. "
+                        "'{\"moe_intermediate_size\": 2048}' (default: the log's server_args, if any)")
     p.add_argument("--host-mem-gb", type=float, default=None, help="host RAM, GiB (for HiCache)")
     p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
     p.add_argument("--avg-output-tokens", type=float, default=None, help="output tokens per request (for the ETA)")
@@ -224,13 +233,14 @@ def _positive(args: argparse.Namespace) -> None:
         raise UsageError(f"--mem-fraction-static must be between 0 and 1 (got {f:g})")
 
 
-def _estimate(cfg: dict[str, Any], pool: PoolFacts, ep: int, notes: list[str], needed: bool) -> WeightEstimate | None:
+def _estimate(cfg: dict[str, Any], pool: PoolFacts, ep: int, notes: list[str], needed: bool, supply: bool) -> WeightEstimate | None:
     try:
         return estimate_weights(cfg, pool.tp, ep, pool.attention_tp)
     except CapacityInputError as e:
         if needed:
             raise UsageError(str(e)) from None
-        notes.append(f"weights not estimated: {e}")
+        text = str(e) if supply else str(e).split("; ")[0]  # the weights come from elsewhere: no need to ask for them
+        notes.insert(0, f"weights not estimated: {text}")
         return None
 
 
@@ -250,19 +260,6 @@ def build(args: argparse.Namespace) -> Plan:
     shape: ModelShape | None = None
     cfg: dict[str, Any] | None = None
     cfg_path = None
-    if args.model_config:
-        try:
-            cfg_path = resolve_model_config(args.model_config)
-            cfg = load_model_config(cfg_path)
-            shape = model_shape(cfg)
-        except CapacityInputError as e:
-            raise UsageError(str(e)) from None
-    gpu = None
-    if args.gpu:
-        try:
-            gpu = find_gpu(args.gpu)
-        except CapacityInputError as e:
-            raise UsageError(str(e)) from None
     tl = None
     if args.log:
         from diagnoser.collect import collect_logs
@@ -272,6 +269,30 @@ def build(args: argparse.Namespace) -> Plan:
         tl = col.timelines[0]
         if not col.usable():
             raise UsageError(f"nothing usable was read from {args.log}; pass an SGLang server log")
+    if args.model_config:
+        try:
+            cfg_path = resolve_model_config(args.model_config)
+            cfg = load_model_config(cfg_path)
+            overrides, src = args.json_model_override_args, "--json-model-override-args"
+            if overrides is None and tl is not None and tl.cfg("arg.json_model_override_args") not in (None, "", "{}", {}):
+                overrides, src = tl.cfg("arg.json_model_override_args"), "the log's json_model_override_args"
+            if overrides is not None:
+                cfg = apply_model_overrides(cfg, overrides)
+                keys = sorted(apply_model_overrides({}, overrides))
+                if keys:
+                    notes.append(f"model config with {', '.join(keys)} from {src}")
+            shape = model_shape(cfg)
+        except CapacityInputError as e:
+            raise UsageError(str(e)) from None
+    elif args.json_model_override_args is not None:
+        raise UsageError("--json-model-override-args changes the model config: pass --model-config too")
+    gpu = None
+    if args.gpu:
+        try:
+            gpu = find_gpu(args.gpu)
+        except CapacityInputError as e:
+            raise UsageError(str(e)) from None
+    if tl is not None:
         pool = pool_from_timeline(tl, None)
         pool.shape = shape
         pool.bpt = None
@@ -279,6 +300,9 @@ def build(args: argparse.Namespace) -> Plan:
         pool = PoolFacts(shape=shape)
     if shape is None and not (tl is not None and pool.kv_gib):
         raise UsageError("pass --model-config config.json (the model's Hugging Face config) to size the KV cache")
+    if tl is not None and args.tp is None and tl.cfg("tp_size") is None:
+        notes.append("the log does not show the server's --tp-size (no server_args line): TP 1 taken, SGLang's default; "
+                     "pass --tp if it ran with more")
     for name, val in (("tp", args.tp), ("dp", args.dp), ("page_size", args.page_size), ("kv_cache_dtype", args.kv_cache_dtype),
                       ("mem_fraction", args.mem_fraction_static)):
         if val is not None:
@@ -300,8 +324,12 @@ def build(args: argparse.Namespace) -> Plan:
     engine_pool = pool.pool_tokens is not None or args.max_total_tokens is not None
     engine_weights = pool.weights_gib
     plan = Plan(planner=None, notes=notes, gpu=gpu)  # type: ignore[arg-type]
-    need_weights = not engine_pool and args.weights_gb is None and engine_weights is None
-    est = _estimate(cfg, pool, ep, notes, need_weights) if cfg is not None else None
+    # the weights are needed to size the pool from a GPU's memory; from the config alone they are one more
+    # figure, and a size the config lacks leaves them out with the reason (a note) instead of stopping
+    memory_given = args.gpu is not None or args.gpu_mem_gb is not None or args.free_mem_gb is not None or tl is not None
+    need_weights = memory_given and not engine_pool and args.weights_gb is None and engine_weights is None
+    est = (_estimate(cfg, pool, ep, notes, need_weights, supply=args.weights_gb is None and engine_weights is None)
+           if cfg is not None else None)
     plan.weights = est
     attn = est.part("attention") if est is not None and est.quantization else None
     if attn is not None:
@@ -364,7 +392,8 @@ def build(args: argparse.Namespace) -> Plan:
         pool.pool_source = "SGLang's formula: (free before weights − weights) − (1 − f) × free before weights"
         pool.notes = [n for n in pool.notes if not n.startswith("pool size extrapolated")]
     if pool.pool_tokens is None and shape is not None and pool.bpt and not engine_pool and tl is None:
-        raise ConfigOnly(pool, est, w_src, notes + (est.notes if est is not None else []))
+        first = [*(shape.assumed if shape is not None else ()), *(est.assumed if est is not None else ())]
+        raise ConfigOnly(pool, est, w_src, list(dict.fromkeys(first + notes + (est.notes if est is not None else []))))
     if pool.pool_tokens is None:
         raise UsageError("cannot size the pool: pass --gpu NAME or --gpu-mem-gb G (or --free-mem-gb F), "
                          "or --max-total-tokens N (what the server reported)")
@@ -378,6 +407,8 @@ def build(args: argparse.Namespace) -> Plan:
     notes.extend(shape.notes if shape is not None else ())
     if est is not None:
         notes.extend(est.notes)
+    # what the config lacked and was taken for it: first, never under "more notes"
+    notes[:] = list(dict.fromkeys([*(shape.assumed if shape is not None else ()), *(est.assumed if est is not None else ()), *notes]))
 
     # the estimate: the sizing itself offline; beside the engine's numbers otherwise
     plan.engine = engine_pool

@@ -4,12 +4,21 @@ Both recordings (bundles or run directories) are diagnosed as ``diagnose --once 
 
 * the flags that changed (server args, and the effective pool / slot cap / chunk sizes the engine printed);
 * the headline numbers before and after: running (median while busy), queued (median), KV usage (mean),
-  gen tok/s (mean while busy), TTFT p95 (over the window), retractions, with the relative change;
+  gen tok/s (mean while busy), TTFT p95 (over the window), prefix-cache hit rate, retractions, with the
+  change: relative for counts, throughputs and times, in percentage points for rates (KV usage, hit rate:
+  2.7 % → 3.1 % is +0.4 pt, not +15 %);
 * which findings resolved, which stayed, which are new;
-* for each suggestion made on BEFORE: whether AFTER applied it, and predicted vs realized for the numbers
-  its projection gave (pool tokens, running requests, gen throughput), with whether the realized number
-  moved the predicted way. The realized numbers are read the way the projection's were (the capacity
-  model's mean running batch and throughput over the decode readings), so the two compare.
+* for each suggestion made on BEFORE: whether AFTER applied it (its flag differs between BEFORE and AFTER
+  and has the proposed value, or moved towards it), and, for an applied one only, predicted vs realized
+  for the numbers its projection gave (pool tokens, running requests, gen throughput) and the headline
+  number its rule's fix moves, with whether each moved the predicted way. The realized numbers are read
+  the way the projection's were (the capacity model's mean running batch and throughput over the
+  decode readings), so the two compare.
+
+The verdict judges the change that was made: a new finding at warning or above is a regression; else it
+follows the applied suggestions (did their findings resolve, did their predicted numbers move as
+predicted); when no suggestion was applied, the findings alone. Other headline movements (a hit rate
+that moved while the pool was changed) are listed beside it, never folded into it.
 """
 
 from __future__ import annotations
@@ -93,6 +102,12 @@ def headline(side: Side) -> dict[str, float | None]:
 HEADLINE_LABELS = {"running": "running (median while busy)", "queued": "queued (median)", "kv_usage": "KV usage (mean)",
                    "gen_tps": "gen tok/s (mean while busy)", "ttft_p95_s": "TTFT p95 s", "cache_hit": "prefix cache hit rate", "retractions": "retractions",
                    "out_tps": "out tok/s (over the window)"}
+SHORT = {"running": "running", "queued": "queued", "kv_usage": "KV usage", "gen_tps": "gen tok/s", "ttft_p95_s": "TTFT p95 (s)",
+         "cache_hit": "prefix cache hit rate", "retractions": "retractions", "out_tps": "out tok/s"}
+# headline numbers that are fractions (0..1): their change is in percentage points, and a movement
+# within RATE_TOL of the before value is no movement (a relative tolerance calls 2.7 % -> 3.1 % a change)
+RATES = frozenset({"kv_usage", "cache_hit"})
+RATE_TOL = 0.02
 # which way is better for each headline number (+1 higher is better, -1 lower, 0 neither)
 BETTER = {"running": 0, "queued": -1, "kv_usage": 0, "gen_tps": 1, "ttft_p95_s": -1, "cache_hit": 1, "retractions": -1, "out_tps": 1}
 
@@ -137,24 +152,46 @@ def _realized(side: Side) -> dict[str, float | None]:
     return {"pool_tokens": pool, "running": w.running, "gen_throughput_tps": w.gen_tps}
 
 
-def _moved(before: float | None, after: float | None, tol: float = 0.05) -> int | None:
-    """-1 / 0 / +1: how a number moved (within ``tol`` of the before value counts as not moved)."""
+def _moved(before: float | None, after: float | None, tol: float = 0.05, rate: bool = False) -> int | None:
+    """-1 / 0 / +1: how a number moved (within ``tol`` of the before value, or for a rate within
+    RATE_TOL of it in absolute terms, counts as not moved)."""
     if before is None or after is None:
         return None
-    if abs(after - before) <= tol * max(abs(before), 1e-9):
+    if abs(after - before) <= (RATE_TOL if rate else tol * max(abs(before), 1e-9)):
         return 0
     return 1 if after > before else -1
 
 
-def _applied(s: dict[str, Any], after: Timeline) -> tuple[str, Any]:
+def _value(tl: Timeline, name: str) -> Any:
+    v = tl.cfg(f"arg.{name}")
+    return tl.cfg(name) if v is None else v
+
+
+def _same(a: Any, b: Any) -> bool:
+    na, nb = _num(a), _num(b)
+    if na is not None and nb is not None:
+        return na == nb
+    return str(a).lower() == str(b).lower()
+
+
+APPLIED = ("applied", "partly (same direction)")
+
+
+def _applied(s: dict[str, Any], before: Timeline, after: Timeline) -> tuple[str, Any]:
+    """Whether AFTER carries the suggestion: its flag changed between the two recordings and has the
+    proposed value (or moved from the current value towards it)."""
     name = s["flag"].lstrip("-").replace("-", "_")
-    now = after.cfg(f"arg.{name}")
-    if now is None:
-        now = after.cfg(name)
+    now = _value(after, name)
     prop, cur = s.get("proposed"), s.get("current")
     if now is None:
         return ("unknown (AFTER does not show the flag)", None)
-    pn, cn, nn = _num(prop), _num(cur), _num(now)
+    was = _value(before, name)
+    if was is None:
+        was = cur  # BEFORE does not show it: the suggestion's current value is what the rule read
+    if was is not None and _same(was, now):
+        return "not applied", now  # the flag is the same in both recordings, whatever it is
+    pn, nn = _num(prop), _num(now)
+    cn = _num(was) if _num(was) is not None else _num(cur)
     if str(now).lower() == str(prop).lower() or (nn is not None and pn is not None and abs(nn - pn) <= 0.1 * max(abs(pn), 1e-9)):
         return "applied", now  # a sized value re-diagnosed from the recording may differ a little from the live one
     if pn is not None and cn is not None and nn is not None and nn != cn and (nn - cn) * (pn - cn) > 0:
@@ -184,7 +221,8 @@ def suggestion_rows(before: Side, after: Side) -> list[dict[str, Any]]:
     for f in before.report.findings:
         for s in f.suggestions:
             d = s.to_dict()
-            status, now = _applied(d, after.timeline)
+            status, now = _applied(d, before.timeline, after.timeline)
+            applied = status in APPLIED
             proj = d.get("projection") or {}
             pred = {"pool_tokens": _num(proj.get("pool_tokens")), "running": _num(proj.get("projected_running")),
                     "gen_throughput_tps": _num(proj.get("projected_gen_throughput_tps"))}
@@ -192,19 +230,21 @@ def suggestion_rows(before: Side, after: Side) -> list[dict[str, Any]]:
             for k, p in pred.items():
                 r, b0 = realized.get(k), base.get(k)
                 want, got = _moved(b0, p), _moved(b0, r)
-                # a number the projection leaves where it was is no claim (the change is not one it sizes)
-                ok = None if want is None or got is None or want == 0 else want == got
+                # a number the projection leaves where it was is no claim (the change is not one it sizes);
+                # a suggestion AFTER did not apply is not judged at all
+                ok = None if not applied or want is None or got is None or want == 0 else want == got
                 checks.append({"number": k, "before": b0, "predicted": p, "realized": r,
                                "predicted_move": want, "realized_move": got, "as_predicted": ok})
             for k, want in FIX_MOVES.get(f.rule, {}).items():
                 if any(c["number"] == k and c["predicted"] is not None for c in checks):
                     continue  # the projection's own number for it is checked above
                 b0, r = hb.get(k), ha.get(k)
-                got = _moved(b0, r)
+                got = _moved(b0, r, rate=k in RATES)
                 checks.append({"number": k, "before": b0, "predicted": None, "realized": r, "predicted_move": want,
-                               "realized_move": got, "as_predicted": None if got is None else got == want, "from": "the rule's fix"})
+                               "realized_move": got, "as_predicted": None if not applied or got is None else got == want,
+                               "from": "the rule's fix"})
             judged = [c["as_predicted"] for c in checks if c["as_predicted"] is not None and c["predicted_move"]]
-            verdict = ("not applied" if not status.startswith(("applied", "partly")) else
+            verdict = ("not applied" if status == "not applied" else "not judged" if not applied else
                        "no prediction to check" if not judged else
                        "as predicted" if all(judged) else "not as predicted" if not any(judged) else "partly as predicted")
             rows.append({"rule": f.rule, "flag": s.flag, "current": s.current, "proposed": s.proposed, "after": now,
@@ -213,15 +253,99 @@ def suggestion_rows(before: Side, after: Side) -> list[dict[str, Any]]:
     return rows
 
 
-def compare(before: Side, after: Side) -> dict[str, Any]:
-    hb, ha = headline(before), headline(after)
+# the number a suggestion check names, as the headline calls it
+CHECK_HEADLINE = {"running": "running", "gen_throughput_tps": "gen_tps"}
+CHECK_LABELS = {"pool_tokens": "pool tokens", "running": "running", "gen_throughput_tps": "gen tok/s"}
+
+
+def _serious(x: dict[str, Any]) -> bool:
+    return Severity.parse(x["severity"]) >= Severity.WARNING
+
+
+def _check_text(c: dict[str, Any]) -> str:
+    k = c["number"]
+    label = CHECK_LABELS.get(k) or SHORT.get(k, k)
+    text = f"{label} {_fmt(c['before'], k)} → {_fmt(c['realized'], k)}"
+    if c["as_predicted"]:
+        return text + " as predicted"
+    want = _fmt(c["predicted"], k) if c["predicted"] is not None else ("higher" if (c["predicted_move"] or 0) > 0 else "lower")
+    return text + f", not as predicted ({want})"
+
+
+def judge(rows: list[dict[str, Any]], findings: dict[str, list[dict[str, Any]]], changed: list[dict[str, Any]],
+          heads: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict on the change, what it rests on, and what moved beside it.
+
+    A new finding at warning or above is a regression. Else the applied suggestions decide: each one's
+    finding resolved (or not) and each of its checks as predicted (or not); all for → improved, some →
+    mixed, none → not improved. With no suggestion applied, the findings at warning or above decide
+    (resolved and none left → improved). Headline numbers outside the applied suggestions' checks are
+    reported as other movements and never change the verdict."""
+    regressed = [x for x in findings["new"] if _serious(x)]
+    applied = [r for r in rows if r["applied"] in APPLIED]
+    args = [c["flag"] for c in changed if c["kind"] == "server arg"]
+    others = [f for f in args if f not in {r["flag"] for r in applied}]
+    reasons: list[str] = [f"new {x['rule']} ({x['severity']})" for x in regressed]
+    good: list[str] = []
+    bad: list[str] = []
+    judged: set[str] = set()
+    seen: set[str] = set()
+    for r in applied:
+        if r["rule"] not in seen:
+            seen.add(r["rule"])
+            if r["finding_resolved"] is True:
+                good.append(f"{r['rule']} resolved")
+            elif r["finding_resolved"] is False:
+                bad.append(f"{r['rule']} still there")
+        for c in r["checks"]:
+            if c["as_predicted"] is None:
+                continue
+            judged.add(CHECK_HEADLINE.get(c["number"], c["number"]))
+            (good if c["as_predicted"] else bad).append(_check_text(c))
+    if regressed:
+        verdict = "regressed"
+    elif applied:
+        verdict = "improved" if good and not bad else "mixed" if good else "not improved" if bad else "not judged"
+    else:
+        rs = [x for x in findings["resolved"] if _serious(x)]
+        ps = [x for x in findings["persisting"] if _serious(x)]
+        good, bad = [f"{x['rule']} resolved" for x in rs], [f"{x['rule']} still there" for x in ps]
+        verdict = "improved" if rs and not ps else "mixed" if rs else "no change"
+    reasons += good + bad
+    if not applied:
+        reasons.append("no suggestion made on BEFORE was applied" + (f" (changed: {', '.join(args)})" if args else
+                                                                      "; no server flag differs between the recordings"))
+        if not good and not bad and not regressed:
+            reasons.append("no finding at warning or above before or after")
+    else:
+        left = [x for x in findings["persisting"] if _serious(x) and x["rule"] not in seen]
+        if left:
+            reasons.append("still there, not what the change addressed: " + ", ".join(f"{x['rule']} ({x['severity']})" for x in left))
+        if others:
+            reasons.append(f"also changed, not suggested: {', '.join(others)} (its effect is mixed into the result)")
+    moved = [h["name"] for h in heads if h["name"] not in judged and h["move"]]
+    return {"verdict": verdict, "reasons": reasons, "applied": [r["flag"] for r in applied], "other_flags": others,
+            "other_movements": moved}
+
+
+def headline_rows(hb: dict[str, float | None], ha: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Each headline number before and after, its change (relative, or in points for a rate), how it moved
+    and whether that is better or worse."""
     heads = []
     for k in HEADLINE_LABELS:
         b, a = hb.get(k), ha.get(k)
-        rel = None if b in (None, 0) or a is None else a / b - 1  # type: ignore[operator]
-        move = _moved(b, a)
+        rate = k in RATES
+        rel = None if rate or b in (None, 0) or a is None else a / b - 1  # type: ignore[operator]
+        points = None if not rate or a is None or b is None else (a - b) * 100
+        move = _moved(b, a, rate=rate)
         judgement = None if move is None or BETTER[k] == 0 or move == 0 else ("better" if move == BETTER[k] else "worse")
-        heads.append({"name": k, "label": HEADLINE_LABELS[k], "before": b, "after": a, "change": rel, "judgement": judgement})
+        heads.append({"name": k, "label": HEADLINE_LABELS[k], "before": b, "after": a, "change": rel, "change_points": points,
+                      "move": move, "judgement": judgement})
+    return heads
+
+
+def compare(before: Side, after: Side) -> dict[str, Any]:
+    heads = headline_rows(headline(before), headline(after))
     fb = {f.rule: f for f in before.report.findings}
     fa = {f.rule: f for f in after.report.findings}
     serious = Severity.WARNING
@@ -235,28 +359,23 @@ def compare(before: Side, after: Side) -> dict[str, Any]:
     top_b, sug_b = top_cause(before.report.findings, before.timeline.target)
     top_a, _ = top_cause(after.report.findings, after.timeline.target)
     top_resolved = top_b is not None and top_b.severity >= serious and not any(x["rule"] == top_b.rule for x in persisting if x["severity"] != "info")
-    regressed = [x for x in new if x["severity"] != "info"]
-    worse = [h["name"] for h in heads if h["judgement"] == "worse" and h["change"] is not None and abs(h["change"]) > 0.1]
-    if regressed:
-        verdict = "regressed"
-    elif (top_resolved or (resolved and not persisting)) and not worse:
-        verdict = "improved"
-    elif resolved or top_resolved:
-        verdict = "mixed"
-    else:
-        verdict = "no change" if not worse else "regressed"
+    changed = flags_changed(before.timeline, after.timeline)
+    findings = {"resolved": resolved, "persisting": persisting, "new": new}
+    rows = suggestion_rows(before, after)
+    j = judge(rows, findings, changed, heads)
     return {
         "before": {"source": before.source, "window": before.doc.get("window"), "version": before.doc.get("version"),
                    "top": None if top_b is None else top_b.rule, "top_suggestion": None if sug_b is None else
                    {"flag": sug_b.flag, "current": sug_b.current, "proposed": sug_b.proposed}},
         "after": {"source": after.source, "window": after.doc.get("window"), "version": after.doc.get("version"),
                   "top": None if top_a is None else top_a.rule},
-        "flags_changed": flags_changed(before.timeline, after.timeline),
+        "flags_changed": changed,
         "headline": heads,
-        "findings": {"resolved": resolved, "persisting": persisting, "new": new},
+        "findings": findings,
         "top_resolved": top_resolved,
-        "suggestions": suggestion_rows(before, after),
-        "verdict": verdict,
+        "suggestions": rows,
+        "verdict": j["verdict"],
+        "verdict_basis": {k: v for k, v in j.items() if k != "verdict"},
     }
 
 
@@ -264,21 +383,57 @@ def _fmt(v: Any, k: str = "") -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
+        if not k:
+            return f"{v:g}"  # a flag's value as set (0.716, not 0.7)
         if k in ("kv_usage",):
             return f"{v:.2f}"
         if k == "cache_hit":
-            return f"{v:.0%}"
+            return f"{v:.1%}" if 0 < v < 0.1 else f"{v:.0%}"
         if k == "ttft_p95_s":
             return f"{v:.2f}"
         return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.1f}"
     return str(v)
 
 
+def _change(h: dict[str, Any]) -> str:
+    if h.get("change_points") is not None:
+        pt = h["change_points"]
+        if h["move"] == 0:
+            return f"{pt:+.1f} pt" if abs(pt) >= 0.05 else ""
+        return f"{pt:+.0f} pt" if abs(pt) >= 10 else f"{pt:+.1f} pt"
+    return "" if h["change"] is None else f"{h['change']:+.0%}"
+
+
+def _path_lines(first: str, path: str, width: int) -> list[str]:
+    """A path on as many lines as it needs, broken after a ``/`` (never inside a name)."""
+    lines, cur = [], first
+    for part in path.replace("/", "/\0").split("\0"):
+        if len(cur) + len(part) > width and cur.strip():
+            lines.append(cur)
+            cur = " " * len(first)
+        cur += part
+    return [*lines, cur]
+
+
 def render(doc: dict[str, Any]) -> str:
+    """The text of a comparison (one function, so the terminal's width and colour rules apply in one place)."""
     from diagnoser.outputs.text import WIDTH, _wrap
 
-    out = [f"diagnoser compare · verdict: {doc['verdict'].upper()}", f"before {doc['before']['source']}",
-           f"after  {doc['after']['source']}", ""]
+    basis = doc.get("verdict_basis") or {}
+    out = [f"diagnoser compare · verdict: {doc['verdict'].upper()}"]
+    for reason in basis.get("reasons") or ():
+        out.extend(_wrap(reason, "      ", "  · "))
+    heads = {h["name"]: h for h in doc["headline"]}
+    moved = [heads[n] for n in basis.get("other_movements") or () if n in heads]
+    if moved:
+        worse = [f"{SHORT.get(h['name'], h['name'])} {_fmt(h['before'], h['name'])} → {_fmt(h['after'], h['name'])} ({_change(h).strip()})"
+                 for h in moved if h["judgement"] == "worse"]
+        rest = len(moved) - len(worse)
+        text = "not in the verdict: " + "; ".join(worse + ([f"{rest} other number(s) moved"] if rest else [])) + " (the table below)"
+        out.extend(_wrap(text, "      ", "  · "))
+    for label in ("before", "after"):
+        out.extend(_path_lines(f"{label:6} ", str(doc[label]["source"]), WIDTH))
+    out.append("")
     out.append("Flags changed")
     if doc["flags_changed"]:
         for c in doc["flags_changed"]:
@@ -287,9 +442,8 @@ def render(doc: dict[str, Any]) -> str:
         out.append("  none (the server args are the same, or not in the recordings)")
     out += ["", f"  {'':30} {'before':>10} {'after':>10} {'change':>8}"]
     for h in doc["headline"]:
-        ch = "" if h["change"] is None else f"{h['change']:+.0%}"
-        mark = {"better": " better", "worse": " WORSE"}.get(h["judgement"] or "", "")
-        out.append(f"  {h['label']:30} {_fmt(h['before'], h['name']):>10} {_fmt(h['after'], h['name']):>10} {ch:>8}{mark}"[:WIDTH])
+        mark = {"better": " better", "worse": " worse"}.get(h["judgement"] or "", "")
+        out.append(f"  {h['label']:30} {_fmt(h['before'], h['name']):>10} {_fmt(h['after'], h['name']):>10} {_change(h):>8}{mark}"[:WIDTH])
     out.append("")
     f = doc["findings"]
     for key, title in (("resolved", "Resolved"), ("persisting", "Still there"), ("new", "New")):
@@ -302,12 +456,15 @@ def render(doc: dict[str, Any]) -> str:
     out.append("")
     rows = doc["suggestions"]
     if rows:
-        out.append("Suggestions made on BEFORE: predicted vs realized")
+        out.append("Suggestions made on BEFORE: predicted vs realized (applied ones)")
         for r in rows:
+            applied = r["applied"] in APPLIED
             head = (f"{r['flag']} {_fmt(r['current'])} → {_fmt(r['proposed'])} ({r['rule']}): {r['applied']}"
                     + (f" [AFTER has {_fmt(r['after'])}]" if r["applied"].startswith("partly") else "")
                     + (f"; {r['rule']} resolved" if r["finding_resolved"] else f"; {r['rule']} still there" if r["finding_resolved"] is False else ""))
             out.extend(_wrap(head, "      ", "  · "))
+            if not applied:
+                continue  # nothing of it is judged: the numbers moved for another reason
             out.append(f"      {'':11} {'before':>7}   {'predicted':>9}   {'realized':>8}  as predicted")
             for c in r["checks"]:
                 ok = {True: "yes", False: "NO", None: "-"}[c["as_predicted"]]
@@ -324,4 +481,4 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["Side", "compare", "headline", "render"]
+__all__ = ["Side", "compare", "headline", "headline_rows", "judge", "render"]

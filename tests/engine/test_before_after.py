@@ -140,6 +140,10 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
     row = next(r for r in cmp["suggestions"] if r["flag"] == s["flag"] and r["rule"] == sc.rule)
     assert row["applied"] == "applied" and row["finding_resolved"] is True, row
     assert row["verdict"] in ("as predicted", "no prediction to check", "partly as predicted"), row
+    # the comparison's verdict rests on the applied suggestion (its finding resolved, its numbers as predicted)
+    # and on no new finding at warning or above; other headline movements are listed, not judged
+    assert s["flag"] in cmp["verdict_basis"]["applied"], cmp["verdict_basis"]
+    assert cmp["verdict"] == "improved", (cmp["verdict_basis"], cmp["findings"]["new"])
     for c in row["checks"]:  # every number the projection gave and the change moved, moved its way
         if c["predicted_move"] and c["realized_move"] is not None:
             assert c["as_predicted"], c
