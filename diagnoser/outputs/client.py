@@ -11,7 +11,8 @@ from typing import Any
 def client_lines(sec: dict[str, Any] | None, width: int = 80) -> list[str]:
     if not sec:
         return []
-    out = [f"What the client saw ({sec.get('tool')}, {sec.get('source')})"[:width]]
+    out = textwrap.wrap(f"What the client saw ({sec.get('tool')}, {sec.get('source')})", width, subsequent_indent="  ",
+                        break_on_hyphens=False)
     w = sec.get("window") or {}
     if w.get("start"):
         out.extend(textwrap.wrap(f"window {w['start']} → {w['end']}, from {w.get('basis')}", width, initial_indent="  ",

@@ -49,7 +49,7 @@ def _total(tl: Timeline, name: str) -> float | None:
 
 
 def _interval(tl: Timeline) -> float:
-    for name in ("running_reqs", "output_tps", "queue_reqs", "gen_throughput_tps"):
+    for name in ("output_tps", "request_rate", "running_reqs", "queue_reqs"):  # a counter: the scrape interval
         s = tl.get(name)
         if s is not None and len(s) >= 3:
             d = np.diff(s.ts)
@@ -106,13 +106,15 @@ def reconcile(run: Any, tl: Timeline) -> dict[str, Any]:
                 basis = "the server's whole input"
             else:
                 if start is not None:
-                    out["notes"].append(f"The client's times ({basis}) do not meet the server's readings ({iso(span[0])} → "
-                                        f"{iso(span[1])}); the run is placed on the server's busy readings instead.")
+                    out["notes"].append(f"The client's times ({basis}) do not meet the server's readings "
+                                        f"({iso(math.floor(span[0]))} → {iso(math.ceil(span[1]))}); the run is placed on the "
+                                        "server's busy readings instead.")
                 start, end = busy
                 basis = "the server's busy readings (the file has no usable time)"
         pad = _interval(tl)
         win = tl.window(start - pad, end + pad)
-        out["window"] = {"start": iso(start), "end": iso(end), "basis": basis, "pad_s": round(pad, 1)}
+        out["window"] = {"start": iso(math.floor(start)), "end": iso(math.ceil(end)), "basis": basis, "pad_s": round(pad, 1),
+                         "length_s": round(end - start, 1)}
     c_dur = dur or (None if start is None or end is None else end - start)
 
     gen_tok = _total(win, "output_tps")  # sglang:generation_tokens_total increase: tokens of finished requests
@@ -128,14 +130,15 @@ def reconcile(run: Any, tl: Timeline) -> dict[str, Any]:
     s_out_tps = None if gen_tok is None or not c_dur else gen_tok / c_dur
     rows = out["rows"]
 
-    def row(key: str, label: str, client: float | None, server: float | None, spec: str, how: str) -> None:
+    def row(key: str, label: str, client: float | None, server: float | None, spec: str, how: str, same: bool = True) -> None:
+        """``same``: both sides measure the same quantity, so their difference is shown (client vs server, in %)."""
         rows.append({"key": key, "quantity": label, "client": client, "server": server, "client_text": _fmt(client, spec),
-                     "server_text": _fmt(server, spec), "diff": _pct(client, server), "server_basis": how})
+                     "server_text": _fmt(server, spec), "diff": _pct(client, server) if same else None, "server_basis": how})
 
     row("output_tps", "output tok/s", run.output_tps, s_out_tps, "{:,.1f}",
         "generated tokens of finished requests (sglang:generation_tokens_total) over the window / the client's duration")
     row("gen_tps_decoding", "gen tok/s while decoding", run.output_tps, gen_med, "{:,.1f}",
-        "median of the decode batch's gen throughput over busy readings (the log's and the gauge's number)")
+        "median of the decode batch's gen throughput over busy readings (the log's and the gauge's number)", same=False)
     row("output_tokens", "output tokens", run.output_tokens, gen_tok, "{:,.0f}", "increase of sglang:generation_tokens_total")
     row("prompt_tokens", "prompt tokens", run.input_tokens, prompt, "{:,.0f}", "increase of sglang:prompt_tokens_total")
     row("ttft_p50", "TTFT median (s)", run.ttft_p50_s, float(np.median(ttft50)) if len(ttft50) else None, "{:.3f}",
@@ -143,8 +146,12 @@ def reconcile(run: Any, tl: Timeline) -> dict[str, Any]:
     row("ttft_p95", "TTFT p95 (s)", run.ttft_p95_s, float(ttft95.max()) if len(ttft95) else None, "{:.3f}",
         "highest per-scrape TTFT p95")
     row("requests", "requests finished", run.completed, fin, "{:,.0f}", "increase of sglang:num_requests_total")
-    row("concurrency", "requests in flight", run.mean_concurrency if run.mean_concurrency is not None else run.max_concurrency,
-        float(np.median(busy_run)) if len(busy_run) else None, "{:,.1f}", "median running batch over busy readings")
+    busy_q = queue_v[queue_v > 0] if len(busy_run) == 0 else _vals(win, "queue_reqs")
+    row("sent", "requests sent", run.sent, None, "{:,.0f}", "the server counts finished requests only")
+    row("concurrency", "in flight (client) / running", run.mean_concurrency if run.mean_concurrency is not None else run.max_concurrency,
+        float(np.median(busy_run)) if len(busy_run) else None, "{:,.1f}", "median running batch over busy readings", same=False)
+    row("queued", "queued at the server", None, float(np.median(busy_q)) if len(busy_q) else None, "{:,.1f}",
+        "median of the scheduler queue (sglang:num_queue_reqs) over the window")
     out["server"] = {
         "output_tokens": gen_tok, "requests_finished": fin, "prompt_tokens": prompt, "gen_tps_decoding_median": gen_med,
         "running_max": float(run_v.max()) if len(run_v) else None, "queue_max": float(queue_v.max()) if len(queue_v) else None,
@@ -185,6 +192,14 @@ def _gaps(run: Any, s: dict[str, Any], s_out_tps: float | None, gen_med: float |
                    "duration but not in that rate")
         gaps.append(f"The server decodes at about {gen_med:,.0f} tok/s while it decodes, the client saw {run.output_tps:,.1f} "
                     f"over its run ({share:.0%}): " + "; ".join(why) + ".")
+    sp, cp = s.get("prompt_tokens"), run.input_tokens
+    if sp and cp and abs(sp - cp) > 0.1 * cp:
+        more = "more" if sp > cp else "fewer"
+        gaps.append(f"The server counted {abs(sp - cp):,.0f} {more} prompt tokens than the client ({sp:,.0f} vs {cp:,.0f}): "
+                    + ("the server counts the tokens of the text it receives, which need not be the client's count (a BOS "
+                       "token, a chat template, token ids decoded to text and tokenised again), and requests the client does "
+                       "not report (its warm-up) are in the server's count." if sp > cp else
+                       "the client counts prompt tokens with its own tokenizer, or some prompts never reached the server."))
     if run.total_tps and run.output_tps and run.total_tps > run.output_tps * 1.2:
         gaps.append(f"The client's total throughput ({run.total_tps:,.1f} tok/s) counts prompt tokens too; compare its "
                     f"output throughput ({run.output_tps:,.1f}) with the server's gen tok/s.")

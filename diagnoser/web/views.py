@@ -273,12 +273,13 @@ def snapshot_end(monitor: Any, t: Any, snap: Any = None) -> float:
     return float(t.window[1] or ts)
 
 
-RULE_PAGE_LEAD = ("Summary", "What it detects", "Fix")
+RULE_PAGE_LEAD = ("Summary", "Fix", "What it detects")
 
 
 def lead_sections(sections: dict[str, str]) -> dict[str, str]:
-    """A rule page leads with what the rule detects and the fix (RULE_PAGE_LEAD), then the rest in the
-    docstring's order: a reader who came from a finding wants the change first, not 1,600 px down."""
+    """A rule page leads with what the rule detects (its summary line) and the fix, then the detection in
+    full (RULE_PAGE_LEAD), then the rest in the docstring's order: a reader who came from a finding wants
+    the change on the first screen (a phone's too), not 1,600 px down."""
     out = {k: sections[k] for k in RULE_PAGE_LEAD if k in sections}
     out.update((k, v) for k, v in sections.items() if k not in out)
     return out
