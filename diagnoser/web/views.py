@@ -245,14 +245,18 @@ def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600, snap
         cl = c.get("cfg_line")
         if cl and cl[0] in t.config and _num(t.config[cl[0]].value) is not None:
             lines[c["id"]] = {"label": cl[1], "value": _num(t.config[cl[0]].value)}
-    marks, resolved = band_marks(getattr(snap or monitor.snapshot, "episodes", []), t.name, end - range_s)
+    cur = snap or monitor.snapshot
+    firing = {f.rule: f.severity.label for f in cur.firing(t.name)} if hasattr(cur, "firing") else None
+    marks, resolved = band_marks(getattr(cur, "episodes", []), t.name, end - range_s, firing)
     return {"target": t.index, "start": end - range_s, "end": end, "range_s": range_s, "series": data, "lines": lines, "marks": marks,
             "resolved_marks": resolved, "tz": "UTC"}
 
 
-def band_marks(episodes: list[dict[str, Any]], target: str, since: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def band_marks(episodes: list[dict[str, Any]], target: str, since: float,
+               firing: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(bands, resolved): the charts shade only findings at warning or above that fire now (an episode
-    opens when a finding fires, never while it is pending); info notes are never shaded, and episodes that
+    opens when a finding fires, never while it is pending; ``firing``, rule → severity of what fires now,
+    drops an episode whose finding has eased to info); info notes are never shaded, and episodes that
     resolved are listed beside the charts, not shaded."""
     bands, resolved = [], []
     for e in episodes:
@@ -260,7 +264,9 @@ def band_marks(episodes: list[dict[str, Any]], target: str, since: float) -> tup
             continue
         m = {"rule": e["rule"], "severity": e["severity"], "start": e["start"], "end": e["end"]}
         if e["end"] is None:
-            bands.append(m)
+            now = e["severity"] if firing is None else firing.get(e["rule"])
+            if SEV_RANK.get(str(now), 0) >= SEV_RANK["warning"]:
+                bands.append(dict(m, severity=now))
         elif e["end"] >= since:
             resolved.append(m)
     return bands, resolved
