@@ -157,3 +157,29 @@ def test_bad_files_are_one_sentence(tmp_path: Path, content: str | None, says: s
     out = diagnose("--once", "--log", str(RUN / "server.log"), "--client-results", str(p))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("diagnose: --client-results ") and says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_serve_shows_what_the_client_saw_on_the_target_page(run_dir: Path, tmp_path: Path) -> None:
+    """The dashboard's panel: the recorded run replayed fast as a live target, the client's file beside it."""
+    from tests.browser.serve_proc import Serve
+
+    serve = Serve(["--replay", str(run_dir), "--speed", "30", "--interval", "1", "--client-results", str(run_dir / "bench_serving.jsonl")],
+                  tmp_path / "serve.log")
+    try:
+        def done() -> Any:
+            sec = serve.get("/target/0.json").json().get("client")
+            return sec if sec and rows(sec)["requests"]["server"] and rows(sec)["requests"]["server"] >= 47 else None
+
+        sec = serve.wait_for(done, timeout=60, what="the replay to reach the end of the client's run")
+        assert sec["tool"] == "SGLang bench_serving" and rows(sec)["output_tokens"]["server"] == pytest.approx(3072, abs=64)
+        html = serve.get("/target/0").text
+        assert "What the client saw" in html and "--max-running-requests" in html and "output tok/s" in html
+    finally:
+        serve.close()
+
+
+def test_serve_refuses_a_bad_client_file_in_one_sentence(tmp_path: Path) -> None:
+    bad = tmp_path / "r.json"
+    bad.write_text('{"hello": 1}')
+    out = diagnose("serve", "--log", str(RUN / "server.log"), "--client-results", str(bad), "--port", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "not a result diagnoser reads" in out.stderr, out.stderr

@@ -230,10 +230,27 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
         "eta": job_eta(t, job_requests, monitor),
         "generated_at": iso(snap.ts),
     })
+    doc["client"] = client_doc(monitor, t)
     doc["top_fixes"] = top_fixes(doc["findings"], 3)
     doc["top_fix"] = doc["top_fixes"][0] if doc["top_fixes"] else None
     doc["verdict"] = verdict(doc, doc["top_fixes"])
     return doc
+
+
+def client_doc(monitor: Any, t: Any) -> dict[str, Any] | None:
+    """``serve --client-results``: the client's run beside the first target's timeline (timeline/client.py)."""
+    run = getattr(monitor, "client_run", None)
+    if run is None or t.index != 0:
+        return None
+    from diagnoser.timeline.client import reconcile
+
+    try:
+        live = monitor.target(t.index)
+    except (AttributeError, IndexError):
+        return None
+    with live.lock:
+        sec = reconcile(run, live.timeline)
+    return redact_strings(sec)
 
 
 def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600, snap: Any = None) -> dict[str, Any]:
