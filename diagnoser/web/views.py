@@ -206,7 +206,7 @@ def job_eta(t: Any, job_requests: int | None, monitor: Any) -> dict[str, Any] | 
         out["remaining"] = remaining
         if rate > 0:
             out["eta_s"] = round(remaining / rate, 1)
-            out["eta_at"] = iso((t.window[1] or 0) + remaining / rate)
+            out["eta_at"] = stamp((t.window[1] or 0) + remaining / rate)
         else:
             out["note"] = "No request completed in the last 10 minutes, so no ETA."
     else:
@@ -222,7 +222,7 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
     doc = target_summary(snap, t)
     doc.update({
         "findings": [finding_doc(f) for f in snap.for_target(t.name)],
-        "resolved": [{"at": iso(ts), "rule": f.rule, "severity": f.severity.label, "summary": redact_text(f.summary)} for ts, f in snap.resolved if f.target == t.name][-20:],
+        "resolved": [{"at": stamp(ts), "rule": f.rule, "severity": f.severity.label, "summary": redact_text(f.summary)} for ts, f in snap.resolved if f.target == t.name][-20:],
         "config": main,
         "config_other": rest,
         "signals": {k: v for k, v in sorted(t.latest.items()) if k in SIGNALS and _num(v) is not None},
