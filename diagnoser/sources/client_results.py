@@ -24,7 +24,9 @@ there (the files cited are in the tools' PyPI releases):
   after GenAI-Perf's): one object per metric (``time_to_first_token``, ``output_token_throughput``,
   ``request_throughput``, ``request_count``, ``output_sequence_length``, ``input_sequence_length``, …)
   with ``unit``, ``avg``, ``p50``, ``p95``, …; AIPerf adds ``benchmark_duration``, ``total_output_tokens``,
-  ``total_isl``, ``error_request_count``, ``start_time``/``end_time`` and ``schema_version``.
+  ``total_isl``, ``error_request_count``, ``error_summary``, ``start_time``/``end_time`` (the writer's local
+  time, ``aiperf/exporters/metrics_json_exporter.py``), ``input_config.phases[].concurrency`` and
+  ``schema_version``.
 * **GuideLLM** (0.8.1, ``guidellm/benchmark/schemas/report.py``, ``GenerativeBenchmarksReport.save_file``:
   ``benchmarks.json``): ``benchmarks[]``, each with ``start_time``/``end_time``/``duration`` (epoch
   seconds) and ``metrics``: ``request_totals`` (``successful``, ``incomplete``, ``errored``, ``total``),
@@ -265,6 +267,11 @@ def _find_key(d: Any, key: str, depth: int = 0) -> Any:
         if key in d and not isinstance(d[key], dict | list):
             return d[key]
         for v in d.values():
+            got = _find_key(v, key, depth + 1)
+            if got is not None:
+                return got
+    elif isinstance(d, list):  # AIPerf: input_config.phases[].concurrency
+        for v in d[:20]:
             got = _find_key(v, key, depth + 1)
             if got is not None:
                 return got
