@@ -180,7 +180,9 @@
       el.style.color = rgba(c, 1);
       over.appendChild(el);
       var w = el.offsetWidth, x = Math.max(0, u.valToPos(Math.max(g.start, xs.min), "x") + 3);
-      if (x + w > W) { x = Math.max(0, W - w); }
+      if (x + w > W) {  // near the right edge: cut the name to the room beside its band (the title has it whole)
+        if (W - x >= Math.min(w, 56)) { el.style.maxWidth = (W - x) + "px"; w = W - x; } else { x = Math.max(0, W - w); }
+      }
       var row = -1;
       for (var r = 0; r < rowsEnd.length; r++) { if (x >= rowsEnd[r] + 4) { row = r; break; } }
       if (row < 0) { el.remove(); return; }
