@@ -169,3 +169,35 @@ def test_rule_page_leads_with_what_it_detects_and_the_fix(browser: Any, doc_serv
     page.goto(f"{doc_serve.base}/rules/{worst[1]}")
     page.screenshot(path=str(artifacts / f"rule-page-first-screen-{width}.png"))
     page.close()
+
+
+def test_the_client_panel_reads_at_390_and_1280(browser: Any, tmp_path: Path, artifacts: Path) -> None:
+    """``serve --client-results`` on the real bench_serving run replayed: the panel is there and fits a phone."""
+    import json
+    import os
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "data" / "client-results" / "sglang-cpu-bench-serving", run)
+    mtime = json.loads((run / "client_run.json").read_text())["output_mtime"]
+    os.utime(run / "bench_serving.jsonl", (mtime, mtime))
+    serve = Serve(["--replay", str(run), "--speed", "30", "--interval", "1", "--client-results", str(run / "bench_serving.jsonl")],
+                  tmp_path / "serve.log")
+    try:
+        serve.wait_for(lambda: (((serve.get("/target/0.json").json().get("client") or {}).get("server") or {}).get("requests_finished") or 0) >= 47,
+                       timeout=60, what="the replay past the client's run")
+        for width in (1280, 390):
+            page, problems = new_page(browser, width)
+            page.goto(serve.base + "/target/0")
+            panel = page.locator("#client")
+            panel.wait_for(timeout=20_000)
+            text = panel.inner_text()
+            assert "What the client saw" in text and "output tok/s" in text and "--max-running-requests" in text
+            assert panel.locator('tr[data-key="requests"]').count() == 1
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+            panel.scroll_into_view_if_needed()
+            page.screenshot(path=str(artifacts / f"client-panel-{width}.png"))
+            assert problems == [], problems
+            page.close()
+    finally:
+        serve.close()
