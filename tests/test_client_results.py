@@ -187,3 +187,56 @@ def test_serve_refuses_a_bad_client_file_in_one_sentence(tmp_path: Path) -> None
     bad.write_text('{"hello": 1}')
     out = diagnose("serve", "--log", str(RUN / "server.log"), "--client-results", str(bad), "--port", "1")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "not a result diagnoser reads" in out.stderr, out.stderr
+
+
+def test_mutated_files_never_raise_anything_but_the_one_sentence(tmp_path: Path) -> None:
+    """Every value of each real or writer-built file replaced by a value of another type (seeded): the reader
+    and the reconciliation answer, or the reader says one sentence; nothing else is raised."""
+    import random
+
+    from diagnoser.timeline import Timeline
+    from diagnoser.timeline.client import reconcile
+
+    rnd = random.Random(27)
+    odd = [None, "x", -1, 1e308, float("nan"), [], {}, True, "inf", [1, "a"], {"successful": "y"}]
+    files = [RUN / "bench_serving.jsonl", *sorted(DATA.glob("*.json"))]
+    empty, tl = Timeline(target="t"), Timeline(target="t")  # a small timeline over the run's own clock too
+    for i in range(40):
+        ts = 1796222250.0 + 2 * i
+        for name, v in (("running_reqs", 4.0), ("queue_reqs", 8.0 if i < 30 else 0.0), ("output_tps", 50.0), ("request_rate", 0.8),
+                        ("prompt_tps", 110.0), ("gen_throughput_tps", 55.0), ("ttft_seconds_p50", 8.0), ("queue_time_seconds_p95", 9.0)):
+            tl.add(name, ts, v, "test")
+    tl.set_config("max_running_requests", 4, "test")
+    for f in files:
+        base = json.loads(f.read_text().splitlines()[-1] if f.suffix == ".jsonl" else f.read_text())
+
+        def paths(d: Any, pre: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+            out = [pre] if pre else []
+            if isinstance(d, dict):
+                for k, v in d.items():
+                    out += paths(v, (*pre, k))
+            elif isinstance(d, list):
+                for i, v in enumerate(d[:3]):
+                    out += paths(v, (*pre, i))
+            return out
+
+        every = paths(base)
+        for _ in range(60):
+            doc = json.loads(json.dumps(base))
+            for p in rnd.sample(every, min(len(every), rnd.randint(1, 6))):
+                node = doc
+                try:
+                    for k in p[:-1]:
+                        node = node[k]
+                    node[p[-1]] = rnd.choice(odd)
+                except (KeyError, IndexError, TypeError):
+                    continue
+            path = tmp_path / f.name
+            path.write_text(json.dumps(doc))
+            try:
+                run = read_client_results(str(path))
+            except ClientResultsError as e:
+                assert str(e).startswith("--client-results ") and str(e).endswith("."), e
+                continue
+            for t in (empty, tl):
+                json.dumps(reconcile(run, t), allow_nan=True)
