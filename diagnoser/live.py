@@ -26,6 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, evaluate
@@ -41,6 +43,7 @@ DEFAULT_HISTORY_S = 24 * 3600.0
 DEFAULT_MAX_POINTS = 20_000  # per series: 24 h at a 5 s interval is 17,280
 DEFAULT_MAX_EVENTS = 5_000
 CONFIG_REFRESH_S = 300.0
+WINDOW_STATS = ("running_reqs", "queue_reqs", "token_usage", "gen_throughput_tps", "ttft_seconds_p95", "cache_hit_rate")
 FULL_RES_S = 3600.0  # history older than this is thinned …
 COARSE_S = 30.0  # … to one point per 30 s (a 24 h chart shows ~600 points anyway)
 
@@ -92,6 +95,9 @@ class TargetView:
     config: dict[str, Any]  # name → ConfigFact
     model_name: str
     window: tuple[float | None, float | None]
+    # over the judged window, per headline signal (WINDOW_STATS): n, median, max, last and its time;
+    # "_data": the first and last reading of any signal in the window (how much data the window had)
+    window_stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +174,32 @@ def _reaggregate(tl: Timeline) -> None:
         tl.series.pop((name, ""), None)
     if ranked:
         tl.aggregate_ranks()
+
+
+def window_stats(tl: Timeline, start: float, end: float) -> dict[str, dict[str, float]]:
+    """The headline signals over ``[start, end]`` (see :attr:`TargetView.window_stats`)."""
+    out: dict[str, dict[str, float]] = {}
+    first, last = math.inf, -math.inf
+    for (name, rank), s in tl.series.items():
+        if rank:
+            continue
+        part = s.slice(start, end)
+        if not len(part):
+            continue
+        first, last = min(first, float(part.ts[0])), max(last, float(part.ts[-1]))
+        if name not in WINDOW_STATS:
+            continue
+        v = part.values
+        ok = ~np.isnan(v)
+        if not ok.any():
+            continue
+        vals, ts = v[ok], part.ts[ok]
+        out[name] = {"n": int(len(vals)), "median": float(np.median(vals)), "max": float(vals.max()),
+                     "last": float(vals[-1]), "last_ts": float(ts[-1])}
+    if first <= last:
+        out["_data"] = {"first": first, "last": last}
+    out["_window"] = {"start": start, "end": end}
+    return out
 
 
 def unreachable_finding(target: str, error: str) -> Finding:
@@ -407,6 +439,7 @@ class LiveMonitor:
                 latest = {name: s.last_value() for (name, rank), s in t.timeline.series.items() if not rank and len(s)}
                 cfg = dict(t.timeline.config)
                 span = (ref - self.window_s, ref) if win is None else win.span()
+                wstats = window_stats(t.timeline, ref - self.window_s, ref)
             if t.is_url and up is False:
                 unreachable[t.name] = err
                 if win is not None:
@@ -419,7 +452,7 @@ class LiveMonitor:
                 index=i, name=t.name, is_url=t.is_url, up=up, last_error=err, scrapes=t.scrapes,
                 scrape_errors=t.scrape_errors, last_scrape_ts=t.last_scrape_ts, last_duration_s=t.last_duration_s,
                 version=t.timeline.version, latest=latest, config=cfg, model_name=self._model_name(t, cfg),
-                window=span,
+                window=span, window_stats=wstats,
             ))
         extras = dict(self.extras)
         extras["unreachable"] = unreachable

@@ -149,3 +149,33 @@ def test_verdict_states() -> None:
     fs = [{"rule": "a", "state": "firing", "severity": "critical", "summary": "A"}, {"rule": "b", "state": "firing", "severity": "warning", "summary": "B"}]
     assert verdict({"health": "critical", "findings": fs}, [])["rule"] == "a"  # the worst, without a fix
     assert verdict({"health": "critical", "findings": fs}, [{"rule": "b"}])["rule"] == "b"  # the one the top fix is for
+
+
+def test_tiles_say_median_and_max_or_the_last_readings_age() -> None:
+    from types import SimpleNamespace
+
+    ws = {"running_reqs": {"n": 40, "median": 4.0, "max": 4.0, "last": 0.0, "last_ts": 1000.0},
+          "queue_reqs": {"n": 40, "median": 8.0, "max": 12.0, "last": 0.0, "last_ts": 1000.0},
+          "token_usage": {"n": 1, "median": 0.3, "max": 0.3, "last": 0.3, "last_ts": 995.0},
+          "_data": {"first": 870.0, "last": 1000.0}, "_window": {"start": 700.0, "end": 1000.0}}
+    t = SimpleNamespace(window_stats=ws, latest={"running_reqs": 0.0, "queue_reqs": 0.0, "token_usage": 0.3, "cache_hit_rate": 0.5},
+                        config={}, window=(870.0, 1000.0))
+    tiles = {h["signal"]: h for h in views.headline(t)}
+    # the last readings were 0 (the run drained): the tile shows the window's median and max, not a bare 0
+    assert tiles["queue_reqs"]["text"] == "8" and tiles["queue_reqs"]["max_text"] == "12" and tiles["queue_reqs"]["how"] == "median · max"
+    assert tiles["token_usage"]["how"] == "last reading, 5 s ago" and tiles["token_usage"]["text"] == "0.30"
+    assert tiles["cache_hit_rate"]["how"] == "before the window"  # no reading in the window: said so
+    w = views.window_doc(t)
+    assert w["text"] == "5 min, 2 min 10 s of data (00:14:30 → 00:16:40)" and w["start"] == "1970-01-01T00:11:40Z"
+    assert views.stamp(1796222311.987654) == "2026-12-02T14:38:31Z"  # to the second
+
+
+def test_bands_only_for_warnings_firing_now() -> None:
+    eps = [{"target": "a", "rule": "kv_saturation", "severity": "warning", "start": 10.0, "end": None},
+           {"target": "a", "rule": "low_cache_hit", "severity": "info", "start": 11.0, "end": None},
+           {"target": "a", "rule": "queue_buildup", "severity": "warning", "start": 12.0, "end": None},
+           {"target": "a", "rule": "kv_retraction", "severity": "critical", "start": 5.0, "end": 9.0},
+           {"target": "b", "rule": "oom", "severity": "critical", "start": 5.0, "end": None}]
+    bands, resolved = views.band_marks(eps, "a", 0.0, {"kv_saturation": "warning", "low_cache_hit": "info", "queue_buildup": "info"})
+    assert [m["rule"] for m in bands] == ["kv_saturation"]  # info, eased to info, resolved, another target: not shaded
+    assert [m["rule"] for m in resolved] == ["kv_retraction"]

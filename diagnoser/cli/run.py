@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-mem-gb", type=float, default=None, help="host RAM in GiB, to check that a HiCache size fits")
     p.add_argument("--ignore-eos", action="store_true", default=None,
                    help="the client sets ignore_eos (fixed-length outputs): SGLang then reserves each request's whole max_new_tokens")
+    p.add_argument("--client-results", default=None, metavar="FILE",
+                   help="a load tool's result file (SGLang bench_serving JSONL, vLLM bench serve, GenAI-Perf, AIPerf, "
+                        "GuideLLM JSON): set what the client saw beside the server's numbers over the same window")
     p.add_argument("--verbose", "-v", action="store_true", help="show every evidence line")
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None, help="watch mode: how long a condition must hold before its finding fires (default: each rule's own)")
     return p
@@ -293,7 +296,26 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
     from diagnoser.outputs.report import build
 
     doc = build(col, report, Severity.parse(args.fail_on))
+    if getattr(args, "client_results", None):
+        doc["client"] = client_section(args.client_results, col.timelines)
     return report, doc
+
+
+def client_section(path: str, timelines: list[Any]) -> dict[str, Any]:
+    """What the client saw (``--client-results``) beside the first target's numbers over the same window."""
+    from diagnoser.redact import redact_strings
+    from diagnoser.sources.client_results import read_client_results
+    from diagnoser.timeline.client import reconcile
+
+    run = read_client_results(path)
+    tls = [tl for tl in timelines if tl.series] or timelines
+    if not tls:
+        return redact_strings({"tool": run.tool, "source": path, "rows": [], "gaps": [], "client": run.to_dict(),
+                               "notes": [*run.notes, "No server input to set it beside."]})
+    out = reconcile(run, tls[0])
+    if len(tls) > 1:
+        out["notes"].append(f"Set beside the first target ({tls[0].target}); the file is one client's run.")
+    return redact_strings(out)
 
 
 def run_once(args: argparse.Namespace) -> int:
@@ -306,6 +328,14 @@ def run_once(args: argparse.Namespace) -> int:
 
     adapter = get_adapter("sglang")
     resume_gc()
+    if args.client_results:  # a bad file is one sentence before any sampling starts
+        from diagnoser.sources.client_results import ClientResultsError, read_client_results
+
+        try:
+            read_client_results(args.client_results)
+        except ClientResultsError as e:
+            print(f"diagnose: {e}", file=sys.stderr)
+            return 2
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)
     if args.format == "json":

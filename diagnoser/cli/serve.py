@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="allow binding a non-loopback --host without --token (only on a network that is yours alone)")
     p.add_argument("--job-requests", type=int, default=None, help="total requests in the batch job, for the ETA")
+    p.add_argument("--client-results", default=None, metavar="FILE",
+                   help="a load tool's result file (bench_serving, vLLM, GenAI-Perf, AIPerf, GuideLLM): the first target's page "
+                        "sets what the client saw beside the server over the same window")
     p.add_argument("--client-concurrency", type=int, default=None, help="requests the client keeps in flight, if known")
     p.add_argument("--model-config", help="the model's Hugging Face config.json, for the capacity model")
     p.add_argument("--avg-tokens-per-request", type=float, default=None, help="prompt + output tokens per request")
@@ -137,6 +140,14 @@ def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from diagnoser.engines import get_adapter
 
+    client_run = None
+    if args.client_results:
+        from diagnoser.sources.client_results import ClientResultsError, read_client_results
+
+        try:
+            client_run = read_client_results(args.client_results)
+        except ClientResultsError as e:
+            raise UsageError(str(e)) from None
     adapter = get_adapter("sglang")
     if args.replay:
         monitor = replay_monitor(args, adapter)
@@ -165,6 +176,7 @@ def main(cmd: str, argv: list[str]) -> int:
 
     from diagnoser.web import create_app
 
+    monitor.client_run = client_run  # the target page's "What the client saw" panel (web/views.py)
     app = create_app(monitor, token=token, job_requests=args.job_requests)
     monitor.tick(scrape=False)
     monitor.start()

@@ -136,6 +136,9 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     elif status != "error":
         out.append("No problem found: nothing at warning or above.")
         out.append("")
+    from diagnoser.outputs.client import client_lines  # --client-results: what the client saw
+
+    out.extend(client_lines(doc.get("client"), WIDTH))
     for i in doc.get("inputs", []):
         if i["kind"] == "replay":  # the recording itself: the inputs it held are listed above with their counts
             line = (f"input replay {i['source']}: {i.get('scrapes', 0)} scrapes and {i.get('lines_read', 0)} log lines "

@@ -46,6 +46,7 @@ CHARTS: list[dict[str, Any]] = [
      "signals": [["ttft_seconds_p50", "TTFT p50"], ["ttft_seconds_p95", "TTFT p95"], ["itl_seconds_p50", "ITL p50", "y2"], ["itl_seconds_p95", "ITL p95", "y2"]],
      "axes": {"y": {"unit": "s"}, "y2": {"unit": "ms", "factor": 1000}}},
 ]
+SEV_RANK = {"info": 1, "warning": 2, "critical": 3}
 RANGES = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
 
 
@@ -76,14 +77,70 @@ def health(t: Any, findings: list[Any]) -> str:
     return {0: "ok", 1: "ok", 2: "warning", 3: "critical"}[sev]
 
 
+def stamp(ts: Any) -> str | None:
+    """An ISO stamp to the second (``2026-12-02T14:20:05Z``): the page's times, without microseconds."""
+    f = _num(ts)
+    return None if f is None else iso(math.floor(f))
+
+
+def span_text(seconds: float) -> str:
+    """``45 s``, ``2 min 10 s``, ``5 min``, ``1 h 5 min``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        m, r = divmod(s, 60)
+        return f"{m} min" + (f" {r} s" if r else "")
+    h, r = divmod(s // 60, 60)
+    return f"{h} h" + (f" {r} min" if r else "")
+
+
 def headline(t: Any) -> list[dict[str, Any]]:
+    """The tiles: each signal over the judged window, its median and max when the window has two or more
+    readings, else its last reading and how old it is; ``how`` says which (never a bare instant value)."""
+    ws = getattr(t, "window_stats", None) or {}
+    end = (ws.get("_window") or {}).get("end")
     out = []
     for key, label, f in HEADLINE:
-        if key in t.latest:
-            out.append({"signal": key, "label": label, "value": _num(t.latest[key]), "text": fmt(f, t.latest[key])})
+        st = ws.get(key)
+        if st and st["n"] >= 2:
+            out.append({"signal": key, "label": label, "value": st["median"], "max": st["max"], "last": st["last"], "n": st["n"],
+                        "how": "median · max", "text": fmt(f, st["median"]), "max_text": fmt(f, st["max"])})
+        elif st:
+            age = None if end is None else max(0.0, end - st["last_ts"])
+            out.append({"signal": key, "label": label, "value": st["last"], "last": st["last"], "n": 1, "age_s": age,
+                        "how": "last reading" + ("" if age is None else f", {span_text(age)} ago"), "text": fmt(f, st["last"])})
+        elif key in t.latest:  # nothing in the window: the last reading before it, said to be old
+            out.append({"signal": key, "label": label, "value": _num(t.latest[key]), "n": 0, "how": "before the window",
+                        "text": fmt(f, t.latest[key])})
     mrr = t.config.get("max_running_requests")
     if mrr is not None:
-        out.insert(1, {"signal": "max_running_requests", "label": "max running", "value": _num(mrr.value), "text": fmt("{:.0f}", mrr.value)})
+        out.insert(1, {"signal": "max_running_requests", "label": "max running", "value": _num(mrr.value), "how": "config",
+                       "text": fmt("{:.0f}", mrr.value)})
+    return out
+
+
+def window_doc(t: Any) -> dict[str, Any]:
+    """The judged window as it was and the data it had: ``text`` says both ("5 min, 2 min 10 s of data")."""
+    ws = getattr(t, "window_stats", None) or {}
+    w, data = ws.get("_window") or {}, ws.get("_data") or {}
+    start, end = w.get("start", t.window[0]), w.get("end", t.window[1])
+    out: dict[str, Any] = {"start": stamp(start), "end": stamp(end), "data_start": stamp(data.get("first")), "data_end": stamp(data.get("last"))}
+    if start is None or end is None:
+        out["text"] = "no window yet"
+        return out
+    length = float(end) - float(start)
+    out["length_s"] = round(length, 1)
+    if not data:
+        out["data_s"] = 0.0
+        out["text"] = f"{span_text(length)}, no readings in it"
+        return out
+    got = float(data["last"]) - float(data["first"])
+    out["data_s"] = round(got, 1)
+    if got >= length * 0.95:
+        out["text"] = f"{span_text(length)}, readings throughout"
+    else:
+        out["text"] = f"{span_text(length)}, {span_text(got)} of data ({stamp(data['first'])[11:19]} → {stamp(data['last'])[11:19]})"
     return out
 
 
@@ -108,10 +165,11 @@ def target_summary(snap: Any, t: Any) -> dict[str, Any]:
         "version": t.version,
         "model_name": redact_text(t.model_name),
         "last_error": redact_text(t.last_error),
-        "last_scrape": iso(t.last_scrape_ts),
+        "last_scrape": stamp(t.last_scrape_ts),
         "scrapes": t.scrapes,
         "scrape_errors": t.scrape_errors,
         "headline": headline(t),
+        "window": window_doc(t),
         "findings": [
             {"rule": f.rule, "severity": f.severity.label, "state": f.state, "summary": redact_text(f.summary), "rule_page": f"/rules/{f.rule}"}
             for f in findings
@@ -148,7 +206,7 @@ def job_eta(t: Any, job_requests: int | None, monitor: Any) -> dict[str, Any] | 
         out["remaining"] = remaining
         if rate > 0:
             out["eta_s"] = round(remaining / rate, 1)
-            out["eta_at"] = iso((t.window[1] or 0) + remaining / rate)
+            out["eta_at"] = stamp((t.window[1] or 0) + remaining / rate)
         else:
             out["note"] = "No request completed in the last 10 minutes, so no ETA."
     else:
@@ -164,19 +222,35 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
     doc = target_summary(snap, t)
     doc.update({
         "findings": [finding_doc(f) for f in snap.for_target(t.name)],
-        "resolved": [{"at": iso(ts), "rule": f.rule, "severity": f.severity.label, "summary": redact_text(f.summary)} for ts, f in snap.resolved if f.target == t.name][-20:],
+        "resolved": [{"at": stamp(ts), "rule": f.rule, "severity": f.severity.label, "summary": redact_text(f.summary)} for ts, f in snap.resolved if f.target == t.name][-20:],
         "config": main,
         "config_other": rest,
         "signals": {k: v for k, v in sorted(t.latest.items()) if k in SIGNALS and _num(v) is not None},
-        "window": {"start": iso(t.window[0]), "end": iso(t.window[1])},
         "charts": CHARTS,
         "eta": job_eta(t, job_requests, monitor),
         "generated_at": iso(snap.ts),
     })
+    doc["client"] = client_doc(monitor, t)
     doc["top_fixes"] = top_fixes(doc["findings"], 3)
     doc["top_fix"] = doc["top_fixes"][0] if doc["top_fixes"] else None
     doc["verdict"] = verdict(doc, doc["top_fixes"])
     return doc
+
+
+def client_doc(monitor: Any, t: Any) -> dict[str, Any] | None:
+    """``serve --client-results``: the client's run beside the first target's timeline (timeline/client.py)."""
+    run = getattr(monitor, "client_run", None)
+    if run is None or t.index != 0:
+        return None
+    from diagnoser.timeline.client import reconcile
+
+    try:
+        live = monitor.target(t.index)
+    except (AttributeError, IndexError):
+        return None
+    with live.lock:
+        sec = reconcile(run, live.timeline)
+    return redact_strings(sec)
 
 
 def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600, snap: Any = None) -> dict[str, Any]:
@@ -188,10 +262,31 @@ def series_doc(monitor: Any, t: Any, range_s: float, max_points: int = 600, snap
         cl = c.get("cfg_line")
         if cl and cl[0] in t.config and _num(t.config[cl[0]].value) is not None:
             lines[c["id"]] = {"label": cl[1], "value": _num(t.config[cl[0]].value)}
-    marks = [{"rule": e["rule"], "severity": e["severity"], "start": e["start"], "end": e["end"]}
-             for e in getattr(monitor.snapshot, "episodes", []) if e["target"] == t.name and (e["end"] is None or e["end"] >= end - range_s)]
+    cur = snap or monitor.snapshot
+    firing = {f.rule: f.severity.label for f in cur.firing(t.name)} if hasattr(cur, "firing") else None
+    marks, resolved = band_marks(getattr(cur, "episodes", []), t.name, end - range_s, firing)
     return {"target": t.index, "start": end - range_s, "end": end, "range_s": range_s, "series": data, "lines": lines, "marks": marks,
-            "tz": "UTC"}
+            "resolved_marks": resolved, "tz": "UTC"}
+
+
+def band_marks(episodes: list[dict[str, Any]], target: str, since: float,
+               firing: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(bands, resolved): the charts shade only findings at warning or above that fire now (an episode
+    opens when a finding fires, never while it is pending; ``firing``, rule → severity of what fires now,
+    drops an episode whose finding has eased to info); info notes are never shaded, and episodes that
+    resolved are listed beside the charts, not shaded."""
+    bands, resolved = [], []
+    for e in episodes:
+        if e["target"] != target or SEV_RANK.get(str(e["severity"]), 0) < SEV_RANK["warning"]:
+            continue
+        m = {"rule": e["rule"], "severity": e["severity"], "start": e["start"], "end": e["end"]}
+        if e["end"] is None:
+            now = e["severity"] if firing is None else firing.get(e["rule"])
+            if SEV_RANK.get(str(now), 0) >= SEV_RANK["warning"]:
+                bands.append(dict(m, severity=now))
+        elif e["end"] >= since:
+            resolved.append(m)
+    return bands, resolved
 
 
 def snapshot_end(monitor: Any, t: Any, snap: Any = None) -> float:
@@ -199,6 +294,18 @@ def snapshot_end(monitor: Any, t: Any, snap: Any = None) -> float:
     if t.is_url:
         return float(ts)
     return float(t.window[1] or ts)
+
+
+RULE_PAGE_LEAD = ("Summary", "Fix", "What it detects")
+
+
+def lead_sections(sections: dict[str, str]) -> dict[str, str]:
+    """A rule page leads with what the rule detects (its summary line) and the fix, then the detection in
+    full (RULE_PAGE_LEAD), then the rest in the docstring's order: a reader who came from a finding wants
+    the change on the first screen (a phone's too), not 1,600 px down."""
+    out = {k: sections[k] for k in RULE_PAGE_LEAD if k in sections}
+    out.update((k, v) for k, v in sections.items() if k not in out)
+    return out
 
 
 def rules_doc() -> dict[str, Any]:
@@ -211,7 +318,7 @@ def rule_doc(name: str) -> dict[str, Any] | None:
         return None
     return {
         "name": r.name, "code": r.code, "severity": r.severity.label, "summary": r.summary_line(),
-        "sections": {k or "Summary": v for k, v in r.doc_sections().items()},
+        "sections": lead_sections({k or "Summary": v for k, v in r.doc_sections().items()}),
         "thresholds": {k: {"default": v, "help": r.threshold_help.get(k, "")} for k, v in r.defaults.items()},
         "for_seconds": r.for_seconds,
     }

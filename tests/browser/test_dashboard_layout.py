@@ -235,7 +235,7 @@ def test_charts_ticks_hover_second_axis_utc_and_finding_bands(browser: Any, serv
     # findings fired: a band on the charts and a line naming them
     assert int(page.locator('figure[data-chart="batch"]').get_attribute("data-bands")) >= 1
     marks = page.locator("#marks-legend").inner_text()
-    assert "kv_saturation" in marks and "→" in marks and "UTC" in page.locator(".hint").inner_text()
+    assert "kv_saturation" in marks and "since" in marks and "UTC" in page.locator(".hint").inner_text()
     # hover: the legend reads the series at the cursor, with its UTC time
     legend = page.locator('figure[data-chart="batch"] .u-legend')
     assert "(latest)" in legend.inner_text()

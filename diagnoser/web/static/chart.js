@@ -6,8 +6,8 @@
 // - times in UTC, like the evidence and the findings;
 // - hover: the legend reads every series at the cursor (the latest values otherwise), and the cursor is
 //   synced across the charts;
-// - shaded bands where a finding fired (colour by severity, the rule named at the band's start), listed
-//   above the charts;
+// - shaded bands where a finding at warning or above fires now (colour by severity, the rules named at the
+//   band's start in labels that never overlap), listed above the charts with the ones that fired earlier;
 // - drag across a chart to zoom all of them, double-click (or "reset zoom") to follow the range again; the
 //   zoom survives the live refresh, and so does the range picked.
 (function () {
@@ -144,7 +144,7 @@
     return out;
   }
   var SEV_RANK = { info: 1, warning: 2, critical: 3 };
-  function marksHook(u) {  // shaded bands where findings fired, under the lines
+  function marksHook(u) {  // shaded bands where findings at warning or above fire now, under the lines
     var ctx = u.ctx, b = u.bbox, xs = u.scales.x, dpr = devicePixelRatio || 1;
     var groups = spans();
     u._bands = groups.filter(function (g) { return g.end >= xs.min && g.start <= xs.max; }).length;
@@ -153,31 +153,45 @@
     groups.forEach(function (g) {
       var s = Math.max(g.start, xs.min), en = Math.min(g.end, xs.max);
       if (en < s) { return; }
-      if (g.severity === "info") { return; }  // an info finding is marked where it fired, not shaded
-      var c = SEV[g.severity] || SEV.info;
+      var c = SEV[g.severity] || SEV.warning;
       var x0 = u.valToPos(s, "x", true), x1 = u.valToPos(en, "x", true);
       ctx.fillStyle = rgba(c, 0.09);
       ctx.fillRect(x0, b.top, Math.max(2 * dpr, x1 - x0), b.height);
-    });
-    groups.forEach(function (g, i) {  // the moment each fired: a solid edge and the rules' names
-      if (g.start < xs.min || g.start > xs.max) { return; }
-      var c = SEV[g.severity] || SEV.info, x0 = u.valToPos(g.start, "x", true);
-      var next = groups[i + 1], room = next ? u.valToPos(next.start, "x", true) - x0 - 8 * dpr : b.left + b.width - x0;
-      ctx.fillStyle = rgba(c, 0.85);
-      ctx.fillRect(x0, b.top, 2 * dpr, b.height);
-      ctx.font = (10 * dpr) + "px system-ui, sans-serif";
-      ctx.textAlign = "left"; ctx.textBaseline = "top";
-      var text = g.rules.join(", ");
-      while (text.length > 3 && ctx.measureText(text).width > room) { text = text.slice(0, -2); }
-      if (text !== g.rules.join(", ")) { text = text.slice(0, -1) + "…"; }
-      if (room > 20 * dpr) {
-        ctx.fillStyle = "rgba(255,255,255,0.8)";
-        ctx.fillRect(x0 + 2 * dpr, b.top, ctx.measureText(text).width + 5 * dpr, 13 * dpr);
-        ctx.fillStyle = rgba(c, 1);
-        ctx.fillText(text, x0 + 4 * dpr, b.top + 2 * dpr);
+      if (g.start >= xs.min) {  // the moment it fired: a solid edge
+        ctx.fillStyle = rgba(c, 0.85);
+        ctx.fillRect(x0, b.top, 2 * dpr, b.height);
       }
     });
     ctx.restore();
+  }
+  // the rules' names at each band's start, as elements over the plot: laid out in up to three rows so that
+  // no two overlap (a label with no room in any row is left out; the legend above the charts names it)
+  function labelsHook(u) {
+    var over = u.over, xs = u.scales.x, W = over.clientWidth;
+    over.querySelectorAll(".band-label").forEach(function (el) { el.remove(); });
+    var rowsEnd = [-1e9, -1e9, -1e9], shown = [];
+    spans().forEach(function (g) {
+      if (g.end < xs.min || g.start > xs.max) { return; }
+      var c = SEV[g.severity] || SEV.warning;
+      var el = document.createElement("span");
+      el.className = "band-label sev-" + g.severity;
+      el.textContent = g.rules.join(", ");
+      el.title = g.rules.join(", ") + " (" + g.severity + ") since " + hms(g.start);
+      el.style.color = rgba(c, 1);
+      over.appendChild(el);
+      var w = el.offsetWidth, x = Math.max(0, u.valToPos(Math.max(g.start, xs.min), "x") + 3);
+      if (x + w > W) {  // near the right edge: cut the name to the room beside its band (the title has it whole)
+        if (W - x >= Math.min(w, 56)) { el.style.maxWidth = (W - x) + "px"; w = W - x; } else { x = Math.max(0, W - w); }
+      }
+      var row = -1;
+      for (var r = 0; r < rowsEnd.length; r++) { if (x >= rowsEnd[r] + 4) { row = r; break; } }
+      if (row < 0) { el.remove(); return; }
+      rowsEnd[row] = x + w;
+      el.style.left = x + "px";
+      el.style.top = (row * 14) + "px";
+      shown.push(g.rules.join(", "));
+    });
+    u.root.parentNode.setAttribute("data-labels", JSON.stringify(shown));
   }
   function refHook(spec) {  // reference lines: the pool full, max_running_requests
     return function (u) {
@@ -237,7 +251,7 @@
                 bind: { dblclick: function () { return function () { setZoom(null); return null; }; } } },
       hooks: {
         drawClear: [marksHook],
-        draw: [refHook(spec), publish(fig)],
+        draw: [refHook(spec), labelsHook, publish(fig)],
         setSelect: [function (u) {  // the reader dragged across a chart: zoom every chart to that window
           if (u.select.width < 4) { return; }
           var lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
@@ -284,11 +298,20 @@
   function legendMarks() {
     var el = document.getElementById("marks-legend");
     if (!el) { return; }
-    var gs = spans().slice(-4);
-    el.textContent = gs.length ? "Shaded where findings fired: " + gs.map(function (g) {
-      return g.rules.join(", ") + " " + hms(g.start) + " → " + (g.end >= doc.end - 0.5 ? "now" : hms(g.end));
-    }).join(" · ") : "";
-    el.hidden = !gs.length;
+    var gs = spans().slice(-4), past = (doc.resolved_marks || []).slice(-4);
+    var parts = [];
+    if (gs.length) {
+      parts.push("Shaded where findings at warning or above fire now: " + gs.map(function (g) {
+        return g.rules.join(", ") + " since " + hms(g.start);
+      }).join(" · "));
+    }
+    if (past.length) {
+      parts.push("Fired earlier, resolved (not shaded): " + past.map(function (m) {
+        return m.rule + " " + hms(m.start) + " → " + hms(m.end);
+      }).join(" · "));
+    }
+    el.textContent = parts.join(". ");
+    el.hidden = !parts.length;
   }
 
   function load() {
