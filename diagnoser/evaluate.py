@@ -101,7 +101,7 @@ def evaluate(
         for f in out or []:
             report.findings.append(f)
     check_suggestions(report, timelines, extras)
-    report.findings.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
+    report.findings[:] = cause_order(report.findings)
     report.duration_s = time.perf_counter() - t0
     return report
 
@@ -130,10 +130,58 @@ def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
     return role, 0 if serious else 1, order.get(rule, len(order))
 
 
+# what a cause explains besides the symptoms (SYMPTOMS): the findings that follow from it on its target
+EXPLAINS: dict[str, frozenset[str]] = {
+    "kv_saturation": frozenset({"kv_retraction"}),
+    "kv_pool_too_small": frozenset({"kv_retraction", "kv_saturation"}),
+    "oom": frozenset({"kv_retraction", "engine_crash"}),
+    "engine_crash": frozenset({"source_unreachable"}),
+}
+
+
+def _notes() -> frozenset[str]:
+    return frozenset(r.name for r in REGISTRY if r.note)
+
+
+def explains(cause: str, other: str) -> bool:
+    """Whether the finding ``other`` follows from the top cause ``cause`` (of the same target)."""
+    if cause in SYMPTOMS or cause in _notes():
+        return False
+    return other in SYMPTOMS or other in EXPLAINS.get(cause, frozenset())
+
+
+def cause_order(findings: list[Finding]) -> list[Finding]:
+    """The one order of the findings every output shows (text, watch, JSON, the dashboard, the exporter):
+    per target, its top cause (:func:`cause_key`'s first, firing before pending; a note about the inputs
+    or a resolved finding never leads), then what that cause explains (:func:`explains`, in :func:`cause_key` order), then the
+    rest by severity (then :func:`cause_key`). Targets come worst first: by their top cause's severity,
+    then by name, so ``findings[0]`` is the top cause of the worst target."""
+    notes = _notes()
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(f.target, []).append(f)
+    ordered: list[tuple[tuple[int, str], list[Finding]]] = []
+    for target, mine in groups.items():
+        mine = sorted(mine, key=lambda f: (cause_key(f), f.rule))
+        # a firing finding leads before a pending one (live mode), so the cards lead with what fired
+        leads = sorted((f for f in mine if f.state != "resolved" and f.rule not in notes), key=lambda f: f.state == "pending")
+        if not leads:
+            rest = sorted(mine, key=lambda f: (-int(f.severity), cause_key(f), f.rule))
+            ordered.append(((0, target), rest))
+            continue
+        top = leads[0]
+        explained = [f for f in mine if f is not top and explains(top.rule, f.rule)]
+        taken = {id(top), *map(id, explained)}
+        rest = sorted((f for f in mine if id(f) not in taken), key=lambda f: (-int(f.severity), cause_key(f), f.rule))
+        ordered.append(((-int(top.severity), target), [top, *explained, *rest]))
+    ordered.sort(key=lambda g: g[0])
+    return [f for _, fs in ordered for f in fs]
+
+
 def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Suggestion | None]:
     """The finding that names the bottleneck of one target, and the change to make first: the top
     finding's first suggestion, else the first suggestion of the next causes in :func:`cause_key` order."""
-    notes = {r.name for r in REGISTRY if r.note}  # a note about the inputs (too few readings) names no cause
+    notes = _notes()  # a note about the inputs (too few readings) names no cause
     mine = sorted((f for f in findings if f.target == target and f.state != "resolved" and f.rule not in notes), key=cause_key)
     if not mine:
         return None, None

@@ -28,7 +28,7 @@ from typing import Any
 
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.evaluate import Hysteresis, Report, evaluate
+from diagnoser.evaluate import Hysteresis, Report, cause_order, evaluate
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, PlainTarget, fetch, make_client
@@ -449,8 +449,7 @@ class LiveMonitor:
             if t.name in due_names:
                 self._findings[i] = [f for f in report.findings if f.target == t.name]
         current = [f for i in sorted(self._findings) for f in self._findings[i]] + list(self._fleet_findings)
-        current.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
-        findings = self.hysteresis.update(current, now)
+        findings = cause_order(self.hysteresis.update(current, now))  # the report's one order (evaluate.cause_order)
         for f in self.hysteresis.resolved:
             self.resolved.append((now, f))
         self._track_episodes(findings, self.hysteresis.resolved, refs, now)

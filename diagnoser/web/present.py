@@ -10,7 +10,7 @@ presentation fields and never changing the advice:
 * ``effect_line``: the effect in one line for an overview card (the capacity model's before → after
   numbers, or the rule's own claim when the model does not size the change);
 * :func:`top_fixes` ranks the suggestions of a target's findings: firing before pending, then the
-  report's top-cause order (``evaluate.cause_rank``), then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
+  order of the findings (``evaluate.cause_order``: the top cause, what it explains, the rest), then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
   contradicting ones); a change that does not fit is never a top fix.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnoser.evaluate import cause_rank
 from diagnoser.outputs.text import current_text
 
 SEV = {"critical": 3, "warning": 2, "info": 1}
@@ -140,9 +139,9 @@ def top_fixes(findings: list[dict[str, Any]], limit: int = 3) -> list[dict[str, 
         for si, s in enumerate(f.get("suggestions") or []):
             if not _fits(s):
                 continue
-            # the report's top-cause order (evaluate.cause_rank: causes before symptoms, the catalogue
-            # order, warnings before info), so the card's first fix is the text report's first change
-            key = (f.get("state") != "firing", cause_rank(str(f.get("rule")), str(f.get("severity") or "info")), -_gain(s), fi, si)
+            # the findings come in the report's one order (evaluate.cause_order: the top cause, what it
+            # explains, the rest), so the card's first fix is the text report's first change
+            key = (f.get("state") != "firing", fi, -_gain(s), si)
             cands.append((key, f, s))
     cands.sort(key=lambda c: c[0])
     out: list[dict[str, Any]] = []
@@ -174,8 +173,7 @@ def verdict(doc: dict[str, Any], fixes: list[dict[str, Any]]) -> dict[str, Any]:
             names = ", ".join(str(f.get("rule")) for f in pending)
             return {"level": "pending", "title": "Watching", "text": f"{names}: the condition holds, but not yet for the rule's hold time.", "rule": None}
         return {"level": "ok", "title": "Healthy", "text": "No finding in the last window.", "rule": None}
-    lead = next((f for f in firing if fixes and f.get("rule") == fixes[0]["rule"]), None) or max(
-        firing, key=lambda f: SEV.get(str(f.get("severity")), 0))
+    lead = next((f for f in firing if fixes and f.get("rule") == fixes[0]["rule"]), None) or firing[0]  # cause order
     others = len(firing) - 1
     return {"level": str(lead.get("severity")), "title": str(lead.get("rule")), "text": str(lead.get("summary") or ""),
             "rule": lead.get("rule"), "anchor": f"f-{lead.get('rule')}", "others": others}
