@@ -37,6 +37,8 @@ class Report:
     errors: list[RuleError] = field(default_factory=list)
     duration_s: float = 0.0
     dropped: list[dict[str, Any]] = field(default_factory=list)  # suggestions refused by the checks
+    # every rule that ran, per target: {"rule", "code", "target", "status": fired|fine|not_judged|error, "why"}
+    checked: list[dict[str, Any]] = field(default_factory=list)
 
 
 def version_tuple(tl: Timeline) -> tuple[int, int, int] | None:
@@ -83,9 +85,12 @@ def evaluate(
                 out = rule.evaluate(ctx)
             except Exception as e:  # isolation: a broken rule is reported, the rest still run
                 report.errors.append(RuleError(rule.name, tl.target, f"{type(e).__name__}: {e}"))
+                report.checked.append(_checked(rule, tl.target, "error", f"the rule failed: {type(e).__name__}"))
                 continue
-            if out is None:
+            if not out:
+                report.checked.append(_checked(rule, tl.target, *why_fine(rule, ctx)))
                 continue
+            report.checked.append(_checked(rule, tl.target, "fired", "see its finding"))
             for f in out if isinstance(out, list) else [out]:
                 rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
                 findings.append(f)
@@ -97,13 +102,42 @@ def evaluate(
             out = rule.evaluate_fleet(timelines, cfg, adapter)  # type: ignore[attr-defined]
         except Exception as e:
             report.errors.append(RuleError(rule.name, "fleet", f"{type(e).__name__}: {e}"))
+            report.checked.append(_checked(rule, "fleet", "error", f"the rule failed: {type(e).__name__}"))
             continue
+        report.checked.append(_checked(rule, "fleet", "fired" if out else "fine",
+                                       "see its finding" if out else f"over {len(timelines)} target(s), its condition did not hold"))
         for f in out or []:
             report.findings.append(f)
     check_suggestions(report, timelines, extras)
     report.findings[:] = cause_order(report.findings)
     report.duration_s = time.perf_counter() - t0
     return report
+
+
+def _checked(rule: Rule, target: str, status: str, why: str) -> dict[str, Any]:
+    return {"rule": rule.name, "code": rule.code, "target": target, "status": status, "why": why}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
+    """Why a rule that ran found nothing: ``("fine", what it read and that its condition did not hold)``,
+    or ``("not_judged", which input is missing)`` when the inputs hold none of the signals it reads (nor
+    its log events). A rule on log events alone is fine when none is there: their absence is the answer."""
+    signals = tuple(dict.fromkeys((*rule.reads, *rule.needs)))
+    read = [(sig, len(s)) for sig in signals for s in [ctx.series(sig)] if s is not None]
+    events = [(k, len(ctx.events_of(k))) for k in rule.events]
+    seen = [(k, n) for k, n in events if n]
+    if signals and not read and not seen:
+        return "not_judged", f"no {', '.join(signals)} readings in the inputs"
+    parts = [_plural(n, f"{sig} reading") for sig, n in read] + [_plural(n, f"{k} event") for k, n in seen]
+    if not parts and rule.events:  # a rule on log events: none of them is its answer
+        return "fine", f"no {', '.join(rule.events)} events in the inputs"
+    if not parts:
+        return "fine", "its condition did not hold"
+    return "fine", f"read {', '.join(parts)}: its condition did not hold"
 
 
 # rules that say *what* happens (requests wait, the batch is small), not why: a cause rule names the why
