@@ -80,7 +80,9 @@ def _split_long(word: str, room: int) -> list[str]:
     out: list[str] = []
     rest = word
     while len(rest) > room:
-        cut = max((rest.rfind(c, 0, room) for c in _BREAK_AFTER), default=-1)
+        cut = rest.rfind("/", 0, room)  # a path at a slash first, else after another separator
+        if cut < room // 3:
+            cut = max((rest.rfind(c, 0, room) for c in _BREAK_AFTER), default=-1)
         cut = cut + 1 if cut > 0 else room
         out.append(rest[:cut])
         rest = rest[cut:]
