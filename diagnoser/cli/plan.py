@@ -45,8 +45,9 @@ from diagnoser.capacity.weights import WeightEstimate, checkpoint_bytes, estimat
 from diagnoser.capacity.whatif import Planner, Scenario, Workload
 from diagnoser.cli import UsageError
 from diagnoser.jsonout import dumps
+from diagnoser.outputs.term import columns
 
-WIDTH = 100
+WIDTH = min(100, columns())  # the terminal's width (outputs/term), at most 100 for prose
 TP_STEPS = (1, 2, 4, 8, 16)
 
 

@@ -275,7 +275,13 @@ def _fmt(v: Any, k: str = "") -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    from diagnoser.outputs.text import WIDTH, _wrap
+    from diagnoser.outputs.term import columns
+    from diagnoser.outputs.text import _wrap as _wrap80
+
+    WIDTH = columns()  # noqa: N806 — the terminal's width (outputs/term), as the text report
+
+    def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
+        return _wrap80(text, indent, first, WIDTH)
 
     out = [f"diagnoser compare · verdict: {doc['verdict'].upper()}", f"before {doc['before']['source']}",
            f"after  {doc['after']['source']}", ""]
