@@ -115,8 +115,10 @@ def change_text(s: dict[str, Any], short: bool = False) -> str:
     short report an unknown current value is left out (``--verbose`` says it is not in the inputs)."""
     cur = current_text(s)
     prop = shown(s.get("proposed"))
-    if s.get("current") is None and ("the current" in prop or (short and cur != "unset (default)")):
+    if s.get("current") is None and "the current" in prop:
         return f"{shown(s.get('flag'))} → {prop}"
+    if s.get("current") is None and short and cur != "unset (default)":
+        cur = "unknown"
     return f"{shown(s.get('flag'))} {shown(cur)} → {prop}"
 
 
@@ -228,6 +230,11 @@ def _short_target(t: Term, doc: dict[str, Any], target: str, many: bool) -> list
     return out
 
 
+def _said_by_findings(doc: dict[str, Any], m: str) -> bool:
+    """An input's message that a finding's summary already says (a server that did not answer)."""
+    return any(m in str(f.get("summary") or "") for f in doc.get("findings", []))
+
+
 def _inputs_verbose(t: Term, doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for i in doc.get("inputs", []):
@@ -239,7 +246,8 @@ def _inputs_verbose(t: Term, doc: dict[str, Any]) -> list[str]:
             line = f"input {i['kind']} {shown(i['source'])}: {what}, {i['lines_recognized']} recognised, {i['errors']} errors"
         out.extend(t.wrap(line, "  ", ""))
         for m in i.get("messages", []):
-            out.extend(t.wrap(shown(m), "    ", "  ! "))
+            if not _said_by_findings(doc, m):  # said once: the finding above already says it
+                out.extend(t.wrap(shown(m), "    ", "  ! "))
     return out
 
 
@@ -262,8 +270,8 @@ def _errors(t: Term, doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     said = {m for i in doc.get("inputs", []) for m in i.get("messages", [])}
     for e in doc.get("errors", []):
-        if e.get("source") == "input" and e["error"] in said:
-            continue  # already printed under the input it came from
+        if e.get("source") == "input" and (e["error"] in said or _said_by_findings(doc, e["error"])):
+            continue  # already printed under the input it came from, or by a finding
         out.extend(t.wrap(shown(f"{e.get('rule', e.get('source'))}: {e['error']}"), "    ", "  ! "))
     return out
 
