@@ -164,11 +164,15 @@ def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
     return role, 0 if serious else 1, order.get(rule, len(order))
 
 
-# what a cause explains besides the symptoms (SYMPTOMS): the findings that follow from it on its target
+# what a cause explains: the findings on its target that follow from it (the queue_buildup note names
+# kv_saturation, max_running_requests_cap and prefill_stall as the causes of a queue)
 EXPLAINS: dict[str, frozenset[str]] = {
-    "kv_saturation": frozenset({"kv_retraction"}),
-    "kv_pool_too_small": frozenset({"kv_retraction", "kv_saturation"}),
-    "oom": frozenset({"kv_retraction", "engine_crash"}),
+    "kv_saturation": frozenset({"kv_retraction", "queue_buildup", "low_batch_occupancy"}),
+    "kv_pool_too_small": frozenset({"kv_saturation", "kv_retraction", "queue_buildup", "low_batch_occupancy"}),
+    "max_running_requests_cap": frozenset({"queue_buildup"}),
+    "prefill_stall": frozenset({"queue_buildup"}),
+    "client_bound": frozenset({"low_batch_occupancy"}),
+    "oom": frozenset({"engine_crash", "kv_retraction"}),
     "engine_crash": frozenset({"source_unreachable"}),
 }
 
@@ -178,10 +182,8 @@ def _notes() -> frozenset[str]:
 
 
 def explains(cause: str, other: str) -> bool:
-    """Whether the finding ``other`` follows from the top cause ``cause`` (of the same target)."""
-    if cause in SYMPTOMS or cause in _notes():
-        return False
-    return other in SYMPTOMS or other in EXPLAINS.get(cause, frozenset())
+    """Whether the finding ``other`` follows from the top cause ``cause`` of the same target (:data:`EXPLAINS`)."""
+    return other in EXPLAINS.get(cause, frozenset())
 
 
 def cause_order(findings: list[Finding]) -> list[Finding]:
