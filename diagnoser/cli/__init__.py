@@ -29,7 +29,7 @@ SUBCOMMANDS = {
 COMMANDS = {
     "URL": "diagnose a server now: 'diagnose http://HOST:30000' is 'diagnose --url http://HOST:30000'",
     "--once": "sample --url/--log/--metrics-file/--replay inputs for --duration, report once and exit",
-    "(no --once)": "watch mode: poll the servers, follow the logs and redraw every --interval",
+    "--url": "without --once, watch mode: poll the servers, follow the logs and redraw every --interval",
     "demo": "diagnose the bundled recording of a real SGLang run (no server needed)",
     "rules": "list the rule catalogue",
     "explain": "print one rule's doc: diagnose explain kv_saturation",

@@ -50,7 +50,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         top = (doc.get("top") or {}).get(target)
         model = _model(doc, target)
         out.append("")
-        out.append(f"**{md(target)}**" + (f" · model `{shown(model).replace('`', '')}`" if model else ""))
+        out.append(f"**{md(target)}**" + (f" · model {md(model)}" if model else ""))
         if top:
             out.append(f"**Verdict:** {md(top['rule'])} ({top['severity']}): {md(top['summary'])}")
         elif not findings:

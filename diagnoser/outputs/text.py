@@ -80,7 +80,7 @@ def _cells(t: Term, cells: list[str], indent: str = "  ") -> list[str]:
 
 
 def _headline(t: Term, doc: dict[str, Any], target: str, sigs: dict[str, Any]) -> list[str]:
-    out = [t.paint(t.fit(f"▸ {shown(target)}"), "bold")]
+    out = [t.paint(x, "bold") for x in t.wrap(shown(target), "  ", "▸ ")]  # a long path wraps at a '/', never cut
     cells = []
     for key, label, fmt in HEADLINE:
         st = sigs.get(key)
@@ -340,7 +340,7 @@ def render(doc: dict[str, Any], verbose: bool = False, term: Term | None = None)
         elif not any(f["target"] == target for f in findings):
             continue
         else:
-            out.append(t.paint(t.fit(f"▸ {shown(target)}"), "bold"))
+            out.extend(t.paint(x, "bold") for x in t.wrap(shown(target), "  ", "▸ "))
         if not verbose:
             out.extend(_short_target(t, doc, target, many))
         else:
