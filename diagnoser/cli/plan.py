@@ -47,7 +47,7 @@ from diagnoser.cli import UsageError
 from diagnoser.jsonout import dumps
 from diagnoser.outputs.term import columns
 
-WIDTH = min(100, columns())  # the terminal's width (outputs/term), at most 100 for prose
+WIDTH = min(100, columns(default=100))  # the terminal's width (outputs/term), at most 100; 100 into a pipe
 TP_STEPS = (1, 2, 4, 8, 16)
 
 

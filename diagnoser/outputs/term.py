@@ -43,8 +43,8 @@ def visible_len(text: str) -> int:
     return len(_ANSI.sub("", text))
 
 
-def columns(stream: IO[str] | None = None) -> int:
-    """The width to print at: ``COLUMNS``, else the terminal of ``stream`` (stdout), else 80."""
+def columns(stream: IO[str] | None = None, default: int = 80) -> int:
+    """The width to print at: ``COLUMNS``, else the terminal of ``stream`` (stdout), else ``default``."""
     try:
         n = int(os.environ.get("COLUMNS", "0") or 0)
     except ValueError:
@@ -55,7 +55,7 @@ def columns(stream: IO[str] | None = None) -> int:
             n = os.get_terminal_size(stream.fileno()).columns  # type: ignore[union-attr]
         except (AttributeError, ValueError, OSError):
             n = 0
-    n = n if n > 0 else 80
+    n = n if n > 0 else default
     return max(MIN_WIDTH, min(MAX_WIDTH, n))
 
 

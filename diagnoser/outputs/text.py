@@ -152,7 +152,7 @@ def once(text: str, said: set[str]) -> str | None:
 
 
 def _effect(s: dict[str, Any]) -> str:
-    from diagnoser.web.present import present_suggestion  # pure functions (no web framework)
+    from diagnoser.outputs.effect import present_suggestion
 
     return str(present_suggestion(s).get("effect_line") or "")
 
