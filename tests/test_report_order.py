@@ -117,3 +117,38 @@ def test_live_surfaces_share_the_order(snap_and_monitor: Any) -> None:
     expo = render(make_registry(lambda: snap)).decode()  # the exporter, in the same order
     active = [ln for ln in expo.splitlines() if ln.startswith("diagnoser_finding_active{")]
     assert [next(r for r in ORDER if f'rule="{r}"' in ln) for ln in active][:3] == ORDER
+
+
+def test_the_target_page_lists_every_rule_checked(snap_and_monitor: Any) -> None:
+    """What was checked: the target page (and its JSON twin) lists every rule of the last pass with why it
+    is fine or what it lacked to judge, as --verbose and the JSON report do."""
+    from fastapi.testclient import TestClient
+
+    from diagnoser.rules import REGISTRY
+    from diagnoser.web import create_app
+
+    snap, m = snap_and_monitor
+    client = TestClient(create_app(m))
+    doc = client.get("/target/0.json").json()
+    rows = {c["rule"]: c for c in doc["checked"]}
+    assert set(rows) == {r.name for r in REGISTRY if r.scope == "target"}
+    assert rows["kv_saturation"]["status"] == "fired" and rows["low_batch_occupancy"]["status"] == "fine"
+    assert rows["pd_transfer"]["status"] == "not_judged" and "pd_bootstrap_reqs" in rows["pd_transfer"]["why"]
+    html = client.get("/target/0").text
+    assert '<details id="checked">' in html and f"Rules checked ({len(rows)})" in html
+    assert "PD01 pd_transfer" in html and "no data" in html
+
+
+def test_json_and_verbose_text_list_every_rule_checked() -> None:
+    from diagnoser.rules import REGISTRY
+
+    doc = json.loads(_cli("--once", "--replay", str(EXAMPLE), "--format", "json"))
+    assert [c["rule"] for c in doc["checked"]] == [r.name for r in REGISTRY]  # each once, catalogue order
+    by = {c["rule"]: c for c in doc["checked"]}
+    assert by["oom"] == {"rule": "oom", "code": "ER01", "target": "kv-full-retract", "status": "fine",
+                         "why": "no oom, startup_oom, hicache_host_oom events in the inputs"}
+    assert by["low_batch_occupancy"]["why"].startswith("read 281 running_reqs readings")
+    text = " ".join(_cli("--once", "--replay", str(EXAMPLE), "--verbose").split())
+    assert f"Rules checked ({len(REGISTRY)})" in text
+    assert "PD01 pd_transfer — no data: no pd_bootstrap_reqs, pd_inflight_reqs, pd_transfer_reqs readings in the inputs" in text
+    assert "KV01 kv_saturation — fired" in text

@@ -171,6 +171,8 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
         "window": {"start": iso(t.window[0]), "end": iso(t.window[1])},
         "charts": CHARTS,
         "eta": job_eta(t, job_requests, monitor),
+        # every rule of the last pass and why it is fine or could not judge (the text report's --verbose)
+        "checked": redact_strings([c for c in getattr(snap, "checked", []) if c.get("target") == t.name]),
         "generated_at": iso(snap.ts),
     })
     doc["top_fixes"] = top_fixes(doc["findings"], 3)
