@@ -232,3 +232,11 @@ def test_markdown_escapes_and_redacts_server_strings() -> None:
     assert "](http://evil)" not in card.replace("\\]", "")
     assert "sk-abcdefabcdefabcdef0123" not in card
     assert "\\| pipe" in card and "\\[link\\]" in card
+
+
+def test_markdown_of_nothing_usable_says_so(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.log"
+    junk.write_bytes(bytes(range(256)) * 8)
+    out = run("--once", "--log", str(junk), "--format", "markdown")
+    assert out.returncode == 2 and "· ERROR" in out.stdout
+    assert "**Verdict:** nothing usable was read: No line of" in out.stdout and "no problem found" not in out.stdout

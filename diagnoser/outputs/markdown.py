@@ -53,6 +53,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append(f"**{md(target)}**" + (f" · model {md(model)}" if model else ""))
         if top:
             out.append(f"**Verdict:** {md(top['rule'])} ({top['severity']}): {md(top['summary'])}")
+        elif doc.get("status") == "error":
+            said = [m for i in doc.get("inputs", []) for m in i.get("messages", [])] + [
+                e["error"] for e in doc.get("errors", []) if e.get("source") == "input"]
+            out.append("**Verdict:** nothing usable was read" + (f": {md(said[0])}" if said else "."))
         elif not findings:
             out.append("**Verdict:** no problem found (nothing at warning or above).")
         sigs = doc.get("signals", {}).get(target, {})

@@ -368,7 +368,7 @@ def render(doc: dict[str, Any], verbose: bool = False, term: Term | None = None)
         if checked:
             out.append("")
             out.extend(checked)
-    elif findings or doc.get("checked"):
+    elif findings:
         n = len(doc.get("checked") or [])
         out.extend(t.wrap(f"--verbose: the evidence with its sources, the assumptions{f' and the {n} rules checked' if n else ''}", "  ", ""))
     return "\n".join(out).rstrip() + "\n"
