@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.target is not None:  # diagnose URL: the same as --url URL
         if not args.target.startswith(("http://", "https://")):
-            raise UsageError("the first argument is neither a command nor a URL: 'diagnose --help' lists the commands; a server is http://HOST:PORT")
+            raise UsageError("a word on its own is neither a command nor a URL: 'diagnose --help' lists the commands; a server is http://HOST:PORT")
         args.url.append(args.target)
     if not args.once and not args.replay:
         from diagnoser.cli import watch
