@@ -37,6 +37,8 @@ class Report:
     errors: list[RuleError] = field(default_factory=list)
     duration_s: float = 0.0
     dropped: list[dict[str, Any]] = field(default_factory=list)  # suggestions refused by the checks
+    # every rule that ran, per target: {"rule", "code", "target", "status": fired|fine|not_judged|error, "why"}
+    checked: list[dict[str, Any]] = field(default_factory=list)
 
 
 def version_tuple(tl: Timeline) -> tuple[int, int, int] | None:
@@ -83,9 +85,12 @@ def evaluate(
                 out = rule.evaluate(ctx)
             except Exception as e:  # isolation: a broken rule is reported, the rest still run
                 report.errors.append(RuleError(rule.name, tl.target, f"{type(e).__name__}: {e}"))
+                report.checked.append(_checked(rule, tl.target, "error", f"the rule failed: {type(e).__name__}"))
                 continue
-            if out is None:
+            if not out:
+                report.checked.append(_checked(rule, tl.target, *why_fine(rule, ctx)))
                 continue
+            report.checked.append(_checked(rule, tl.target, "fired", "see its finding"))
             for f in out if isinstance(out, list) else [out]:
                 rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
                 findings.append(f)
@@ -97,13 +102,42 @@ def evaluate(
             out = rule.evaluate_fleet(timelines, cfg, adapter)  # type: ignore[attr-defined]
         except Exception as e:
             report.errors.append(RuleError(rule.name, "fleet", f"{type(e).__name__}: {e}"))
+            report.checked.append(_checked(rule, "fleet", "error", f"the rule failed: {type(e).__name__}"))
             continue
+        report.checked.append(_checked(rule, "fleet", "fired" if out else "fine",
+                                       "see its finding" if out else f"over {len(timelines)} target(s), its condition did not hold"))
         for f in out or []:
             report.findings.append(f)
     check_suggestions(report, timelines, extras)
-    report.findings.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
+    report.findings[:] = cause_order(report.findings)
     report.duration_s = time.perf_counter() - t0
     return report
+
+
+def _checked(rule: Rule, target: str, status: str, why: str) -> dict[str, Any]:
+    return {"rule": rule.name, "code": rule.code, "target": target, "status": status, "why": why}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
+    """Why a rule that ran found nothing: ``("fine", what it read and that its condition did not hold)``,
+    or ``("not_judged", which input is missing)`` when the inputs hold none of the signals it reads (nor
+    its log events). A rule on log events alone is fine when none is there: their absence is the answer."""
+    signals = tuple(dict.fromkeys((*rule.reads, *rule.needs)))
+    read = [(sig, len(s)) for sig in signals for s in [ctx.series(sig)] if s is not None]
+    events = [(k, len(ctx.events_of(k))) for k in rule.events]
+    seen = [(k, n) for k, n in events if n]
+    if signals and not read and not seen:
+        return "not_judged", f"no {', '.join(signals)} readings in the inputs"
+    parts = [_plural(n, f"{sig} reading") for sig, n in read] + [_plural(n, f"{k} event") for k, n in seen]
+    if not parts and rule.events:  # a rule on log events: none of them is its answer
+        return "fine", f"no {', '.join(rule.events)} events in the inputs"
+    if not parts:
+        return "fine", "its condition did not hold"
+    return "fine", f"read {', '.join(parts)}: its condition did not hold"
 
 
 # rules that say *what* happens (requests wait, the batch is small), not why: a cause rule names the why
@@ -130,10 +164,60 @@ def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
     return role, 0 if serious else 1, order.get(rule, len(order))
 
 
+# what a cause explains: the findings on its target that follow from it (the queue_buildup note names
+# kv_saturation, max_running_requests_cap and prefill_stall as the causes of a queue)
+EXPLAINS: dict[str, frozenset[str]] = {
+    "kv_saturation": frozenset({"kv_retraction", "queue_buildup", "low_batch_occupancy"}),
+    "kv_pool_too_small": frozenset({"kv_saturation", "kv_retraction", "queue_buildup", "low_batch_occupancy"}),
+    "max_running_requests_cap": frozenset({"queue_buildup"}),
+    "prefill_stall": frozenset({"queue_buildup"}),
+    "client_bound": frozenset({"low_batch_occupancy"}),
+    "oom": frozenset({"engine_crash", "kv_retraction"}),
+    "engine_crash": frozenset({"source_unreachable"}),
+}
+
+
+def _notes() -> frozenset[str]:
+    return frozenset(r.name for r in REGISTRY if r.note)
+
+
+def explains(cause: str, other: str) -> bool:
+    """Whether the finding ``other`` follows from the top cause ``cause`` of the same target (:data:`EXPLAINS`)."""
+    return other in EXPLAINS.get(cause, frozenset())
+
+
+def cause_order(findings: list[Finding]) -> list[Finding]:
+    """The one order of the findings every output shows (text, watch, JSON, the dashboard, the exporter):
+    per target, its top cause (:func:`cause_key`'s first, firing before pending; a note about the inputs
+    or a resolved finding never leads), then what that cause explains (:func:`explains`, in :func:`cause_key` order), then the
+    rest by severity (then :func:`cause_key`). Targets come worst first: by their top cause's severity,
+    then by name, so ``findings[0]`` is the top cause of the worst target."""
+    notes = _notes()
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(f.target, []).append(f)
+    ordered: list[tuple[tuple[int, str], list[Finding]]] = []
+    for target, mine in groups.items():
+        mine = sorted(mine, key=lambda f: (cause_key(f), f.rule))
+        # a firing finding leads before a pending one (live mode), so the cards lead with what fired
+        leads = sorted((f for f in mine if f.state != "resolved" and f.rule not in notes), key=lambda f: f.state == "pending")
+        if not leads:
+            rest = sorted(mine, key=lambda f: (-int(f.severity), cause_key(f), f.rule))
+            ordered.append(((0, target), rest))
+            continue
+        top = leads[0]
+        explained = [f for f in mine if f is not top and explains(top.rule, f.rule)]
+        taken = {id(top), *map(id, explained)}
+        rest = sorted((f for f in mine if id(f) not in taken), key=lambda f: (-int(f.severity), cause_key(f), f.rule))
+        ordered.append(((-int(top.severity), target), [top, *explained, *rest]))
+    ordered.sort(key=lambda g: g[0])
+    return [f for _, fs in ordered for f in fs]
+
+
 def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Suggestion | None]:
     """The finding that names the bottleneck of one target, and the change to make first: the top
     finding's first suggestion, else the first suggestion of the next causes in :func:`cause_key` order."""
-    notes = {r.name for r in REGISTRY if r.note}  # a note about the inputs (too few readings) names no cause
+    notes = _notes()  # a note about the inputs (too few readings) names no cause
     mine = sorted((f for f in findings if f.target == target and f.state != "resolved" and f.rule not in notes), key=cause_key)
     if not mine:
         return None, None

@@ -30,7 +30,7 @@ import numpy as np
 
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.evaluate import Hysteresis, Report, evaluate
+from diagnoser.evaluate import Hysteresis, Report, cause_order, evaluate
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, PlainTarget, fetch, make_client
@@ -113,6 +113,8 @@ class Snapshot:
     # when findings fired: {"target", "rule", "severity", "start", "end"} in the target's clock (its
     # recording or log time for replays and logs); "end" is None while it still fires. Oldest first.
     episodes: list[dict[str, Any]] = field(default_factory=list)
+    # every rule of each target's last pass: {"rule", "code", "target", "status", "why"} (evaluate.Report.checked)
+    checked: list[dict[str, Any]] = field(default_factory=list)
 
     def firing(self, target: str | None = None) -> list[Finding]:
         return [f for f in self.findings if f.state == "firing" and (target is None or f.target == target)]
@@ -275,6 +277,7 @@ class LiveMonitor:
         self.eval_interval = float(eval_interval) if eval_interval is not None else max(self.interval, min(15.0, 3 * self.interval))
         self._eval_every = max(1, round(self.eval_interval / self.interval))
         self._findings: dict[int, list[Finding]] = {}
+        self._checked: dict[int, list[dict[str, Any]]] = {}  # per target: every rule of its last pass and why
         self._last_state: dict[int, tuple[bool | None, bool]] = {}
         self._windows: dict[str, Timeline] = {}
         self._fleet_findings: list[Finding] = []
@@ -481,9 +484,9 @@ class LiveMonitor:
         for i, t in enumerate(self.targets):
             if t.name in due_names:
                 self._findings[i] = [f for f in report.findings if f.target == t.name]
+                self._checked[i] = [c for c in report.checked if c["target"] == t.name]
         current = [f for i in sorted(self._findings) for f in self._findings[i]] + list(self._fleet_findings)
-        current.sort(key=lambda f: (-int(f.severity), f.target, f.rule))
-        findings = self.hysteresis.update(current, now)
+        findings = cause_order(self.hysteresis.update(current, now))  # the report's one order (evaluate.cause_order)
         for f in self.hysteresis.resolved:
             self.resolved.append((now, f))
         self._track_episodes(findings, self.hysteresis.resolved, refs, now)
@@ -493,7 +496,7 @@ class LiveMonitor:
         snap = Snapshot(
             ts=now, tick=self.tick_no, targets=views, findings=findings, resolved=list(self.resolved),
             errors=[e.to_dict() for e in report.errors], rule_pass_s=self._rule_pass_s, dropped=list(report.dropped),
-            episodes=[dict(e) for e in self.episodes],
+            episodes=[dict(e) for e in self.episodes], checked=[c for i in sorted(self._checked) for c in self._checked[i]],
         )
         self.snapshot = snap
         self.last_tick_at = time.monotonic()

@@ -17,3 +17,4 @@ DIAG="${DIAGNOSE:-.venv/bin/diagnose}"
   --note "SYNTHETIC: written from the numbers of issue 4 (Kimi-K2.5, TP 8, pool 116,171 tokens); see tests/cases/seed-kimi-k25/source.md"
 # the docker compose demo (deploy/demo/) plays the same recording
 cp examples/kv-full-retract.dgb deploy/demo/kv-full-retract.dgb
+cp examples/kv-full-retract.dgb diagnoser/examples/kv-full-retract.dgb  # diagnose demo, in the wheel

@@ -133,7 +133,7 @@ def test_cli_json_and_text(replicas: tuple[Prom, dict[str, ReplayReplica]]) -> N
     assert any(f["rule"] == "replica_imbalance" for f in doc["findings"])
     t = subprocess.run([*base, "--format", "text"], capture_output=True, text=True, timeout=120)
     out = t.stdout
-    assert out.index("Fleet summary") < out.index("Worst targets") < out.index("Findings")
+    assert out.index("Fleet summary") < out.index("Worst targets") < out.index("top cause:"), out  # then each target, its top cause first
     assert "4 targets: 2 saturated" in out
 
 

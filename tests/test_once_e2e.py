@@ -21,7 +21,7 @@ from tests.helpers import free_port
 
 COLLECTOR = DATA / "sglang" / "metrics" / "sglang-0.5.23_collector_metrics.prom"
 RUN = DATA / "sglang-cpu-real" / "kv-full-retract"
-KEYS = {"status", "engine", "version", "inputs", "window", "config", "signals", "findings", "errors", "top"}
+KEYS = {"schema_version", "status", "engine", "version", "inputs", "window", "config", "signals", "findings", "errors", "top", "checked"}
 STAT_KEYS = {"last", "mean", "min", "max", "p50", "p95", "n"}
 
 Route = Callable[[int], tuple[int, str, bytes]]  # request number → (status, content type, body)

@@ -60,6 +60,7 @@ def test_examples_rebuild_byte_identically(tmp_path: Path) -> None:
     (work / "examples").mkdir(parents=True)
     (work / "tests" / "cases").mkdir(parents=True)
     (work / "deploy" / "demo").mkdir(parents=True)
+    (work / "diagnoser" / "examples").mkdir(parents=True)
     os.symlink(ROOT / "tests" / "cases" / "seed-kimi-k25", work / "tests" / "cases" / "seed-kimi-k25")
     os.symlink(ROOT / "tests" / "data", work / "tests" / "data")
     (work / "examples" / "build.sh").write_text((EX / "build.sh").read_text())
@@ -72,5 +73,6 @@ def test_examples_rebuild_byte_identically(tmp_path: Path) -> None:
     for name in EXPECTED:
         assert filecmp.cmp(work / "examples" / name, EX / name, shallow=False), (
             f"examples/{name} is stale: run examples/build.sh and commit it")
-    demo = "deploy/demo/kv-full-retract.dgb"  # the compose demo plays the same recording
-    assert filecmp.cmp(work / demo, ROOT / demo, shallow=False), f"{demo} is stale: run examples/build.sh and commit it"
+    # the compose demo and `diagnose demo` (shipped in the wheel) play the same recording
+    for demo in ("deploy/demo/kv-full-retract.dgb", "diagnoser/examples/kv-full-retract.dgb"):
+        assert filecmp.cmp(work / demo, ROOT / demo, shallow=False), f"{demo} is stale: run examples/build.sh and commit it"

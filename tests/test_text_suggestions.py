@@ -13,10 +13,10 @@ from diagnoser.outputs.text import current_text
 CASE = Path(__file__).parent / "data" / "cases" / "029-sglang-pr14050-back-to-back-prefills-starve-decode"
 
 
-def _run(fmt: str) -> str:
+def _run(fmt: str, *more: str) -> str:
     buf = io.StringIO()
     with redirect_stdout(buf):
-        cli_main(["--once", "--log", str(CASE / "server.log"), "--format", fmt])
+        cli_main(["--once", "--log", str(CASE / "server.log"), "--format", fmt, *more])
     return buf.getvalue()
 
 
@@ -24,9 +24,19 @@ def test_current_none_is_unknown_in_text_and_none_in_json() -> None:
     doc = json.loads(_run("json"))
     sugs = [s for f in doc["findings"] for s in f["suggestions"] if s["flag"] == "--chunked-prefill-size"]
     assert sugs and sugs[0]["current"] is None  # the real excerpt does not show the flag
-    text = _run("text")
-    assert "--chunked-prefill-size unknown (not in the inputs) → 8192" in text.replace("\n      ", " ")
+    text = _run("text", "--verbose")
+    assert "--chunked-prefill-size unknown (not in the inputs) → 8192" in " ".join(text.split())
     assert " unset → " not in text
+    short = " ".join(_run("text").split())  # the default report: one word for it
+    assert "--chunked-prefill-size unknown → 8192" in short and " unset → " not in short
+
+
+def test_a_relative_proposal_never_reads_unknown_to_x_the_current() -> None:
+    from diagnoser.outputs.text import change_text
+
+    s = {"flag": "--tp-size", "current": None, "proposed": "2 x the current (more GPUs)", "why": ""}
+    assert change_text(s) == change_text(s, short=True) == "--tp-size → 2 x the current (more GPUs)"
+    assert change_text({"flag": "--tp-size", "current": 2, "proposed": 4}) == "--tp-size 2 → 4"
 
 
 def test_current_text_rules() -> None:

@@ -103,15 +103,19 @@ def _f(rule: str, sev: str, state: str, *sugs: dict[str, Any]) -> dict[str, Any]
 
 
 def test_top_fixes_order_dedupe_and_refusals() -> None:
+    # the findings come in the report's one order (evaluate.cause_order), here c, b, a, d
     findings = [
-        _f("a_info", "info", "firing", _s("--x", 5.0)),
-        _f("b_warn", "warning", "firing", _s("--y", 0.1), _s("--z", None), _s("--big", 3.0, fits=False)),
         _f("c_warn", "warning", "firing", _s("--w", 0.9), _s("--y", 2.0)),
+        _f("b_warn", "warning", "firing", _s("--y", 0.1), _s("--z", None), _s("--big", 3.0, fits=False)),
+        _f("a_info", "info", "firing", _s("--x", 5.0)),
         _f("d_crit", "critical", "pending", _s("--p", 9.0)),
     ]
     got = [(x["flag"], x["rule"]) for x in top_fixes(findings, limit=10)]
-    # firing before pending, then severity, then gain; a flag once; a change that does not fit never
+    # firing before pending, then the findings' order, then gain within a finding; a flag once; a change
+    # that does not fit never
     assert got == [("--y", "c_warn"), ("--w", "c_warn"), ("--z", "b_warn"), ("--x", "a_info"), ("--p", "d_crit")]
+    # the order decides, not the severity or the gain: the same findings with a first give its fix first
+    assert top_fixes([findings[2], *findings[:2]], 1)[0]["flag"] == "--x"
     assert top_fixes(findings, 1)[0]["flag"] == "--y"
     assert top_fixes([_f("r", "warning", "resolved", _s("--q", 1.0))]) == []
 

@@ -1,14 +1,5 @@
 """``diagnose``: the command line. Subcommands live in their own modules and are imported lazily so
-that ``diagnose --once --log`` starts fast.
-
-    diagnose [--once] [--url URL …] [--log PATH|-] …   run (one pass with --once, else watch)
-    diagnose rules                                      list the rule catalogue
-    diagnose explain RULE                               print one rule's doc
-    diagnose serve …                                    web dashboard + /metrics exporter
-    diagnose record …                                   record a bundle
-    diagnose replay-server FILE …                       serve a bundle as a live SGLang
-    diagnose plan …                                     offline capacity planner
-    diagnose compare BEFORE AFTER                       judge a change: two recordings side by side
+that ``diagnose --once --log`` starts fast. :data:`COMMANDS` is the list ``diagnose --help`` prints.
 """
 
 from __future__ import annotations
@@ -30,6 +21,25 @@ SUBCOMMANDS = {
     "replay-server": "diagnoser.cli.replay_server",
     "plan": "diagnoser.cli.plan",
     "compare": "diagnoser.cli.compare",
+    "completion": "diagnoser.cli.help",
+    "demo": "diagnoser.cli.help",
+    "help": "diagnoser.cli.help",
+}
+# every command with one line: ``diagnose --help`` lists them (diagnoser/cli/help.py)
+COMMANDS = {
+    "URL": "diagnose a server now: 'diagnose http://HOST:30000' is 'diagnose --url http://HOST:30000'",
+    "--once": "sample --url/--log/--metrics-file/--replay inputs for --duration, report once and exit",
+    "--url": "without --once, watch mode: poll the servers, follow the logs and redraw every --interval",
+    "demo": "diagnose the bundled recording of a real SGLang run (no server needed)",
+    "rules": "list the rule catalogue",
+    "explain": "print one rule's doc: diagnose explain kv_saturation",
+    "serve": "web dashboard and /metrics exporter for one or more servers",
+    "record": "record a server's scrapes, log and config into a bundle (.dgb)",
+    "replay-server": "serve a bundle as a live SGLang /metrics endpoint",
+    "plan": "offline capacity planner: pool, concurrency and throughput from a model config",
+    "compare": "judge a change: two recordings (before, after) side by side",
+    "completion": "print a shell completion script: diagnose completion bash|zsh|fish",
+    "help": "this list, or one command's options: diagnose help CMD",
 }
 
 
@@ -67,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     _pause_gc(freeze=argv is None)  # the console script: nothing of a caller's to freeze
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] in ("-h", "--help"):
+            from diagnoser.cli.help import main_help
+
+            print(main_help(), end="")
+            return 0
         if argv and argv[0] in SUBCOMMANDS:
             mod = importlib.import_module(SUBCOMMANDS[argv[0]])
             resume_gc()

@@ -51,8 +51,9 @@ from diagnoser.capacity.weights import WeightEstimate, checkpoint_bytes, estimat
 from diagnoser.capacity.whatif import Planner, Scenario, Workload
 from diagnoser.cli import UsageError
 from diagnoser.jsonout import dumps
+from diagnoser.outputs.term import columns
 
-WIDTH = 100
+WIDTH = min(100, columns(default=100))  # the terminal's width (outputs/term), at most 100; 100 into a pipe
 TP_STEPS = (1, 2, 4, 8, 16)
 
 
@@ -63,12 +64,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="diagnose plan", formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="KV capacity, weights and what-ifs for SGLang from a model config and a GPU, no server needed.",
+                description=textwrap.fill("KV capacity, weights and what-ifs for SGLang from a model config and a GPU, no server needed.", WIDTH),
                 epilog=textwrap.fill(
                     "--gpu knows: " + gpu_help() + ". 'Usable' is what the driver reports as the device's total "
                     "(nvidia-smi memory.total; rocminfo on AMD), a little below the marketed figure, and what SGLang's "
                     f"automatic --mem-fraction-static reads; the free memory before weights is taken as {CUDA_CONTEXT_GIB} GiB "
-                    "less (CUDA context, NCCL) unless --free-mem-gb or --log says.", 100))
+                    "less (CUDA context, NCCL) unless --free-mem-gb or --log says.", WIDTH))
     p.add_argument("--model-config", help="the model's Hugging Face config.json, its directory, a Hugging Face cache entry "
                                           "(models--org--name) or org/name in the local cache; nothing is downloaded")
     p.add_argument("--gpu", default=None, help="the accelerator, e.g. H100, H200, H20, B200, A100-80GB, A100-40GB, L40S, MI300X "

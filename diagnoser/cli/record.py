@@ -445,9 +445,10 @@ def _report(args: argparse.Namespace, rec: Recorder, adapter: Any) -> int:
     if args.report == "json":
         sys.stdout.write(dumps(doc, indent=2) + "\n")
     else:
+        from diagnoser.outputs.term import term_for
         from diagnoser.outputs.text import render
 
-        sys.stdout.write(render(doc))
+        sys.stdout.write(render(doc, term=term_for(sys.stdout)))
     return 0
 
 

@@ -37,8 +37,11 @@ def explain_text(rule: type[Rule], width: int | None = None) -> str:
             out += ["", f"{head}:", docmd.to_text(body, w, indent="    ")]
     if rule.defaults:
         out += ["", "Thresholds (override with --set NAME.KEY=VALUE or [rules.NAME] in --config):"]
+        from diagnoser.outputs.term import Term
+
+        t = Term(width=w)
         for k, v in rule.defaults.items():
-            out.append(f"  {rule.name}.{k} = {v}   {rule.threshold_help.get(k, '')}".rstrip())
+            out.extend(t.wrap(rule.threshold_help.get(k, ""), "      ", f"  {rule.name}.{k} = {v}   "))
     out += ["", docmd.to_text(DOCS_NOTE.format(name=rule.name), w)]
     return "\n".join(out) + "\n"
 
@@ -53,8 +56,12 @@ def main(cmd: str, argv: list[str]) -> int:
             print(json.dumps(rows, indent=2))
             return 0
         width = max(len(r.name) for r in REGISTRY)
+        from diagnoser.outputs.term import term_for
+
+        term = term_for(sys.stdout, "never")
         for r in REGISTRY:
-            print(f"{r.code}  {r.name.ljust(width)}  {r.severity.label:<8}  {docmd.inline_text(r.summary_line())}"[:160])
+            head = f"{r.code}  {r.name.ljust(width)}  {r.severity.label:<8}  "
+            print("\n".join(term.wrap(docmd.inline_text(r.summary_line()), " " * len(head), head)))
         return 0
     if not argv:
         raise UsageError("explain needs a rule name, e.g. 'diagnose explain kv_saturation'; 'diagnose rules' lists them")

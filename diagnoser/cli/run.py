@@ -102,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=parse_duration, default=None, help="only judge the last part of the input, e.g. 10m (without it, a log is judged on its newest 4 M points)")
     p.add_argument("--api-key", default=None, help=API_KEY_HELP)
     p.add_argument("--timeout", type=float, default=5.0, help="time each request may take in seconds, connect to last byte (default 5)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("target", nargs="?", default=None, metavar="URL", help="a server URL: 'diagnose URL' is 'diagnose --url URL'")
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="text (the terminal report), json (schema: diagnoser/schema/report.schema.json) or markdown (a card to paste)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour on a terminal (auto: a TTY without NO_COLOR)")
     p.add_argument("--fail-on", default="warning", choices=("info", "warning", "critical"), help="lowest severity that exits 1")
     p.add_argument("--config", help="TOML file with rule thresholds ([rules.NAME] tables)")
     p.add_argument("--set", action="append", default=[], metavar="RULE.KEY=VALUE", help="override a rule threshold")
@@ -118,13 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-results", default=None, metavar="FILE",
                    help="a load tool's result file (SGLang bench_serving JSONL, vLLM bench serve, GenAI-Perf, AIPerf, "
                         "GuideLLM JSON): set what the client saw beside the server's numbers over the same window")
-    p.add_argument("--verbose", "-v", action="store_true", help="show every evidence line")
+    p.add_argument("--verbose", "-v", action="store_true", help="the evidence with its sources, the assumptions and every rule checked")
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None, help="watch mode: how long a condition must hold before its finding fires (default: each rule's own)")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.target is not None:  # diagnose URL: the same as --url URL
+        if not args.target.startswith(("http://", "https://")):
+            raise UsageError("a word on its own is neither a command nor a URL: 'diagnose --help' lists the commands; a server is http://HOST:PORT")
+        args.url.append(args.target)
     if not args.once and not args.replay:
         from diagnoser.cli import watch
 
@@ -342,10 +349,15 @@ def run_once(args: argparse.Namespace) -> int:
         from diagnoser.jsonout import dumps  # imported here: the text report (the default) does not need it
 
         sys.stdout.write(dumps(doc, indent=2) + "\n")
+    elif args.format == "markdown":
+        from diagnoser.outputs.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(doc))
     else:
+        from diagnoser.outputs.term import term_for
         from diagnoser.outputs.text import render
 
-        sys.stdout.write(render(doc, verbose=args.verbose))
+        sys.stdout.write(render(doc, verbose=args.verbose, term=term_for(sys.stdout, args.color)))
     if doc["status"] == "error":
         if args.format == "text":
             msgs = [e["error"] for e in doc.get("errors", []) if e.get("source") == "input"]

@@ -14,7 +14,8 @@ from typing import IO, Any
 from diagnoser.cli import UsageError
 from diagnoser.cli.run import api_key_headers, load_thresholds
 from diagnoser.model import Severity, iso
-from diagnoser.outputs.text import SEV_MARK, WIDTH
+from diagnoser.outputs.term import SEV_STYLE, Term, shown, term_for
+from diagnoser.outputs.text import SEV_MARK
 from diagnoser.redact import redact_text
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -29,6 +30,13 @@ def _fmt(f: str, v: Any) -> str:
         return "-"
 
 
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
 def status_line(t: Any) -> str:
     if t.is_url and t.up is False:
         return f"{t.name}: DOWN — {t.last_error}"
@@ -39,19 +47,30 @@ def status_line(t: Any) -> str:
     return f"{t.name}: " + (" · ".join(cells) if cells else "no data yet")
 
 
-def screen(snap: Any, started: float) -> str:
-    out = [f"diagnoser watch · {iso(snap.ts)} · tick {snap.tick} · Ctrl-C for the summary"[:WIDTH], ""]
-    for t in snap.targets:
-        out.append(("▸ " + status_line(t))[:WIDTH])
-        for f in snap.for_target(t.name):
+def screen(snap: Any, started: float, term: Term | None = None) -> str:
+    """The redrawn view at the terminal's width (wrapped between words, never cut), in the findings' one
+    order (the top cause first); every server-provided string through :func:`term.shown`."""
+    t = term or Term()
+    out = [t.fit(f"diagnoser watch · {iso(snap.ts)} · tick {snap.tick} · Ctrl-C for the summary"), ""]
+    for tg in snap.targets:
+        out.extend(t.paint(x, "bold") for x in t.wrap(shown(status_line(tg)), "    ", "▸ "))
+        busy = any((_num(tg.latest.get(k)) or 0) > 0 for k in ("running_reqs", "queue_reqs"))
+        for f in snap.for_target(tg.name):
+            if busy and f.rule == "insufficient_data" and "idle" in f.summary:
+                # the rules judged a window before this reading: "idle" beside a queue would contradict it
+                out.extend(t.wrap("load arrived after the last rule pass (which saw the server idle): judged at the next one",
+                                  "         ", "   [info] "))
+                continue
             mark = SEV_MARK.get(f.severity.label, f.severity.label)
             pend = " (pending)" if f.state == "pending" else ""
-            out.append(f"   [{mark}] {f.rule}{pend}: {f.summary}"[:WIDTH])
+            lines = t.wrap(shown(f"{f.rule}{pend}: {f.summary}"), "         ", f"   [{mark}] ")
+            lines[0] = lines[0].replace(f"[{mark}]", t.paint(f"[{mark}]", SEV_STYLE.get(f.severity.label)), 1)
+            out.extend(lines)
             if f.suggestions:
                 s = f.suggestions[0]
                 cur = "unset" if s.current is None else s.current
                 eff = f" — {s.effect}" if s.effect else ""
-                out.append(f"      → {s.flag} {cur} → {s.proposed}{eff}"[:WIDTH])
+                out.append(t.fit(shown(f"      → {s.flag} {cur} → {s.proposed}{eff}")))
         out.append("")
     if not snap.findings:
         out.append("No finding.")
@@ -79,7 +98,7 @@ class PlainPrinter:
         self.out.flush()
 
 
-def final_summary(monitor: Any, args: argparse.Namespace) -> tuple[str, str]:
+def final_summary(monitor: Any, args: argparse.Namespace, term: Term | None = None) -> tuple[str, str]:
     """The full text report over the whole kept history (as ``--once`` would print it)."""
     from diagnoser.collect import Collection
     from diagnoser.evaluate import evaluate, select_rules
@@ -96,7 +115,7 @@ def final_summary(monitor: Any, args: argparse.Namespace) -> tuple[str, str]:
     extras["unreachable"] = {t.name: t.last_error for t in monitor.targets if t.is_url and t.up is False}
     report = evaluate(col.timelines, monitor.adapter, monitor.thresholds, select_rules(args.select, args.ignore), extras)
     doc = build(col, report, Severity.parse(args.fail_on))
-    return render(doc, verbose=args.verbose), str(doc["status"])
+    return render(doc, verbose=args.verbose, term=term), str(doc["status"])
 
 
 def _catch_signals() -> None:
@@ -144,6 +163,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
     _catch_signals()
     tty = out.isatty()
     plain = PlainPrinter(out)
+    color = getattr(args, "color", "auto")
     started = time.time()
     ticks = 0
     try:
@@ -160,7 +180,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
                 continue
             ticks += 1
             if tty:
-                out.write(CLEAR + screen(snap, started))
+                out.write(CLEAR + screen(snap, started, term_for(out, color)))  # the width now (a resize)
                 out.flush()
             else:
                 plain(snap)
@@ -171,7 +191,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
         out.write("\n")
     finally:
         monitor.close()
-    text, status = final_summary(monitor, args)
+    text, status = final_summary(monitor, args, term_for(out, getattr(args, "color", "auto")))
     out.write(("\n" if not tty else "") + f"Summary after {time.time() - started:.0f} s of watching:\n" + text)
     out.flush()
     return 2 if status == "error" else (1 if status == "problems" else 0)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from diagnoser.outputs.term import shown
+
 
 def client_lines(sec: dict[str, Any] | None, width: int = 80) -> list[str]:
     if not sec:
         return []
-    out = textwrap.wrap(f"What the client saw ({sec.get('tool')}, {sec.get('source')})", width, subsequent_indent="  ",
+    out = textwrap.wrap(f"What the client saw ({shown(sec.get('tool'))}, {shown(sec.get('source'))})", width, subsequent_indent="  ",
                         break_on_hyphens=False)
     w = sec.get("window") or {}
     if w.get("start"):

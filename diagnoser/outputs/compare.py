@@ -417,7 +417,13 @@ def _path_lines(first: str, path: str, width: int) -> list[str]:
 
 def render(doc: dict[str, Any]) -> str:
     """The text of a comparison (one function, so the terminal's width and colour rules apply in one place)."""
-    from diagnoser.outputs.text import WIDTH, _wrap
+    from diagnoser.outputs.term import columns
+    from diagnoser.outputs.text import _wrap as _wrap80
+
+    WIDTH = columns()  # noqa: N806 — the terminal's width (outputs/term), as the text report
+
+    def _wrap(text: str, indent: str = "  ", first: str | None = None) -> list[str]:
+        return _wrap80(text, indent, first, WIDTH)
 
     basis = doc.get("verdict_basis") or {}
     out = [f"diagnoser compare · verdict: {doc['verdict'].upper()}"]

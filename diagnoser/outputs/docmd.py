@@ -22,7 +22,6 @@ from __future__ import annotations
 import html
 import inspect
 import re
-import shutil
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -289,7 +288,10 @@ def _html_blocks(blocks: list[Block], link: Link | None, offset: int) -> str:
 
 
 def terminal_width(default: int = 100) -> int:
-    return max(40, min(default, shutil.get_terminal_size((default, 24)).columns - 1))
+    """The terminal's width (outputs/term.columns: COLUMNS, the TTY), at most ``default`` for prose."""
+    from diagnoser.outputs.term import columns
+
+    return max(40, min(default, columns()))
 
 
 def to_text(text: str, width: int | None = None, indent: str = "", link: Link | None = None) -> str:

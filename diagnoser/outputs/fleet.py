@@ -119,7 +119,7 @@ def worst_table(fleet: dict[str, Any], limit: int | None) -> list[str]:
     return out
 
 
-def render_fleet(doc: dict[str, Any], verbose: bool = False) -> str:
+def render_fleet(doc: dict[str, Any], verbose: bool = False, term: Any = None) -> str:
     """Fleet summary first, then the worst targets and their findings (text.render for those)."""
     from diagnoser.outputs.text import render
 
@@ -133,7 +133,7 @@ def render_fleet(doc: dict[str, Any], verbose: bool = False) -> str:
     sub["signals"] = {t: doc["signals"].get(t, {}) for t in order}
     sub["config"] = {t: doc["config"].get(t, {}) for t in order}
     sub["findings"] = sorted(findings, key=lambda f: (not f["target"].startswith("fleet/"), -SEV_RANK.get(f["severity"], 0)))
-    text = render(sub, verbose=verbose)
+    text = render(sub, verbose=verbose, term=term)
     if not fleet["targets"]:
         return text
     head, _sep, rest = text.partition("\n\n")

@@ -1,10 +1,11 @@
 """Build the report document (the fixed JSON shape) from a collection and an evaluation.
 
-    {"status": "ok"|"problems"|"error", "engine": "sglang", "version": …,
+    {"schema_version": "1.0", "status": "ok"|"problems"|"error", "engine": "sglang", "version": …,
      "inputs": [{"kind", "source", "scrapes"|"lines_read", "lines_recognized", "errors"}],
      "window": {"start", "end"}, "config": {TARGET: {NAME: {"value", "source"}}},
      "signals": {TARGET: {SIGNAL: {"last", "mean", "min", "max", "p50", "p95", "n"}}},
-     "findings": [], "errors": [],
+     "findings": [] (the top cause first: evaluate.cause_order), "errors": [],
+     "checked": [{"rule", "code", "target", "status": fired|fine|not_judged|error, "why"}],
      "top": {TARGET: {"rule", "severity", "confidence", "summary", "suggestion": {"flag", "current", "proposed"} | null}}}
 """
 
@@ -18,6 +19,9 @@ from diagnoser.timeline import SIGNALS, Timeline
 from diagnoser.timeline.derived import window_rate
 
 WINDOW_RATES = ("output_tps", "prompt_tps", "request_rate")
+# the report document's schema (diagnoser/schema/report.schema.json): a new key is a minor bump, a key
+# removed or changed in meaning a major one
+SCHEMA_VERSION = "1.0"
 
 
 def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
@@ -71,6 +75,7 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
     status = "error" if not usable else ("problems" if problems else "ok")
     untimed = any(tl.untimed for tl in tls)
     doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "status": status,
         "engine": engine,
         "version": version,
@@ -82,6 +87,7 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         "errors": [e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors],
     }
     doc["top"] = top_causes(report, [tl.target for tl in tls])
+    doc["checked"] = list(getattr(report, "checked", []))
     if getattr(collection, "fleet", None) is not None:  # fleet mode (--prometheus)
         from diagnoser.outputs.fleet import fleet_section
 

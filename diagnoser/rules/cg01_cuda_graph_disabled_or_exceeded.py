@@ -190,13 +190,13 @@ class CudaGraphDisabledOrExceeded(Rule):
             summary = ("No decode reading ran on a CUDA graph" + (f" ({len(eager[1])} busy readings)" if eager else "")
                        + "; the inputs do not say whether graphs are disabled on a GPU or the server runs on a CPU, which has none.")
             evs = [evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"],
-                            ctx.window_text(), eager[1][0][3])] if eager else []
+                            ctx.window_text(), _source(eager[1][0][3], src_of))] if eager else []
             return self.finding(ctx, summary, evs, [], confidence="low", severity=Severity.INFO,
                                 notes=["Missing: the server args (server info from --url, or the startup log's server_args line) "
                                        "name the device and the graph settings."])
         evs = [evidence("disable_cuda_graph", True if ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) else "not set", None, "", src)]
         if eager:
-            evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), src_of(eager[1][0][3]) if src_of else eager[1][0][3]))
+            evs.append(evidence("share of busy decode readings without a graph", round(eager[0], 2), ctx.thresholds["eager_share"], ctx.window_text(), _source(eager[1][0][3], src_of)))
         summary = "Decode ran without CUDA graphs" + (f" in every busy reading ({len(eager[1])})" if eager else "") + (f"; the engine logged that graphs are disabled ({reason})" if reason else "") + "."
         sugg = []
         if reason and "backend" in str(reason):
@@ -210,3 +210,10 @@ class CudaGraphDisabledOrExceeded(Rule):
                                 "shorter decode steps, most at small and moderate batch sizes",
                                 ("the model and backend support graph capture",)))
         return self.finding(ctx, summary, evs, sugg, confidence="high" if reason or src else "medium", severity=sev, notes=notes)
+
+
+def _source(pos: Any, src_of: Any) -> str:
+    """A reading's source text from its position in the join (a bare position is no source: "")."""
+    if src_of is not None:
+        return str(src_of(pos) or "")
+    return pos if isinstance(pos, str) else ""

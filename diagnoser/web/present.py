@@ -10,7 +10,7 @@ presentation fields and never changing the advice:
 * ``effect_line``: the effect in one line for an overview card (the capacity model's before → after
   numbers, or the rule's own claim when the model does not size the change);
 * :func:`top_fixes` ranks the suggestions of a target's findings: firing before pending, then the
-  report's top-cause order (``evaluate.cause_rank``), then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
+  order of the findings (``evaluate.cause_order``: the top cause, what it explains, the rest), then expected gain; one per flag (the checks in ``evaluate.check_suggestions`` already refused
   contradicting ones); a change that does not fit is never a top fix.
 """
 
@@ -18,79 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnoser.evaluate import cause_rank
-from diagnoser.outputs.text import current_text
+# the effect of a suggestion in one line is shared with the text report (outputs/effect.py, which the
+# start-up path of `diagnose --once` can import without the web package)
+from diagnoser.outputs.effect import UNSIZED, one_line, present_suggestion
+
+__all__ = ["UNSIZED", "chips", "one_line", "present_suggestion", "top_fixes", "verdict"]
 
 SEV = {"critical": 3, "warning": 2, "info": 1}
-UNSIZED = "the capacity model does not size this change"
-
-
-def _strip_assumes(effect: str, assumptions: list[str]) -> str:
-    """Remove `` Assumes: a; b.`` when every item is one of ``assumptions`` (exact text, so a change in the
-    wording upstream leaves the effect as it is rather than cutting the wrong part)."""
-    head = " Assumes: "
-    i = effect.find(head)
-    if i < 0 or not assumptions:
-        return effect
-    items = sorted({a.rstrip(".") for a in assumptions if a}, key=len, reverse=True)
-    j = i + len(head)
-    while True:
-        item = next((a for a in items if effect.startswith(a, j)), None)
-        if item is None:
-            return effect
-        j += len(item)
-        if effect.startswith("; ", j):
-            j += 2
-            continue
-        if effect.startswith(".", j):
-            return effect[:i] + effect[j + 1:]
-        return effect
-
-
-def _strip_risks(effect: str, risks: list[str]) -> str:
-    text = " Risk: " + " ".join(risks)
-    return effect.replace(text, "", 1) if risks and text in effect else effect
-
-
-def _unique(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for a in items:
-        key = a.strip().rstrip(".").lower()
-        if a and key not in seen:
-            seen.add(key)
-            out.append(a.strip())
-    return out
-
-
-def present_suggestion(s: dict[str, Any]) -> dict[str, Any]:
-    """The suggestion document plus ``effect_text``, ``effect_line``, ``assumes`` and ``risks``."""
-    proj = s.get("projection") if isinstance(s.get("projection"), dict) else {}
-    risks = _unique([str(r) for r in (proj.get("risks") or [])])
-    assumes = _unique([str(a) for a in (s.get("assumptions") or []) if str(a) not in risks])
-    effect = str(s.get("effect") or "")
-    text = _strip_risks(_strip_assumes(effect, assumes), risks).strip()
-    out = dict(s)
-    out.update({"effect_text": text, "effect_line": one_line(text), "assumes": assumes, "risks": risks,
-                "current_text": str(current_text(s))})
-    return out
-
-
-def one_line(effect: str) -> str:
-    """The effect's first claim: the projection's before → after numbers when the capacity model moved
-    them, else the rule's own expected effect (followed by what the model does say, unless it only says
-    it does not size the change)."""
-    if not effect:
-        return ""
-    main, _, tail = effect.partition(" — ")
-    if not tail and " no longer binds: " in main:
-        main, _, tail = main.partition(" Once ")
-        tail = tail.partition(" no longer binds: ")[2]
-    main = main.partition(" Needs also: ")[0].strip()
-    tail = tail.strip()
-    if tail and "→" not in main and not main.startswith("Does not fit"):
-        main = tail if main.startswith(UNSIZED) else f"{tail} · {main}"
-    return main[:1].upper() + main[1:]
 
 
 def _gain(s: dict[str, Any]) -> float:
@@ -140,9 +74,9 @@ def top_fixes(findings: list[dict[str, Any]], limit: int = 3) -> list[dict[str, 
         for si, s in enumerate(f.get("suggestions") or []):
             if not _fits(s):
                 continue
-            # the report's top-cause order (evaluate.cause_rank: causes before symptoms, the catalogue
-            # order, warnings before info), so the card's first fix is the text report's first change
-            key = (f.get("state") != "firing", cause_rank(str(f.get("rule")), str(f.get("severity") or "info")), -_gain(s), fi, si)
+            # the findings come in the report's one order (evaluate.cause_order: the top cause, what it
+            # explains, the rest), so the card's first fix is the text report's first change
+            key = (f.get("state") != "firing", fi, -_gain(s), si)
             cands.append((key, f, s))
     cands.sort(key=lambda c: c[0])
     out: list[dict[str, Any]] = []
@@ -174,8 +108,7 @@ def verdict(doc: dict[str, Any], fixes: list[dict[str, Any]]) -> dict[str, Any]:
             names = ", ".join(str(f.get("rule")) for f in pending)
             return {"level": "pending", "title": "Watching", "text": f"{names}: the condition holds, but not yet for the rule's hold time.", "rule": None}
         return {"level": "ok", "title": "Healthy", "text": "No finding in the last window.", "rule": None}
-    lead = next((f for f in firing if fixes and f.get("rule") == fixes[0]["rule"]), None) or max(
-        firing, key=lambda f: SEV.get(str(f.get("severity")), 0))
+    lead = next((f for f in firing if fixes and f.get("rule") == fixes[0]["rule"]), None) or firing[0]  # cause order
     others = len(firing) - 1
     return {"level": str(lead.get("severity")), "title": str(lead.get("rule")), "text": str(lead.get("summary") or ""),
             "rule": lead.get("rule"), "anchor": f"f-{lead.get('rule')}", "others": others}

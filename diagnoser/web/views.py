@@ -228,6 +228,8 @@ def target_doc(snap: Any, t: Any, monitor: Any, job_requests: int | None = None)
         "signals": {k: v for k, v in sorted(t.latest.items()) if k in SIGNALS and _num(v) is not None},
         "charts": CHARTS,
         "eta": job_eta(t, job_requests, monitor),
+        # every rule of the last pass and why it is fine or could not judge (the text report's --verbose)
+        "checked": redact_strings([c for c in getattr(snap, "checked", []) if c.get("target") == t.name]),
         "generated_at": iso(snap.ts),
     })
     doc["client"] = client_doc(monitor, t)

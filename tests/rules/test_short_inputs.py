@@ -198,9 +198,13 @@ def test_the_text_report_says_what_each_finding_stands_on(tmp_path: Path, capsys
     p = tmp_path / "server.log"
     p.write_text("Decode batch. #running-req: 1010, #token: 55006, token usage: 0.93, gen throughput (token/s): 1397, #queue-req: 12279\n")
     assert cli_main(["--once", "--log", str(p)]) == 1
-    out = capsys.readouterr().out
+    out = capsys.readouterr().out  # the short report: the top cause with what it stands on
+    assert "WARN top cause: kv_saturation (low confidence, on 1 reading)" in out
+    assert "info insufficient_data" in out and "WARN insufficient_data" not in out
+    assert cli_main(["--once", "--log", str(p), "--verbose"]) == 1
+    out = capsys.readouterr().out  # --verbose: every finding with its basis
     assert "[WARN] kv_saturation (low confidence, on 1 reading)" in out
-    assert "insufficient_data" in out and "[WARN] insufficient_data" not in out
+    assert "[info] insufficient_data (high confidence, on 1 reading)" in out and "[WARN] insufficient_data" not in out
 
 
 def test_one_real_scrape_of_sglangs_own_collector(capsys: pytest.CaptureFixture[str]) -> None:

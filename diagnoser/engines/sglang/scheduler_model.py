@@ -318,13 +318,26 @@ class ServerState:
             f = self.mem_fraction
             low = (f - 0.15) if f is not None else 0.3
             if share < low:
-                return True, (f"weights and KV take {share:.1%} of the memory ({(self.weights_gib or 0) + (self.kv_gib or 0):.2f} GiB, "
-                              f"{self.free_after_gib:.1f} GiB free after the pool), far below what --mem-fraction-static "
+                what = "weights and KV take" if self.weights_gib else "the KV pool takes"
+                unknown = "" if self.weights_gib else "; the weights' size is not in the inputs"
+                return True, (f"{what} {_share(share)} of the memory ({_size((self.weights_gib or 0) + (self.kv_gib or 0))}, "
+                              f"{self.free_after_gib:.1f} GiB free after the pool{unknown}), far below what --mem-fraction-static "
                               + (f"{f:g}" if f is not None else "(0.6 or more by default)")
                               + " gives: a --max-total-tokens cap, not memory, sizes the pool")
             if f is not None and share >= f - 0.1:
-                return False, f"weights and KV take {share:.0%} of the memory, about --mem-fraction-static {f:g}: memory sizes the pool"
+                what = "weights and KV take" if self.weights_gib else "the KV pool takes"
+                return False, f"{what} {share:.0%} of the memory, about --mem-fraction-static {f:g}: memory sizes the pool"
         return None, ""
+
+
+def _share(x: float) -> str:
+    """A share of the memory as printed: ``8.7%``, ``under 0.1%`` (never ``0.0%``)."""
+    return "under 0.1%" if x < 0.001 else f"{x:.1%}"
+
+
+def _size(gib: float) -> str:
+    """``1.90 GiB``, or ``12 MiB`` below 0.1 GiB (never ``0.00 GiB``)."""
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.0f} MiB" if gib * 1024 >= 1 else "under 1 MiB"
 
 
 # -- the checks --------------------------------------------------------------------------------------
