@@ -75,11 +75,25 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     epoch_day,
     time_ok,
 )
+from diagnoser.engines.sglang.logline import ANSI_RE, HEAD_RE, TAGS_IN_RE, Stamp, envelope, find_head, stamp
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
 from diagnoser.model import BadLine, LogEvent, SignalSink
 
 _FACTS_RE = re.compile(r"(\w+)=([\d.]+)")
+# the tokens a formatter's or collector's prefix is made of, for a line without a head (a traceback's frame,
+# an exception): stamps, a stream and P/F (Kubernetes), an actor (Ray), brackets without prose, levels,
+# logger names and file:line, with their separators; up to the last tab of a tab-separated export
+_LOOSE_PREFIX_RE = re.compile(
+    r"(?:.*\t)?"
+    r"(?:(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|(?:stdout|stderr) [PF]"
+    r"|\([\w.-]{1,80} pid=\d{1,12}(?:, ip=[^)]{0,80})?\)"
+    r"|\[[^\]\s]{1,80}(?: [^\]\s]{1,80}){0,8}\]"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s:\]-])"
+    r"|sglang(?:\.\w+){0,8}|__main__|[\w-]{1,80}\.py:\d{1,9}"
+    r")(?:\s+-\s+|\s*:\s*|\s+|\s*\|\s*))*"
+)
 
 
 class SGLangLogParser:
@@ -198,16 +212,39 @@ class SGLangLogParser:
     def feed(self, line: str, line_no: int) -> bool:
         """Parse one line. Returns True when the line was recognised.
 
-        A line with none of :data:`TRIGGERS` is unrecognised and leaves the parser untouched.
+        A line with none of :data:`TRIGGERS` is unrecognised and leaves the parser untouched. The
+        message is found by its head (:func:`~diagnoser.engines.sglang.logline.find_head`), whatever the
+        prefix before it; the prefix gives the time and the rank tags when it has them.
         """
         if not TRIGGER_RE.search(line):
             return False
         line = line.rstrip("\r\n")
+        outer: float | str | None = None  # the time a JSON envelope gives beside its message
+        if "\x1b" in line:
+            line = ANSI_RE.sub("", line)
+        if line[:1] == "{" or line[:1] in " \t" and line.lstrip()[:1] == "{":
+            env = envelope(line)
+            if env is not None:
+                line, outer = env
+                if "\x1b" in line:
+                    line = ANSI_RE.sub("", line)
+                if not TRIGGER_RE.search(line):
+                    return False
         if line[:1] in _WRAP_FIRST or line[-1:] in _WRAP_LAST or line.startswith(_WRAP_STARTS):
             line = unwrap(line)
         m = _PREFIX_RE.match(line)
         if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
             line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
+        # SGLang's own prefix and a head right after it (almost every line), else the first head anywhere
+        head = None if m is not None and HEAD_RE.match(line, m.end()) else find_head(line)
+        if head is not None and m is not None:
+            # after SGLang's own prefix the text is SGLang's message, unless what stands before the head
+            # is more prefix (a formatter's "[scheduler.py:12] [INFO] "): a head inside a message is no head
+            lp = _LOOSE_PREFIX_RE.match(line, m.end())
+            if head.start() < m.end() or lp is None or lp.end() != head.start():
+                head = None
+        if head is not None:
+            return self._located(line, head.start(), outer, line_no)
         if m:
             ts = self._ts(m)
             tag_text = m.group(6) or ""
@@ -225,18 +262,97 @@ class SGLangLogParser:
         else:
             msg = line.lstrip()
             # strip Ray / compose prefixes even without a timestamp
-            msg = _BARE_PREFIX_RE.sub("", msg)
+            msg = _BARE_PREFIX_RE.sub("", msg).lstrip()
             rank, tags = "", {}
             glog = logevents.glog_prefix(msg) if msg[:1] in "IWEF" else None
             if glog is not None:  # a C++ library's glog line (Mooncake): its own time, no year
                 (mo, d, hh, mi, ss, frac), msg = glog
                 ts = self._glog_ts(mo, d, hh, mi, ss, frac)
-            elif logevents.is_side_line(msg):
-                ts = self._side_ts()
             else:
-                ts = self._untimed_ts()
+                # a line without a head (a traceback's, an exception's) behind a collector's or a
+                # formatter's prefix: only the prefix tokens every such prefix is made of are taken off
+                lp = _LOOSE_PREFIX_RE.match(msg)
+                st = None
+                if lp is not None and lp.end():
+                    st = stamp(msg[:lp.end()])
+                    msg = msg[lp.end():].lstrip()
+                if st is not None or outer is not None:
+                    ts = self._stamp_ts(st) if st is not None else self._outer_ts(outer)
+                    self.last_ts = ts
+                elif logevents.is_side_line(msg):
+                    ts = self._side_ts()
+                else:
+                    ts = self._untimed_ts()
         src = f"{self.source_name}:{line_no}"
         return self._message(msg, ts, rank, tags, src, line_no)
+
+    def _located(self, line: str, at: int, outer: float | str | None, line_no: int) -> bool:
+        """A message found by its head at ``at``, behind a prefix that is not SGLang's own: the time is
+        the prefix's last stamp (SGLang's clock when a collector's comes first), else the envelope's, else
+        the line counts in order; the rank is the tags the prefix holds. No other version hint is taken
+        from a prefix that is not SGLang's."""
+        prefix = line[:at]
+        st = stamp(prefix)
+        tag_text = " ".join(TAGS_IN_RE.findall(prefix))
+        rank, tags = self._rank(tag_text)
+        if tags:
+            self._tag_hints(tag_text)
+        msg = line[at:]
+        if st is not None:
+            ts = self._stamp_ts(st)
+            self.last_ts = ts
+        elif outer is not None:
+            ts = self._outer_ts(outer)
+            self.last_ts = ts
+        elif logevents.is_side_line(msg):
+            ts = self._side_ts()
+        else:
+            ts = self._untimed_ts()
+        return self._message(msg, ts, rank, tags, f"{self.source_name}:{line_no}", line_no)
+
+    def _stamp_ts(self, st: Stamp) -> float:
+        """A prefix's :class:`~diagnoser.engines.sglang.logline.Stamp` as epoch seconds (UTC): a date with
+        its offset; a syslog month and day in the year of the last stamp (1970 before any); a bare time in
+        the day of the last stamp, as :meth:`_ts` does. Raises :class:`BadLine` for a time no calendar has."""
+        h, mi, s = st.hms
+        if not time_ok(h, mi, s):
+            raise BadLine("timestamp")
+        secs = h * 3600 + mi * 60 + s
+        if st.date is not None or st.syslog is not None:
+            if st.date is not None:
+                y, mo, d = st.date
+            else:
+                import time as _time
+
+                y = _time.gmtime(self.last_ts).tm_year if self.last_ts is not None and self.last_ts == self.last_ts else 1970
+                mo, d = st.syslog  # type: ignore[misc]
+            if not date_ok(y, mo, d):
+                raise BadLine("timestamp")
+            self.saw_date = True
+            if self.first_stamp is None:
+                self.first_stamp = f"{y:04d}-{mo:02d}-{d:02d}"
+            day = epoch_day(y, mo, d)
+        else:
+            day = 0 if self.last_ts is None else int(self.last_ts // 86400) * 86400
+            if self.last_ts is not None and day + secs + 43200 < self.last_ts:  # wrapped past midnight
+                day += 86400
+        return day + secs - st.offset + st.fraction
+
+    def _outer_ts(self, outer: float | str) -> float:
+        """The time a JSON envelope gives: epoch seconds, or a text holding a stamp."""
+        if isinstance(outer, float):
+            if not 0.0 <= outer < 253_370_764_800.0:  # 9998-12-31, as logformats.STAMP_YEARS
+                raise BadLine("timestamp")
+            if self.first_stamp is None:
+                import time as _time
+
+                self.first_stamp = _time.strftime("%Y-%m-%d", _time.gmtime(outer))
+            self.saw_date = True
+            return outer
+        st = stamp(outer)
+        if st is None:
+            return self._untimed_ts()
+        return self._stamp_ts(st)
 
     def _untimed_ts(self) -> float:
         # Lines with no timestamp (pasted without prefix): order them one second apart after the last stamp.
