@@ -137,3 +137,39 @@ def test_a_forks_dp_tags_beside_its_source_file_read_as_sglangs_own(how: str, tm
     own = _Wrapper(lambda raw, d, t, msg, s: f"[{d} {t} DP0 TP0] {msg}" if s else raw)(real)
     fork = _Wrapper(lambda raw, d, t, msg, s: f"[{d} {t} DP0 TP0 scheduler.py:2412] {msg}" if s else raw)(real)
     assert _run(fork, how, tmp_path) == _run(own, how, tmp_path)
+
+
+def test_fragments_pasted_without_their_head_are_read_for_their_fields() -> None:
+    """Every real batch line of the log, cut after its head and after each of its first fields (as a
+    field list is pasted from the middle of a line): the fields left give the same points as they do in
+    the whole line, and a cut that leaves fewer than two known numbers is not read."""
+    from diagnoser.engines.sglang.logformats import _DECODE_FIELDS, _PREFILL_FIELDS
+    from diagnoser.engines.sglang.logs import SGLangLogParser
+    from diagnoser.timeline import Timeline
+
+    def points(line: str) -> tuple[bool, dict[str, list[float]]]:
+        tl = Timeline(target="t")
+        ok = SGLangLogParser(tl).feed(line, 1)
+        return ok, {name: s.values.tolist() for (name, _), s in tl.series.items()}
+
+    checked = 0
+    for raw in REAL.read_text().splitlines():
+        m = _SG.match(raw)
+        if not m or not re.match(r"(?:Decode|Prefill) batch, ", m.group(3)):
+            continue
+        _, whole = points(raw)
+        parts = m.group(3).split(", ")[1:]  # the fields, without the head
+        for cut in range(len(parts)):
+            left = parts[cut:]
+            ok, got = points(", ".join(left))
+            keys = [p.split(": ")[0] for p in left]
+            table = _PREFILL_FIELDS if set(keys) & (set(_PREFILL_FIELDS) - set(_DECODE_FIELDS)) else _DECODE_FIELDS
+            known = [k for k in keys if table.get(k)]
+            if len(known) < 2:
+                assert not ok, left
+                continue
+            assert ok, left
+            for name, vals in got.items():
+                assert vals == whole[name], (left, name)
+            checked += 1
+    assert checked > 500

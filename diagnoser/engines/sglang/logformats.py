@@ -165,6 +165,11 @@ _NO_HIGH: Version = (99, 0, 0)
 TRIGGERS: tuple[str, ...] = (
     "batch",
     "#running-req:",
+    "#token: ",  # a batch line's fields pasted without its head (SGLangLogParser._fragment)
+    "#new-token: ",
+    "#queue-req: ",
+    "token usage: ",
+    "throughput (token/s): ",
     "retracted_reqs",
     "out of memory",
     "max_total_num_tokens=",

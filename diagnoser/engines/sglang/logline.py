@@ -63,7 +63,7 @@ _HEADS = (
 # a fragment pasted without its head ("#running-req: 12, #token: 3400, token usage: 0.97, ..."): a field label
 _FRAGMENT = (
     r"(?P<frag>(?:#(?:running-req|token|queue-req|new-seq|new-token|cached-token|pending-token|full token)"
-    r"|(?:full |swa )?token usage|gen throughput \(token/s\)|input throughput \(token/s\)|cache hit rate): )"
+    r"|(?:full |swa )?token usage|(?:cuda|cpu|npu|musa) graph|gen throughput \(token/s\)|input throughput \(token/s\)|cache hit rate): )"
 )
 # a head starts the line or follows what a prefix ends with (space, tab, bracket, colon, bar, quote, comma)
 HEAD_RE = re.compile(r"(?:^|(?<=[\s\]\[):|>\"',}-]))(?:" + "|".join(_HEADS) + "|" + _FRAGMENT + ")")

@@ -439,12 +439,15 @@ class SGLangLogParser:
             self.emit_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
             self.kinds["leak"] += 1
             return True
-        if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
+        if msg[:1] == "#" or msg.startswith(_FRAGMENT_STARTS):
             fields = _split_fields(msg)
-            self._emit(fields, _DECODE_FIELDS, ts, rank, src)
-            self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
-            self.kinds["decode"] += 1
-            return True
+            if msg.startswith("#running-req:") and "#queue-req" in msg and _V01_DECODE_KEYS.issuperset(k for k, _ in fields):
+                self._emit(fields, _DECODE_FIELDS, ts, rank, src)  # v0.1.x decode line, no header
+                self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
+                self.kinds["decode"] += 1
+                return True
+            if self._fragment(fields, ts, rank, src):
+                return True
         if "retracted_reqs" in msg:
             rm = _RETRACT_RE.search(msg)
             if rm:
@@ -577,7 +580,25 @@ class SGLangLogParser:
             cm = _CAPPED_RE.search(msg)
             if cm:
                 return self._capped(msg, cm, ts, rank, src, line_no)
-        return bool(side)
+        return True if side else self.unrecognised(msg, ts, rank, tags, src, line_no)
+
+    def unrecognised(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
+        """The one place a located message body (its prefix read: ``ts``, ``rank``, ``tags``) that no
+        parser above recognised is handed on; True when something here reads it. Only lines with one of
+        :data:`TRIGGERS` get this far (a template read here needs its words among them)."""
+        return False
+
+    def _fragment(self, fields: list[tuple[str, str]], ts: float, rank: str, src: str) -> bool:
+        """A batch line's field list pasted without its head ("#running-req: 12, #token: 3400, token
+        usage: 0.97, ..."): read for the fields it carries (a prefill field makes it a prefill line), when
+        at least two of them are known numbers. No version hint: the line's shape is not all there."""
+        keys = {k for k, _ in fields}
+        kind, table = ("prefill", _PREFILL_FIELDS) if keys & _PREFILL_ONLY else ("decode", _DECODE_FIELDS)
+        if sum(1 for k, v in fields if table.get(k) and _num(v) is not None) < 2:
+            return False
+        self._emit(fields, table, ts, rank, src, decode=kind == "decode")
+        self.kinds[kind] += 1
+        return True
 
     def _capped(self, msg: str, cm: re.Match[str], ts: float, rank: str, src: str, line_no: int) -> bool:
         """``max_running_requests is capped to 9 by the mamba state cache (…). To raise it: increase
@@ -835,6 +856,11 @@ class SGLangLogParser:
         self.kinds["startup"] += 1
         return True
 
+
+_V01_DECODE_KEYS = frozenset(("#running-req", "#token", "token usage", "#queue-req"))  # docs/sglang.md#logs (0.1.x)
+_PREFILL_ONLY = frozenset(_PREFILL_FIELDS).difference(_DECODE_FIELDS)
+_FRAGMENT_STARTS = ("token usage: ", "full token usage: ", "swa token usage: ", "gen throughput (token/s): ",
+                    "input throughput (token/s): ", "cache hit rate: ", "cuda graph: ", "cpu graph: ", "npu graph: ", "musa graph: ")
 
 _WRAP_FIRST = frozenset(">`-*+ \t")
 _WRAP_LAST = frozenset("\\`>")
