@@ -38,9 +38,19 @@ from collections.abc import Callable
 from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, date_ok, epoch_day, time_ok
+from diagnoser.engines.sglang import logscan
+from diagnoser.engines.sglang.logformats import (
+    _TAG_RE,
+    DECODE_COLS,
+    PREFILL_COLS,
+    TRIGGER_BYTES_RE,
+    date_ok,
+    epoch_day,
+    rank_of,
+    time_ok,
+)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the annotations only: logs imports this module (on first bulk use), never the reverse
     from diagnoser.engines.sglang.logs import SGLangLogParser
 
 # Every repeat is bounded so that no line the bulk regex takes can reach the reader's 64 KiB junk limit.
@@ -91,32 +101,6 @@ BLOCK_RE = re.compile(rb"^(?:" + FAST_RE.pattern + rb"|(?P<other>.*))$", re.MULT
 _G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
 NGROUPS = BLOCK_RE.groups
 
-_FLOAT = float
-# (group, canonical signal, optional) per kind — the same mapping as the reference field tables
-DECODE_COLS: tuple[tuple[str, str, bool], ...] = (
-    ("d_run", "running_reqs", False),
-    ("d_tok", "used_tokens", True),
-    ("d_ftok", "used_tokens", True),
-    ("d_use", "token_usage", True),
-    ("d_fuse", "full_token_usage", True),
-    ("d_suse", "swa_token_usage", True),
-    ("d_alen", "spec_accept_len", True),
-    ("d_arate", "spec_accept_rate", True),
-    ("d_graph", "cuda_graph", True),
-    ("d_gen", "gen_throughput_tps", False),
-    ("d_queue", "queue_reqs", False),
-)
-PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
-    ("p_seq", "prefill_new_seqs", False),
-    ("p_new", "prefill_new_tokens", False),
-    ("p_cached", "prefill_cached_tokens", False),
-    ("p_hit", "cache_hit_rate", True),
-    ("p_use", "token_usage", False),
-    ("p_run", "running_reqs", False),
-    ("p_queue", "queue_reqs", False),
-    ("p_pend", "pending_tokens", True),
-    ("p_in", "input_throughput_tps", True),
-)
 # what the reference parser's version hints look at, per kind (with the rank tag names and whether the
 # stamp has milliseconds): header form, trailing comma, graph label, which optional fields are present
 _DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate", "d_fuse"))
@@ -180,10 +164,8 @@ class BlockParser:
     def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
         t = self._tags.get(tags)
         if t is None:
-            from diagnoser.engines.sglang.logs import SGLangLogParser
-
             text = tags.decode()
-            t = self._tags[tags] = (SGLangLogParser._rank(text)[0], tuple(k for k, _ in _TAG_RE.findall(text)))
+            t = self._tags[tags] = (rank_of(text)[0], tuple(k for k, _ in _TAG_RE.findall(text)))
         return t
 
     def _floats_of(self, raw: list[bytes], few: bool) -> list[float]:
@@ -565,15 +547,12 @@ SCAN: Any = "unloaded"  # the compiled scanner's glue module once :func:`scanner
 
 def scanner() -> Any:
     """The compiled scanner's glue (:mod:`logscan`) when ``_scan`` is built and not switched off with
-    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything). Looked up on first use, not at
-    import, since :mod:`logscan` imports this module; :class:`BulkReader` looks before any worker forks."""
+    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything). The switch is read on first
+    use (tests set ``SCAN = "unloaded"`` to read it again); :class:`BulkReader` looks before any worker forks."""
     global SCAN
     if isinstance(SCAN, str):
         import os
 
-        SCAN = None
-        if os.environ.get("DIAGNOSER_NO_SCAN", "").strip() in ("", "0"):
-            from diagnoser.engines.sglang import logscan
-
-            SCAN = logscan if logscan.AVAILABLE else None
+        off = os.environ.get("DIAGNOSER_NO_SCAN", "").strip() not in ("", "0")
+        SCAN = logscan if logscan.AVAILABLE and not off else None
     return SCAN

@@ -73,6 +73,7 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _split_fields,
     date_ok,
     epoch_day,
+    rank_of,
     time_ok,
 )
 from diagnoser.engines.sglang.logline import ANSI_RE, HEAD_RE, TAGS_IN_RE, Stamp, envelope, find_head, stamp
@@ -183,15 +184,7 @@ class SGLangLogParser:
         ts = day + secs
         return ts + (float("0." + frac) if frac else 0.0)
 
-    @staticmethod
-    def _rank(tags: str) -> tuple[str, dict[str, int]]:
-        parsed = {k: int(v) for k, v in _TAG_RE.findall(tags)} if tags else {}
-        parts = []
-        if "DP" in parsed:
-            parts.append(f"dp{parsed['DP']}")
-        if parsed.get("PP"):
-            parts.append(f"pp{parsed['PP']}")
-        return "/".join(parts), parsed
+    _rank = staticmethod(rank_of)
 
     def _tag_hints(self, tags: str) -> None:
         """Rank-tag order per release (docs/sglang.md#log-prefix)."""
