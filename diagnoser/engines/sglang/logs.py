@@ -229,7 +229,7 @@ class SGLangLogParser:
         if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
             line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
         # SGLang's own prefix and a head right after it (almost every line), else the first head anywhere
-        head = None if m is not None and HEAD_RE.match(line, m.end()) else find_head(line)
+        head = None if m is not None and (line.startswith(_COMMON_HEADS, m.end()) or HEAD_RE.match(line, m.end())) else find_head(line)
         if head is not None and m is not None:
             # after SGLang's own prefix the text is SGLang's message, unless what stands before the head
             # is more prefix (a formatter's "[scheduler.py:12] [INFO] "): a head inside a message is no head
@@ -850,6 +850,7 @@ class SGLangLogParser:
         return True
 
 
+_COMMON_HEADS = ("Decode batch", "Prefill batch", "INFO:     ")  # most lines: no need to try every head (HEAD_RE)
 _V01_DECODE_KEYS = frozenset(("#running-req", "#token", "token usage", "#queue-req"))  # docs/sglang.md#logs (0.1.x)
 _PREFILL_ONLY = frozenset(_PREFILL_FIELDS).difference(_DECODE_FIELDS)
 _FRAGMENT_STARTS = ("token usage: ", "full token usage: ", "swa token usage: ", "gen throughput (token/s): ",
