@@ -43,7 +43,7 @@ from diagnoser.engines.sglang.logformats import (
     _TAG_RE,
     DECODE_COLS,
     PREFILL_COLS,
-    TRIGGER_BYTES_RE,
+    TRIGGERS,
     date_ok,
     epoch_day,
     rank_of,
@@ -96,6 +96,7 @@ def _numbers(p: bytes) -> bytes:
 
 FAST_RE = re.compile(_PREFIX + rb"(?:" + _ACCESS + rb"|" + _numbers(_DECODE) + rb"|" + _numbers(_PREFILL) + rb")")
 assert b">N)" not in FAST_RE.pattern and b">F)" not in FAST_RE.pattern
+TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())  # logformats.TRIGGERS, for bytes
 # one match per line of a block: the bulk shapes fill their groups, any other line fills "other"
 BLOCK_RE = re.compile(rb"^(?:" + FAST_RE.pattern + rb"|(?P<other>.*))$", re.MULTILINE)
 _G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}

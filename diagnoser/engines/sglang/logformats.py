@@ -222,7 +222,6 @@ TRIGGERS: tuple[str, ...] = (
 )
 TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
 _EVENT_TRIGGER_RE = re.compile("|".join(re.escape(t) for t in (*EVENT_TRIGGERS, "Traceback")))
-TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())  # the bulk reader's
 
 # decode-line fields → the first version that prints them (docs/sglang.md#decode-line); "=" marks one-release fields
 _DECODE_SINCE: dict[str, Version] = {

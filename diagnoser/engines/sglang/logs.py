@@ -66,7 +66,6 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _WRAP_HEAD_RE,
     _WRAP_TAIL_RE,
     IMPOSSIBLE,
-    TRIGGER_BYTES_RE,
     TRIGGER_RE,
     TRIGGERS,
     _num,
