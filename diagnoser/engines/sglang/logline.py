@@ -21,6 +21,8 @@ import math
 import re
 from typing import Any
 
+from diagnoser.engines.sglang.logformats import _PREFIX_RE, _WRAP_HEAD_RE, _WRAP_TAIL_RE
+
 # the first words of every message the parser reads (its TRIGGERS say which lines to look at at all)
 _HEADS = (
     r"(?:Prefill|Decode) batch",
@@ -180,3 +182,87 @@ def envelope(line: str) -> tuple[str, float | str | None] | None:
     elif isinstance(when, str):
         t = when
     return msg.rstrip("\r\n"), t
+
+
+# the tokens a formatter's or collector's prefix is made of, for a line without a head (a traceback's frame,
+# an exception): stamps, a stream and P/F (Kubernetes), an actor (Ray), brackets without prose, levels,
+# logger names and file:line, with their separators; up to the last tab of a tab-separated export
+LOOSE_PREFIX_RE = re.compile(
+    r"(?:.*\t)?"
+    r"(?:(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+    r"|(?:stdout|stderr) [PF]"
+    r"|\([\w.-]{1,80} pid=\d{1,12}(?:, ip=[^)]{0,80})?\)"
+    r"|\[[^\]\s]{1,80}(?: [^\]\s]{1,80}){0,8}\]"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s:\]-])"
+    r"|sglang(?:\.\w+){0,8}|__main__|[\w-]{1,80}\.py:\d{1,9}"
+    r")(?:\s+-\s+|\s*:\s*|\s+|\s*\|\s*))*"
+)
+
+# SGLang's own bracketed prefix right before a head, behind something else ("... stderr F [2026-11-29 09:32:06] ")
+_SG_TAIL_RE = re.compile(
+    r"\[(?:\d{4}-\d{2}-\d{2}[ T])?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?(?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,9})*\]\s?$"
+)
+_COMMON_HEADS = ("Decode batch", "Prefill batch", "INFO:     ")  # most lines: no need to try every head (HEAD_RE)
+
+
+def locate(line: str) -> tuple[str, re.Match[str] | None, re.Match[str] | None]:
+    """Where the line parser reads a line (CR/LF, ANSI codes and a JSON envelope already taken off):
+    ``(line, m, head)`` with ``line`` the text it reads (a suffix of the input: markdown and journald heads
+    and a collector's prefix before SGLang's own taken off), ``m`` SGLang's own prefix at its start
+    (``logformats._PREFIX_RE``) or None, and ``head`` the message head when the message is found by its
+    head behind a prefix that is not SGLang's (else None: the message follows ``m``, or the line has no
+    head and keeps the parser's own prefix rules)."""
+    if line[:1] in _WRAP_FIRST or line[-1:] in _WRAP_LAST or line.startswith(_WRAP_STARTS):
+        line = unwrap(line)
+    m = _PREFIX_RE.match(line)
+    if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
+        line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
+    # SGLang's own prefix and a head right after it (almost every line), else the first head anywhere
+    head = None if m is not None and (line.startswith(_COMMON_HEADS, m.end()) or HEAD_RE.match(line, m.end())) else find_head(line)
+    if head is not None and m is not None:
+        # after SGLang's own prefix the text is SGLang's message, unless what stands before the head
+        # is more prefix (a formatter's "[scheduler.py:12] [INFO] "): a head inside a message is no head
+        lp = LOOSE_PREFIX_RE.match(line, m.end())
+        if head.start() < m.end() or lp is None or lp.end() != head.start():
+            head = None
+    elif head is not None and head.start():
+        # SGLang's own prefix behind a collector's ("2026-…Z stderr F [2026-11-29 09:32:06] Decode batch"):
+        # read from it, exactly as if the line began there (its clock, its tags, its version hints)
+        b = _SG_TAIL_RE.search(line, 0, head.start())
+        if b is not None and (inner := _PREFIX_RE.match(line[b.start():])) is not None and inner.end() == head.start() - b.start():
+            line, m, head = line[b.start():], inner, None
+    return line, m, head
+
+
+def sglang_offset(line: str) -> int:
+    """How much stands before SGLang's own prefix in a line the parser reads from that prefix, as if the
+    line began there (0 when nothing does, or the line is read another way). The bulk reader takes that
+    much off such lines so that the compiled scanner and the bulk regex read wrapped logs too; what it
+    takes off changes nothing the parser reads (``locate``)."""
+    if "\x1b" in line or line[:1] == "{" or line.lstrip()[:1] == "{":
+        return 0
+    body = line.rstrip("\r")
+    rest, m, head = locate(body)
+    if head is not None or m is None or not body.endswith(rest):
+        return 0
+    b = (m.start(1) if m.group(1) else m.start(2)) - 1
+    if b < 0 or rest[b] != "[":
+        return 0
+    return len(body) - len(rest) + b
+
+
+_WRAP_FIRST = frozenset(">`-*+ \t")
+_WRAP_LAST = frozenset("\\`>")
+_WRAP_STARTS = ("[pod/", "Jan ", "Feb ", "Mar ", "Apr ", "May ", "Jun ", "Jul ", "Aug ", "Sep ", "Oct ", "Nov ", "Dec ")
+
+
+def unwrap(line: str) -> str:
+    """A line as pasted or shipped, without what was put around it: GitHub markdown (``> `` quotes,
+    list bullets, backticks, a trailing backslash or ``<br>``), ``kubectl logs --prefix``'s
+    ``[pod/NAME/CONTAINER]`` and a journald/syslog ``Mon DD HH:MM:SS host unit[pid]:`` head."""
+    prev = None
+    while prev != line:
+        prev = line
+        line = _WRAP_HEAD_RE.sub("", line, count=1)
+        line = _WRAP_TAIL_RE.sub("", line, count=1)
+    return line

@@ -55,7 +55,6 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _PREFILL_FIELDS,
     _PREFILL_SINCE,
     _PREFILL_UNTIL,
-    _PREFIX_RE,
     _PROFILED_RE,
     _REDUCED_RE,
     _RETRACT_RE,
@@ -63,8 +62,6 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _SUFFIX_PREFIXES,
     _SUMMARY_RE,
     _TAG_RE,
-    _WRAP_HEAD_RE,
-    _WRAP_TAIL_RE,
     IMPOSSIBLE,
     TRIGGER_RE,
     TRIGGERS,
@@ -75,25 +72,21 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     rank_of,
     time_ok,
 )
-from diagnoser.engines.sglang.logline import ANSI_RE, HEAD_RE, TAGS_IN_RE, Stamp, envelope, find_head, stamp
+from diagnoser.engines.sglang.logline import (  # noqa: F401  (unwrap re-exported)
+    ANSI_RE,
+    LOOSE_PREFIX_RE,
+    TAGS_IN_RE,
+    Stamp,
+    envelope,
+    locate,
+    stamp,
+    unwrap,
+)
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
 from diagnoser.model import BadLine, LogEvent, SignalSink
 
 _FACTS_RE = re.compile(r"(\w+)=([\d.]+)")
-# the tokens a formatter's or collector's prefix is made of, for a line without a head (a traceback's frame,
-# an exception): stamps, a stream and P/F (Kubernetes), an actor (Ray), brackets without prose, levels,
-# logger names and file:line, with their separators; up to the last tab of a tab-separated export
-_LOOSE_PREFIX_RE = re.compile(
-    r"(?:.*\t)?"
-    r"(?:(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-    r"|(?:stdout|stderr) [PF]"
-    r"|\([\w.-]{1,80} pid=\d{1,12}(?:, ip=[^)]{0,80})?\)"
-    r"|\[[^\]\s]{1,80}(?: [^\]\s]{1,80}){0,8}\]"
-    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s:\]-])"
-    r"|sglang(?:\.\w+){0,8}|__main__|[\w-]{1,80}\.py:\d{1,9}"
-    r")(?:\s+-\s+|\s*:\s*|\s+|\s*\|\s*))*"
-)
 
 
 class SGLangLogParser:
@@ -222,19 +215,7 @@ class SGLangLogParser:
                     line = ANSI_RE.sub("", line)
                 if not TRIGGER_RE.search(line):
                     return False
-        if line[:1] in _WRAP_FIRST or line[-1:] in _WRAP_LAST or line.startswith(_WRAP_STARTS):
-            line = unwrap(line)
-        m = _PREFIX_RE.match(line)
-        if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
-            line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
-        # SGLang's own prefix and a head right after it (almost every line), else the first head anywhere
-        head = None if m is not None and (line.startswith(_COMMON_HEADS, m.end()) or HEAD_RE.match(line, m.end())) else find_head(line)
-        if head is not None and m is not None:
-            # after SGLang's own prefix the text is SGLang's message, unless what stands before the head
-            # is more prefix (a formatter's "[scheduler.py:12] [INFO] "): a head inside a message is no head
-            lp = _LOOSE_PREFIX_RE.match(line, m.end())
-            if head.start() < m.end() or lp is None or lp.end() != head.start():
-                head = None
+        line, m, head = locate(line)
         if head is not None:
             return self._located(line, head.start(), outer, line_no)
         if m:
@@ -263,7 +244,7 @@ class SGLangLogParser:
             else:
                 # a line without a head (a traceback's, an exception's) behind a collector's or a
                 # formatter's prefix: only the prefix tokens every such prefix is made of are taken off
-                lp = _LOOSE_PREFIX_RE.match(msg)
+                lp = LOOSE_PREFIX_RE.match(msg)
                 st = None
                 if lp is not None and lp.end():
                     st = stamp(msg[:lp.end()])
@@ -849,24 +830,7 @@ class SGLangLogParser:
         return True
 
 
-_COMMON_HEADS = ("Decode batch", "Prefill batch", "INFO:     ")  # most lines: no need to try every head (HEAD_RE)
 _V01_DECODE_KEYS = frozenset(("#running-req", "#token", "token usage", "#queue-req"))  # docs/sglang.md#logs (0.1.x)
 _PREFILL_ONLY = frozenset(_PREFILL_FIELDS).difference(_DECODE_FIELDS)
 _FRAGMENT_STARTS = ("token usage: ", "full token usage: ", "swa token usage: ", "gen throughput (token/s): ",
                     "input throughput (token/s): ", "cache hit rate: ", "cuda graph: ", "cpu graph: ", "npu graph: ", "musa graph: ")
-
-_WRAP_FIRST = frozenset(">`-*+ \t")
-_WRAP_LAST = frozenset("\\`>")
-_WRAP_STARTS = ("[pod/", "Jan ", "Feb ", "Mar ", "Apr ", "May ", "Jun ", "Jul ", "Aug ", "Sep ", "Oct ", "Nov ", "Dec ")
-
-
-def unwrap(line: str) -> str:
-    """A line as pasted or shipped, without what was put around it: GitHub markdown (``> `` quotes,
-    list bullets, backticks, a trailing backslash or ``<br>``), ``kubectl logs --prefix``'s
-    ``[pod/NAME/CONTAINER]`` and a journald/syslog ``Mon DD HH:MM:SS host unit[pid]:`` head."""
-    prev = None
-    while prev != line:
-        prev = line
-        line = _WRAP_HEAD_RE.sub("", line, count=1)
-        line = _WRAP_TAIL_RE.sub("", line, count=1)
-    return line
