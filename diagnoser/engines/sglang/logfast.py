@@ -168,11 +168,12 @@ def unwrap_block(block: bytes, decided: dict[bytes, bool] | None = None) -> tupl
     the reference parser reads from SGLang's prefix, as if the line began there
     (:func:`~diagnoser.engines.sglang.logline.sglang_offset`), so that the bulk regex and the compiled
     scanner take wrapped logs too; and the original of each line changed, by row, for the lines that go
-    to the reference parser. Whether a prefix may be taken off depends only on the prefix (its length,
+    to the reference parser (lines left as they are go there too: only speed depends on what is taken off). Whether a prefix may be taken off depends only on the prefix (its length,
     its letters, where its digits are: ``locate`` reads nothing else of it), so it is decided once per
-    such shape (``decided``). A block of SGLang's own lines is returned as it is after one count."""
+    such shape (``decided``). A block whose first 64 KiB are mostly SGLang's own lines is returned as it is."""
     wrapped: dict[int, bytes] = {}
-    if b"\r" in block:  # CRLF line ends: the reference parser reads a line without them
+    head = block[:65536]  # how the block's lines look: from its first lines (a full count costs a third of a scan)
+    if b"\r\n" in head:  # CRLF line ends: the reference parser reads a line without them
         lines = block.split(b"\n")
         for i, raw in enumerate(lines):
             if raw[-1:] == b"\r" and len(raw) < 65535:
@@ -180,8 +181,9 @@ def unwrap_block(block: bytes, decided: dict[bytes, bool] | None = None) -> tupl
                 lines[i] = raw.rstrip(b"\r")
         if wrapped:
             block = b"\n".join(lines)
-    n = block.count(b"\n") + 1
-    if (block.count(b"\n[") + (block[:1] == b"[")) * 2 >= n:
+    if wrapped:
+        head = block[:65536]
+    if (head.count(b"\n[") + (head[:1] == b"[")) * 2 >= head.count(b"\n") + 1:
         return block, wrapped
     if decided is None:
         decided = {}
