@@ -2,9 +2,12 @@
 
 Covers every scheduler-line format SGLang printed from 0.1.x to 0.5.23 (docs/sglang.md#logs):
 
-* prefixes (docs/sglang.md#log-prefix): time-only ``[HH:MM:SS TP0]``, date-time, milliseconds, any order of DP/PP/ATTN_CP/
-  MOE_DP/TP/EP tags, Ray's ``(SGLangEngine pid=…[, ip=…])``, docker-compose ``name  | ``, container
-  RFC3339 stamps, and a missing leading ``[`` as pasted in issue threads;
+* any prefix (docs/sglang.md#log-prefix): the message is found by its head (:mod:`~diagnoser.engines.sglang.logline`),
+  the prefix gives the time and rank tags. SGLang's own — time-only ``[HH:MM:SS TP0]``, date-time, milliseconds,
+  any order of DP/PP/ATTN_CP/MOE_DP/TP/EP tags — is version evidence; what deployments put around it (Ray,
+  docker compose, container and Kubernetes stamps, journald, Python logging's formats, custom formatters,
+  JSON envelopes, tab-separated exports, ANSI colours, CRLF, markdown, a missing leading ``[``) is not;
+* a batch line's field list pasted without its head (``#running-req: 12, #token: 3400, …``);
 * "Prefill batch" / "Decode batch" lines (docs/sglang.md#prefill-line, docs/sglang.md#decode-line) with ``.``, ``,`` or `` [N],`` headers, every field
   optional, optional trailing comma and suffixes, hybrid SWA/SSM, PD, speculative and graph fields;
 * retraction (three generations) and OOM messages (docs/sglang.md#retraction, docs/sglang.md#oom);
@@ -12,7 +15,8 @@ Covers every scheduler-line format SGLang printed from 0.1.x to 0.5.23 (docs/sgl
   allocation, ``server_args=ServerArgs(…)``, the reduced max_running_requests notices;
 * access-log lines (counted with their status codes).
 
-Lines that match nothing are counted by the caller, never fatal.
+Lines that match nothing are counted by the caller, never fatal; a located message no parser here
+recognises is handed to :meth:`SGLangLogParser.unrecognised` (the one place to read more of them).
 """
 
 from __future__ import annotations
