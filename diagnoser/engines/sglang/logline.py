@@ -163,7 +163,7 @@ def envelope(line: str) -> tuple[str, float | str | None] | None:
 
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
         return None
     msg = _find(obj, _MESSAGE_KEYS)
     if not isinstance(msg, str):
