@@ -387,3 +387,30 @@ def test_the_pool_ends_when_its_workers_are_still_starting(tmp_path: Path) -> No
     log = DATA / "sglang-cpu-real" / "kv-full-retract" / "server.log"
     r = subprocess.run([sys.executable, "-c", _EARLY_TERM, str(log), str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("done"), r.stderr
+
+
+_WRAPPED = ("k8s_cri", "json_docker", "journald", "docker_compose", "ray", "tsv_export", "crlf", "ansi", "fork_rank_file",
+            "python_asctime", "json_nested")
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanner", "regex"])
+@pytest.mark.parametrize("shape", _WRAPPED)
+def test_bulk_equals_reference_on_wrapped_logs(generated: bytes, shape: str, scan: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: a generated log and the real runs' logs wrapped as deployments wrap them
+    (tests/test_log_prefixes.py): the bulk reader, which takes a collector's prefix off the lines it reads
+    from SGLang's own prefix (logfast.unwrap_block), gives exactly the line parser's result; and where
+    SGLang's prefix is still in the line, the bulk path takes the lines (the reference parser gets few)."""
+    from diagnoser.engines.sglang import logfast
+    from diagnoser.engines.sglang.logfast import BlockParser
+    from tests.test_log_prefixes import SHAPES
+
+    if not scan:
+        monkeypatch.setattr(logfast, "SCAN", None)
+    real = b"".join(p.read_bytes() for p in sorted(DATA.glob("sglang-cpu-real/*/server.log")))
+    data = SHAPES[shape](generated[:150_000].rsplit(b"\n", 1)[0] + b"\n" + real)
+    for chunk, workers in ((1 << 23, 0), (5555, 0)):
+        _assert_same(data, chunk, workers)
+    plain = generated[:150_000].rsplit(b"\n", 1)[0] + b"\n" + real
+    taken = len(BlockParser().parse(data.rstrip(b"\n"))["bulk_rows"])
+    if shape in ("k8s_cri", "json_docker", "journald", "docker_compose", "ray", "tsv_export", "crlf"):
+        assert taken >= 0.99 * len(BlockParser().parse(plain.rstrip(b"\n"))["bulk_rows"]), shape

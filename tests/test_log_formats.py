@@ -444,12 +444,20 @@ def test_access_lines_are_counted(src: str, line: str, code: str, path: str) -> 
     "[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0",
     "[2026-05-24 00:52:39] Attention backend not specified. Use trtllm_mha backend by default.",
     "Decode batch, ",
-    "42688, token usage: 1.00, gen throughput (token/s): 429.34",  # the tail of a wrapped line
 ])
 def test_unrecognised_lines_leave_no_trace(line: str) -> None:
     tl, p, ok = _parse(line)
     assert not ok
     assert not tl.series and not tl.events and not tl.config and not p.version.known
+
+
+def test_the_tail_of_a_wrapped_line_is_read_for_its_fields() -> None:
+    """Issue 24: a field list that begins mid-message (here the tail of a wrapped decode line) is read for
+    the fields it carries, untimed (in order after the last stamp), with no version hint."""
+    tl, p, ok = _parse("42688, token usage: 1.00, gen throughput (token/s): 429.34")
+    assert ok
+    assert {k: s.values.tolist() for k, s in tl.series.items()} == {("token_usage", ""): [1.0], ("gen_throughput_tps", ""): [429.34]}
+    assert not p.version.known
 
 
 def test_real_lines_are_verbatim(data_dir: Path) -> None:

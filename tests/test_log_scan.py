@@ -164,7 +164,8 @@ def test_scanner_numbers_are_the_exact_doubles_python_reads() -> None:
 
 @pytest.mark.parametrize("first", ["logscan", "logfast"])
 def test_either_module_can_be_imported_first(first: str) -> None:
-    """logscan imports logfast, and logfast finds logscan on first use: no import cycle either way."""
+    """logfast imports logscan (the C scanner's glue), which imports neither logfast nor logs: either can
+    be imported first (tests/test_startup.py checks the whole reader's import graph)."""
     import subprocess
     import sys
 

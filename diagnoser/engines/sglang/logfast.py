@@ -38,9 +38,20 @@ from collections.abc import Callable
 from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
-from diagnoser.engines.sglang.logformats import _TAG_RE, TRIGGER_BYTES_RE, date_ok, epoch_day, time_ok
+from diagnoser.engines.sglang import logscan
+from diagnoser.engines.sglang.logformats import (
+    _TAG_RE,
+    DECODE_COLS,
+    PREFILL_COLS,
+    TRIGGERS,
+    date_ok,
+    epoch_day,
+    rank_of,
+    time_ok,
+)
+from diagnoser.engines.sglang.logline import envelope, sglang_offset
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the annotations only: logs imports this module (on first bulk use), never the reverse
     from diagnoser.engines.sglang.logs import SGLangLogParser
 
 # Every repeat is bounded so that no line the bulk regex takes can reach the reader's 64 KiB junk limit.
@@ -86,37 +97,12 @@ def _numbers(p: bytes) -> bytes:
 
 FAST_RE = re.compile(_PREFIX + rb"(?:" + _ACCESS + rb"|" + _numbers(_DECODE) + rb"|" + _numbers(_PREFILL) + rb")")
 assert b">N)" not in FAST_RE.pattern and b">F)" not in FAST_RE.pattern
+TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())  # logformats.TRIGGERS, for bytes
 # one match per line of a block: the bulk shapes fill their groups, any other line fills "other"
 BLOCK_RE = re.compile(rb"^(?:" + FAST_RE.pattern + rb"|(?P<other>.*))$", re.MULTILINE)
 _G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
 NGROUPS = BLOCK_RE.groups
 
-_FLOAT = float
-# (group, canonical signal, optional) per kind — the same mapping as the reference field tables
-DECODE_COLS: tuple[tuple[str, str, bool], ...] = (
-    ("d_run", "running_reqs", False),
-    ("d_tok", "used_tokens", True),
-    ("d_ftok", "used_tokens", True),
-    ("d_use", "token_usage", True),
-    ("d_fuse", "full_token_usage", True),
-    ("d_suse", "swa_token_usage", True),
-    ("d_alen", "spec_accept_len", True),
-    ("d_arate", "spec_accept_rate", True),
-    ("d_graph", "cuda_graph", True),
-    ("d_gen", "gen_throughput_tps", False),
-    ("d_queue", "queue_reqs", False),
-)
-PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
-    ("p_seq", "prefill_new_seqs", False),
-    ("p_new", "prefill_new_tokens", False),
-    ("p_cached", "prefill_cached_tokens", False),
-    ("p_hit", "cache_hit_rate", True),
-    ("p_use", "token_usage", False),
-    ("p_run", "running_reqs", False),
-    ("p_queue", "queue_reqs", False),
-    ("p_pend", "pending_tokens", True),
-    ("p_in", "input_throughput_tps", True),
-)
 # what the reference parser's version hints look at, per kind (with the rank tag names and whether the
 # stamp has milliseconds): header form, trailing comma, graph label, which optional fields are present
 _DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate", "d_fuse"))
@@ -166,6 +152,74 @@ def _add_run(series: dict[tuple[str, str], tuple[list[int], list[float]]], key: 
     series[key] = (list(map(r2.__getitem__, perm)), list(map(v2.__getitem__, perm)))
 
 
+# SGLang's own prefix and one of the heads the bulk reader takes, anywhere in a line (a candidate only:
+# sglang_offset decides), and digits made alike so that one decision serves every line of a wrapper's shape
+_WRAPPED_RE = re.compile(
+    rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})?(?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,9}){0,8}\] "
+    rb"(?:Decode batch|Prefill batch|INFO:     )"
+)
+_DIGITS_ALIKE = bytes.maketrans(b"0123456789", b"0000000000")
+_WRAP_TAIL = frozenset(b"\\`>\r")
+
+
+def unwrap_block(block: bytes, decided: dict[bytes, bool] | None = None) -> tuple[bytes, dict[int, bytes]]:
+    """A block whose lines mostly do not begin with SGLang's own prefix (a collector's or formatter's
+    before it: ``2026-…Z stderr F [2026-11-29 09:32:06] Decode batch, …``) with that taken off each line
+    the reference parser reads from SGLang's prefix, as if the line began there
+    (:func:`~diagnoser.engines.sglang.logline.sglang_offset`), so that the bulk regex and the compiled
+    scanner take wrapped logs too; and the original of each line changed, by row, for the lines that go
+    to the reference parser (lines left as they are go there too: only speed depends on what is taken off). Whether a prefix may be taken off depends only on the prefix (its length,
+    its letters, where its digits are: ``locate`` reads nothing else of it), so it is decided once per
+    such shape (``decided``). A block whose first 64 KiB are mostly SGLang's own lines is returned as it is."""
+    wrapped: dict[int, bytes] = {}
+    head = block[:65536]  # how the block's lines look: from its first lines (a full count costs a third of a scan)
+    if b"\r\n" in head:  # CRLF line ends: the reference parser reads a line without them
+        lines = block.split(b"\n")
+        for i, raw in enumerate(lines):
+            if raw[-1:] == b"\r" and len(raw) < 65535:
+                wrapped[i] = raw
+                lines[i] = raw.rstrip(b"\r")
+        if wrapped:
+            block = b"\n".join(lines)
+    if wrapped:
+        head = block[:65536]
+    if (head.count(b"\n[") + (head[:1] == b"[")) * 2 >= head.count(b"\n") + 1:
+        return block, wrapped
+    if decided is None:
+        decided = {}
+    lines = block.split(b"\n")
+    find = _WRAPPED_RE.search
+    trig = TRIGGER_BYTES_RE.search
+    for i, raw in enumerate(lines):
+        if raw[:1] == b"[" or len(raw) >= 65535:
+            continue
+        c = find(raw, 0, 600)
+        if c is None or not raw.isascii() or b"\x00" in raw:
+            continue
+        at = c.start()
+        if raw[:1] == b"{":  # a shipper's JSON (docker's json-file): the message, when it is SGLang's whole line
+            env = envelope(raw.decode("ascii"))
+            if env is not None and env[0].isascii() and "\n" not in env[0] and "\x1b" not in env[0]:
+                msg = env[0].encode()
+                if _WRAPPED_RE.match(msg) and trig(msg):
+                    wrapped.setdefault(i, raw)
+                    lines[i] = msg
+            continue
+        if raw[-1] in _WRAP_TAIL:  # the line's end changes how it is unwrapped: decided for this line alone
+            ok = sglang_offset(raw.decode("ascii")) == at
+        else:
+            key = raw[:at].translate(_DIGITS_ALIKE)
+            ok = decided.get(key)  # type: ignore[assignment]
+            if ok is None:
+                if len(decided) > 4096:
+                    decided.clear()
+                ok = decided[key] = sglang_offset(raw.decode("ascii")) == at
+        if ok and (trig(raw, at) is not None or trig(raw, 0, at) is None):  # read by the reference parser alike
+            wrapped.setdefault(i, raw)
+            lines[i] = raw[at:]
+    return (b"\n".join(lines), wrapped) if wrapped else (block, {})  # (lines changed only when something was taken off)
+
+
 class BlockParser:
     """The pure half (see the module doc); one per process, it keeps only caches and the shapes it
     has already reported."""
@@ -176,14 +230,13 @@ class BlockParser:
         self._fracs: dict[bytes, float] = {b"": 0.0}
         self._tags: dict[bytes, tuple[str, tuple[str, ...]]] = {}
         self._floats: dict[bytes, float] = {}
+        self._wrappers: dict[bytes, bool] = {}  # unwrap_block's decisions, per shape of what precedes SGLang's prefix
 
     def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
         t = self._tags.get(tags)
         if t is None:
-            from diagnoser.engines.sglang.logs import SGLangLogParser
-
             text = tags.decode()
-            t = self._tags[tags] = (SGLangLogParser._rank(text)[0], tuple(k for k, _ in _TAG_RE.findall(text)))
+            t = self._tags[tags] = (rank_of(text)[0], tuple(k for k, _ in _TAG_RE.findall(text)))
         return t
 
     def _floats_of(self, raw: list[bytes], few: bool) -> list[float]:
@@ -205,10 +258,13 @@ class BlockParser:
         """Parse a block of ``block.count(b"\\n") + 1`` lines (no final newline); rows are 0-based.
         Through the compiled scanner when it is built (:mod:`diagnoser.engines.sglang.logscan`), else
         through :meth:`parse_re`; both give the same points."""
+        block, wrapped = unwrap_block(block, self._wrappers)
         scan = scanner()
-        if scan is not None:
-            return scan.parse(self, block)
-        return self.parse_re(block)
+        out = scan.parse(self, block) if scan is not None else self.parse_re(block)
+        if wrapped:  # the reference parser reads each line as it was in the file
+            out["refs"] = [(i, wrapped.get(i, raw)) for i, raw in out["refs"]]
+            out["shapes"] = [(key, row, wrapped.get(row, raw)) for key, row, raw in out["shapes"]]
+        return out
 
     def parse_re(self, block: bytes) -> dict[str, Any]:
         """:meth:`parse` with the bulk regex alone (the reference for the compiled scanner)."""
@@ -565,15 +621,12 @@ SCAN: Any = "unloaded"  # the compiled scanner's glue module once :func:`scanner
 
 def scanner() -> Any:
     """The compiled scanner's glue (:mod:`logscan`) when ``_scan`` is built and not switched off with
-    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything). Looked up on first use, not at
-    import, since :mod:`logscan` imports this module; :class:`BulkReader` looks before any worker forks."""
+    ``DIAGNOSER_NO_SCAN=1``; else None (the regex path does everything). The switch is read on first
+    use (tests set ``SCAN = "unloaded"`` to read it again); :class:`BulkReader` looks before any worker forks."""
     global SCAN
     if isinstance(SCAN, str):
         import os
 
-        SCAN = None
-        if os.environ.get("DIAGNOSER_NO_SCAN", "").strip() in ("", "0"):
-            from diagnoser.engines.sglang import logscan
-
-            SCAN = logscan if logscan.AVAILABLE else None
+        off = os.environ.get("DIAGNOSER_NO_SCAN", "").strip() not in ("", "0")
+        SCAN = logscan if logscan.AVAILABLE and not off else None
     return SCAN

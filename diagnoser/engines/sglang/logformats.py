@@ -1,6 +1,10 @@
 """SGLang log-line formats (docs/sglang.md#logs): the patterns, field tables
 and version tables the line parser (:mod:`diagnoser.engines.sglang.logs`) and the bulk reader
-(:mod:`diagnoser.engines.sglang.logfast`) share. Data only, no state."""
+(:mod:`diagnoser.engines.sglang.logfast`, with the compiled scanner's glue
+:mod:`diagnoser.engines.sglang.logscan`) share. Data and pure functions only, no state; every pattern is
+compiled once, at import. The reader modules import this one and never each other in a circle:
+``logs`` (the reference line parser) → ``logfast`` (the bulk reader, imported on first bulk use) →
+``logscan`` (the C scanner's glue) → ``logformats``, ``logline``."""
 
 from __future__ import annotations
 
@@ -9,24 +13,6 @@ import re
 
 from diagnoser.engines.sglang.logevents import TRIGGERS as EVENT_TRIGGERS
 from diagnoser.engines.sglang.versions import Version
-
-
-class _Lazy:
-    """A pattern compiled on its first use. Most patterns here match a few start-up lines, or none in a
-    given log, and compiling all of them costs every start about 3 ms (bench/bench_startup.py); the
-    per-line ones (prefix, trigger, batch) stay compiled at import."""
-
-    __slots__ = ("_args", "_re")
-
-    def __init__(self, pattern: str | bytes, flags: int = 0) -> None:
-        self._args = (pattern, flags)
-        self._re: re.Pattern | None = None  # type: ignore[type-arg]
-
-    def __getattr__(self, name: str) -> object:  # search, match, findall, sub, pattern, …
-        if self._re is None:
-            self._re = re.compile(*self._args)
-        return getattr(self._re, name)
-
 
 # ---------------------------------------------------------------------------------------------------
 # prefix
@@ -40,7 +26,19 @@ _PREFIX_RE = re.compile(
     r"((?:\s+(?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d{1,9})*)\]\s?"  # a rank of 10+ digits is no rank (as in logfast)
 )
 _BARE_PREFIX_RE = re.compile(r"^(?:[\w.-]+\s+\|\s)?(?:\(SGLangEngine pid=\d+(?:, ip=[^)]*)?\)\s+)?")
-_TAG_RE = _Lazy(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
+_TAG_RE = re.compile(r"(DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)(\d+)")
+
+
+def rank_of(tags: str) -> tuple[str, dict[str, int]]:
+    """A prefix's rank tags ("DP1 TP3") → (the rank a series is kept under: "dp1", "dp1/pp2" or "", the
+    tags by name). TP and EP ranks print the same scheduler state, so they do not split series."""
+    parsed = {k: int(v) for k, v in _TAG_RE.findall(tags)} if tags else {}
+    parts = []
+    if "DP" in parsed:
+        parts.append(f"dp{parsed['DP']}")
+    if parsed.get("PP"):
+        parts.append(f"pp{parsed['PP']}")
+    return "/".join(parts), parsed
 
 _BATCH_RE = re.compile(r"(Prefill|Decode) batch(?:\s*\(mixed #running-req: (\d+)\))?\s*(?:\[(\d+)\])?\s*[.,]?\s*")
 
@@ -108,54 +106,81 @@ _PREFILL_FIELDS: dict[str, str | None] = {
 }
 _SUFFIX_PREFIXES = ("est. ",)
 
-_RETRACT_RE = _Lazy(
+# the bulk reader's columns (logfast's regex groups; the C scanner's slots follow the same order):
+# (group, canonical signal, optional) per kind — the same mapping as the field tables above
+DECODE_COLS: tuple[tuple[str, str, bool], ...] = (
+    ("d_run", "running_reqs", False),
+    ("d_tok", "used_tokens", True),
+    ("d_ftok", "used_tokens", True),
+    ("d_use", "token_usage", True),
+    ("d_fuse", "full_token_usage", True),
+    ("d_suse", "swa_token_usage", True),
+    ("d_alen", "spec_accept_len", True),
+    ("d_arate", "spec_accept_rate", True),
+    ("d_graph", "cuda_graph", True),
+    ("d_gen", "gen_throughput_tps", False),
+    ("d_queue", "queue_reqs", False),
+)
+PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
+    ("p_seq", "prefill_new_seqs", False),
+    ("p_new", "prefill_new_tokens", False),
+    ("p_cached", "prefill_cached_tokens", False),
+    ("p_hit", "cache_hit_rate", True),
+    ("p_use", "token_usage", False),
+    ("p_run", "running_reqs", False),
+    ("p_queue", "queue_reqs", False),
+    ("p_pend", "pending_tokens", True),
+    ("p_in", "input_throughput_tps", True),
+)
+
+_RETRACT_RE = re.compile(
     r"(?:KV cache pool is full\. Retract requests\.|Decode out of memory happened\.|Testing retraction\.)"
     r"\s*#retracted_reqs: (\d+)(?:, #new_tokens_gained: (\d+))?(?:, #mamba_num_gained: (\d+))?"
     r"(?:, #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
 )
-_OOM_RE = _Lazy(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
-_SUMMARY_RE = _Lazy(r"max_total_num_tokens=(\d+)(?:, .*)?$")
-_KV_RE = _Lazy(
+_OOM_RE = re.compile(r"(Prefill|Decode|Extend|Idle|\w+) out of memory\. Try to lower your batch size")
+_SUMMARY_RE = re.compile(r"max_total_num_tokens=(\d+)(?:, .*)?$")
+_KV_RE = re.compile(
     r"KV [Cc]ache (?:is )?allocated\.(?: dtype: ([\w.]+),)?(?: #tokens: (\d+),)?\s*(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
 )
-_LOAD_END_RE = _Lazy(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
-_LOAD_BEGIN_RE = _Lazy(r"Load weight begin\. avail mem=([\d.]+) GB")
-_MEMPOOL_END_RE = _Lazy(r"Memory pool end\. avail mem=([\d.]+) GB")
-_GRAPH_BS_RE = _Lazy(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
-_GRAPH_END_RE = _Lazy(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
-_GRAPH_END_BS_RE = _Lazy(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
-_GRAPH_MEM_RE = _Lazy(r"mem usage=(\d+(?:\.\d+)?) GB")
-_AVAIL_RE = _Lazy(r"avail mem=(\d+(?:\.\d+)?) GB")
-_HICACHE_RE = _Lazy(
+_LOAD_END_RE = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?")
+_LOAD_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
+_MEMPOOL_END_RE = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+_GRAPH_BS_RE = re.compile(r"Capture (?:cuda|cpu|npu|musa) graph bs \[([\d, .]*)\]")
+_GRAPH_END_RE = re.compile(r"Capture (?:(?:cuda|cpu|npu|musa) graph|target decode CUDA graph) end\.")
+_GRAPH_END_BS_RE = re.compile(r"Capture target decode CUDA graph end\. bs=\[([\d, .]*)\]")
+_GRAPH_MEM_RE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
+_AVAIL_RE = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
+_HICACHE_RE = re.compile(
     r"Allocating (?:([\d.]+) GB host memory for hierarchical KV cache|(\w+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory)"
 )
-_REDUCED_RE = _Lazy(r"max_running_requests was reduced from requested (\d+) to (\d+)")
-_MAX_NUM_REQS_RE = _Lazy(r"max_num_reqs\s*=\s*(\d+)")
-_SPEC_RESET_RE = _Lazy(r"Max running requests is reset to (\d+) for speculative decoding")
-_ACCESS_RE = _Lazy(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
-_AUTO_MEM_RE = _Lazy(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
+_REDUCED_RE = re.compile(r"max_running_requests was reduced from requested (\d+) to (\d+)")
+_MAX_NUM_REQS_RE = re.compile(r"max_num_reqs\s*=\s*(\d+)")
+_SPEC_RESET_RE = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+:\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
+_AUTO_MEM_RE = re.compile(r"Automatically reduce --mem-fraction-static to ([\d.]+)")
 _NOT_ENOUGH_MEM = ("Not enough memory. Please try to increase --mem-fraction-static", "leave no GPU memory for the KV cache")
-_HOST_MEM_ERR_RE = _Lazy(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
-_PROFILED_RE = _Lazy(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
-_HICACHE_AUTO_RE = _Lazy(
+_HOST_MEM_ERR_RE = re.compile(r"Not enough host memory available\. Requesting ([\d.]+) GB but only have ([\d.]+) GB free")
+_PROFILED_RE = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (\d+)")
+_HICACHE_AUTO_RE = re.compile(
     r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank \(fraction ([\d.]+), (\d+) ranks? on this host\), host pools ([\d.]+) GiB"
 )
-_NO_KV_MEM_RE = _Lazy(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
+_NO_KV_MEM_RE = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)")
 
 # "max_running_requests is capped to 9 by the mamba state cache (max_mamba_cache_size=47, …). To raise it:
 # …"; "max_running_requests was reduced from requested 128 to 50" (the other forms of a cap set at start-up)
-_CAPPED_RE = _Lazy(
+_CAPPED_RE = re.compile(
     r"max_running_requests (?:is|was|has been) (?:capped|reduced|limited|clamped|lowered|adjusted|set)"
     r"(?: from (?:requested |the requested )?(\d+))? to (\d+)"
     r"(?:(?: by| because of| because| due to| for) (?:the )?([^(.;]+?))?\s*(?:\(([^)]*)\))?(?:[.;]|$)"
 )
-_FLAG_RE = _Lazy(r"(--[a-z][a-z0-9-]+)(?: (?!or\b|and\b|to\b|by\b)([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*))?")
+_FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]+)(?: (?!or\b|and\b|to\b|by\b)([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*))?")
 # GitHub markdown around a pasted line, kubectl --prefix, journald heads; trailing backslash / backticks
-_WRAP_HEAD_RE = _Lazy(
+_WRAP_HEAD_RE = re.compile(
     r"^(?:\s*>)+ ?|^\s*[-*+] (?=\[|\d{4}-)|^\s*`{1,3}(?=\S)|^\s+(?=\[\d{4}-)|^\[pod/[^\]\s]+\] ?"
     r"|^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w./@-]+(?:\[\d+\])?: "
 )
-_WRAP_TAIL_RE = _Lazy(r"(?:\s*\\|\s*`{1,3}|\s*<br\s*/?>)\s*$")
+_WRAP_TAIL_RE = re.compile(r"(?:\s*\\|\s*`{1,3}|\s*<br\s*/?>)\s*$")
 
 _NO_HIGH: Version = (99, 0, 0)
 
@@ -165,6 +190,11 @@ _NO_HIGH: Version = (99, 0, 0)
 TRIGGERS: tuple[str, ...] = (
     "batch",
     "#running-req:",
+    "#token: ",  # a batch line's fields pasted without its head (SGLangLogParser._fragment)
+    "#new-token: ",
+    "#queue-req: ",
+    "token usage: ",
+    "throughput (token/s): ",
     "retracted_reqs",
     "out of memory",
     "max_total_num_tokens=",
@@ -191,8 +221,7 @@ TRIGGERS: tuple[str, ...] = (
     *EVENT_TRIGGERS,  # crash, request-limit and PD lines (logevents)
 )
 TRIGGER_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS))
-_EVENT_TRIGGER_RE = _Lazy("|".join(re.escape(t) for t in (*EVENT_TRIGGERS, "Traceback")))
-TRIGGER_BYTES_RE = _Lazy("|".join(re.escape(t) for t in TRIGGERS).encode())  # the bulk reader's
+_EVENT_TRIGGER_RE = re.compile("|".join(re.escape(t) for t in (*EVENT_TRIGGERS, "Traceback")))
 
 # decode-line fields → the first version that prints them (docs/sglang.md#decode-line); "=" marks one-release fields
 _DECODE_SINCE: dict[str, Version] = {

@@ -2,9 +2,12 @@
 
 Covers every scheduler-line format SGLang printed from 0.1.x to 0.5.23 (docs/sglang.md#logs):
 
-* prefixes (docs/sglang.md#log-prefix): time-only ``[HH:MM:SS TP0]``, date-time, milliseconds, any order of DP/PP/ATTN_CP/
-  MOE_DP/TP/EP tags, Ray's ``(SGLangEngine pid=…[, ip=…])``, docker-compose ``name  | ``, container
-  RFC3339 stamps, and a missing leading ``[`` as pasted in issue threads;
+* any prefix (docs/sglang.md#log-prefix): the message is found by its head (:mod:`~diagnoser.engines.sglang.logline`),
+  the prefix gives the time and rank tags. SGLang's own — time-only ``[HH:MM:SS TP0]``, date-time, milliseconds,
+  any order of DP/PP/ATTN_CP/MOE_DP/TP/EP tags — is version evidence; what deployments put around it (Ray,
+  docker compose, container and Kubernetes stamps, journald, Python logging's formats, custom formatters,
+  JSON envelopes, tab-separated exports, ANSI colours, CRLF, markdown, a missing leading ``[``) is not;
+* a batch line's field list pasted without its head (``#running-req: 12, #token: 3400, …``);
 * "Prefill batch" / "Decode batch" lines (docs/sglang.md#prefill-line, docs/sglang.md#decode-line) with ``.``, ``,`` or `` [N],`` headers, every field
   optional, optional trailing comma and suffixes, hybrid SWA/SSM, PD, speculative and graph fields;
 * retraction (three generations) and OOM messages (docs/sglang.md#retraction, docs/sglang.md#oom);
@@ -12,7 +15,8 @@ Covers every scheduler-line format SGLang printed from 0.1.x to 0.5.23 (docs/sgl
   allocation, ``server_args=ServerArgs(…)``, the reduced max_running_requests notices;
 * access-log lines (counted with their status codes).
 
-Lines that match nothing are counted by the caller, never fatal.
+Lines that match nothing are counted by the caller, never fatal; a located message no parser here
+recognises is handed to :meth:`SGLangLogParser.unrecognised` (the one place to read more of them).
 """
 
 from __future__ import annotations
@@ -55,7 +59,6 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _PREFILL_FIELDS,
     _PREFILL_SINCE,
     _PREFILL_UNTIL,
-    _PREFIX_RE,
     _PROFILED_RE,
     _REDUCED_RE,
     _RETRACT_RE,
@@ -63,17 +66,25 @@ from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoc
     _SUFFIX_PREFIXES,
     _SUMMARY_RE,
     _TAG_RE,
-    _WRAP_HEAD_RE,
-    _WRAP_TAIL_RE,
     IMPOSSIBLE,
-    TRIGGER_BYTES_RE,
     TRIGGER_RE,
     TRIGGERS,
     _num,
     _split_fields,
     date_ok,
     epoch_day,
+    rank_of,
     time_ok,
+)
+from diagnoser.engines.sglang.logline import (  # noqa: F401  (unwrap re-exported)
+    ANSI_RE,
+    LOOSE_PREFIX_RE,
+    TAGS_IN_RE,
+    Stamp,
+    envelope,
+    locate,
+    stamp,
+    unwrap,
 )
 from diagnoser.engines.sglang.serverargs import parse_server_args_repr
 from diagnoser.engines.sglang.versions import OLDEST, Version, VersionRange, fmt
@@ -169,15 +180,7 @@ class SGLangLogParser:
         ts = day + secs
         return ts + (float("0." + frac) if frac else 0.0)
 
-    @staticmethod
-    def _rank(tags: str) -> tuple[str, dict[str, int]]:
-        parsed = {k: int(v) for k, v in _TAG_RE.findall(tags)} if tags else {}
-        parts = []
-        if "DP" in parsed:
-            parts.append(f"dp{parsed['DP']}")
-        if parsed.get("PP"):
-            parts.append(f"pp{parsed['PP']}")
-        return "/".join(parts), parsed
+    _rank = staticmethod(rank_of)
 
     def _tag_hints(self, tags: str) -> None:
         """Rank-tag order per release (docs/sglang.md#log-prefix)."""
@@ -198,16 +201,27 @@ class SGLangLogParser:
     def feed(self, line: str, line_no: int) -> bool:
         """Parse one line. Returns True when the line was recognised.
 
-        A line with none of :data:`TRIGGERS` is unrecognised and leaves the parser untouched.
+        A line with none of :data:`TRIGGERS` is unrecognised and leaves the parser untouched. The
+        message is found by its head (:func:`~diagnoser.engines.sglang.logline.find_head`), whatever the
+        prefix before it; the prefix gives the time and the rank tags when it has them.
         """
         if not TRIGGER_RE.search(line):
             return False
         line = line.rstrip("\r\n")
-        if line[:1] in _WRAP_FIRST or line[-1:] in _WRAP_LAST or line.startswith(_WRAP_STARTS):
-            line = unwrap(line)
-        m = _PREFIX_RE.match(line)
-        if m and line[m.end():m.end() + 1] in ("[", "(") and (inner := _PREFIX_RE.match(line[m.end():])):
-            line, m = line[m.end():], inner  # an outer collector's stamp before SGLang's own prefix: SGLang's clock and rank tags
+        outer: float | str | None = None  # the time a JSON envelope gives beside its message
+        if "\x1b" in line:
+            line = ANSI_RE.sub("", line)
+        if line[:1] == "{" or line[:1] in " \t" and line.lstrip()[:1] == "{":
+            env = envelope(line)
+            if env is not None:
+                line, outer = env
+                if "\x1b" in line:
+                    line = ANSI_RE.sub("", line)
+                if not TRIGGER_RE.search(line):
+                    return False
+        line, m, head = locate(line)
+        if head is not None:
+            return self._located(line, head.start(), outer, line_no)
         if m:
             ts = self._ts(m)
             tag_text = m.group(6) or ""
@@ -225,18 +239,97 @@ class SGLangLogParser:
         else:
             msg = line.lstrip()
             # strip Ray / compose prefixes even without a timestamp
-            msg = _BARE_PREFIX_RE.sub("", msg)
+            msg = _BARE_PREFIX_RE.sub("", msg).lstrip()
             rank, tags = "", {}
             glog = logevents.glog_prefix(msg) if msg[:1] in "IWEF" else None
             if glog is not None:  # a C++ library's glog line (Mooncake): its own time, no year
                 (mo, d, hh, mi, ss, frac), msg = glog
                 ts = self._glog_ts(mo, d, hh, mi, ss, frac)
-            elif logevents.is_side_line(msg):
-                ts = self._side_ts()
             else:
-                ts = self._untimed_ts()
+                # a line without a head (a traceback's, an exception's) behind a collector's or a
+                # formatter's prefix: only the prefix tokens every such prefix is made of are taken off
+                lp = LOOSE_PREFIX_RE.match(msg)
+                st = None
+                if lp is not None and lp.end():
+                    st = stamp(msg[:lp.end()])
+                    msg = msg[lp.end():].lstrip()
+                if st is not None or outer is not None:
+                    ts = self._stamp_ts(st) if st is not None else self._outer_ts(outer)
+                    self.last_ts = ts
+                elif logevents.is_side_line(msg):
+                    ts = self._side_ts()
+                else:
+                    ts = self._untimed_ts()
         src = f"{self.source_name}:{line_no}"
         return self._message(msg, ts, rank, tags, src, line_no)
+
+    def _located(self, line: str, at: int, outer: float | str | None, line_no: int) -> bool:
+        """A message found by its head at ``at``, behind a prefix that is not SGLang's own: the time is
+        the prefix's last stamp (SGLang's clock when a collector's comes first), else the envelope's, else
+        the line counts in order; the rank is the tags the prefix holds. No other version hint is taken
+        from a prefix that is not SGLang's."""
+        prefix = line[:at]
+        st = stamp(prefix)
+        tag_text = " ".join(TAGS_IN_RE.findall(prefix))
+        rank, tags = self._rank(tag_text)
+        if tags:
+            self._tag_hints(tag_text)
+        msg = line[at:]
+        if st is not None:
+            ts = self._stamp_ts(st)
+            self.last_ts = ts
+        elif outer is not None:
+            ts = self._outer_ts(outer)
+            self.last_ts = ts
+        elif logevents.is_side_line(msg):
+            ts = self._side_ts()
+        else:
+            ts = self._untimed_ts()
+        return self._message(msg, ts, rank, tags, f"{self.source_name}:{line_no}", line_no)
+
+    def _stamp_ts(self, st: Stamp) -> float:
+        """A prefix's :class:`~diagnoser.engines.sglang.logline.Stamp` as epoch seconds (UTC): a date with
+        its offset; a syslog month and day in the year of the last stamp (1970 before any); a bare time in
+        the day of the last stamp, as :meth:`_ts` does. Raises :class:`BadLine` for a time no calendar has."""
+        h, mi, s = st.hms
+        if not time_ok(h, mi, s):
+            raise BadLine("timestamp")
+        secs = h * 3600 + mi * 60 + s
+        if st.date is not None or st.syslog is not None:
+            if st.date is not None:
+                y, mo, d = st.date
+            else:
+                import time as _time
+
+                y = _time.gmtime(self.last_ts).tm_year if self.last_ts is not None and self.last_ts == self.last_ts else 1970
+                mo, d = st.syslog  # type: ignore[misc]
+            if not date_ok(y, mo, d):
+                raise BadLine("timestamp")
+            self.saw_date = True
+            if self.first_stamp is None:
+                self.first_stamp = f"{y:04d}-{mo:02d}-{d:02d}"
+            day = epoch_day(y, mo, d)
+        else:
+            day = 0 if self.last_ts is None else int(self.last_ts // 86400) * 86400
+            if self.last_ts is not None and day + secs + 43200 < self.last_ts:  # wrapped past midnight
+                day += 86400
+        return day + secs - st.offset + st.fraction
+
+    def _outer_ts(self, outer: float | str) -> float:
+        """The time a JSON envelope gives: epoch seconds, or a text holding a stamp."""
+        if isinstance(outer, float):
+            if not 0.0 <= outer < 253_370_764_800.0:  # 9998-12-31, as logformats.STAMP_YEARS
+                raise BadLine("timestamp")
+            if self.first_stamp is None:
+                import time as _time
+
+                self.first_stamp = _time.strftime("%Y-%m-%d", _time.gmtime(outer))
+            self.saw_date = True
+            return outer
+        st = stamp(outer)
+        if st is None:
+            return self._untimed_ts()
+        return self._stamp_ts(st)
 
     def _untimed_ts(self) -> float:
         # Lines with no timestamp (pasted without prefix): order them one second apart after the last stamp.
@@ -323,12 +416,15 @@ class SGLangLogParser:
             self.emit_event(LogEvent("kv_leak", ts, line_no, src, {"text": msg[:200]}, rank))
             self.kinds["leak"] += 1
             return True
-        if msg.startswith("#running-req:") and "#queue-req" in msg:  # v0.1.x decode line, no header
+        if msg[:1] == "#" or msg.startswith(_FRAGMENT_STARTS):
             fields = _split_fields(msg)
-            self._emit(fields, _DECODE_FIELDS, ts, rank, src)
-            self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
-            self.kinds["decode"] += 1
-            return True
+            if msg.startswith("#running-req:") and "#queue-req" in msg and _V01_DECODE_KEYS.issuperset(k for k, _ in fields):
+                self._emit(fields, _DECODE_FIELDS, ts, rank, src)  # v0.1.x decode line, no header
+                self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
+                self.kinds["decode"] += 1
+                return True
+            if self._fragment(fields, ts, rank, src):
+                return True
         if "retracted_reqs" in msg:
             rm = _RETRACT_RE.search(msg)
             if rm:
@@ -461,7 +557,25 @@ class SGLangLogParser:
             cm = _CAPPED_RE.search(msg)
             if cm:
                 return self._capped(msg, cm, ts, rank, src, line_no)
-        return bool(side)
+        return True if side else self.unrecognised(msg, ts, rank, tags, src, line_no)
+
+    def unrecognised(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
+        """The one place a located message body (its prefix read: ``ts``, ``rank``, ``tags``) that no
+        parser above recognised is handed on; True when something here reads it. Only lines with one of
+        :data:`TRIGGERS` get this far (a template read here needs its words among them)."""
+        return False
+
+    def _fragment(self, fields: list[tuple[str, str]], ts: float, rank: str, src: str) -> bool:
+        """A batch line's field list pasted without its head ("#running-req: 12, #token: 3400, token
+        usage: 0.97, ..."): read for the fields it carries (a prefill field makes it a prefill line), when
+        at least two of them are known numbers. No version hint: the line's shape is not all there."""
+        keys = {k for k, _ in fields}
+        kind, table = ("prefill", _PREFILL_FIELDS) if keys & _PREFILL_ONLY else ("decode", _DECODE_FIELDS)
+        if sum(1 for k, v in fields if table.get(k) and _num(v) is not None) < 2:
+            return False
+        self._emit(fields, table, ts, rank, src, decode=kind == "decode")
+        self.kinds[kind] += 1
+        return True
 
     def _capped(self, msg: str, cm: re.Match[str], ts: float, rank: str, src: str, line_no: int) -> bool:
         """``max_running_requests is capped to 9 by the mamba state cache (…). To raise it: increase
@@ -720,18 +834,7 @@ class SGLangLogParser:
         return True
 
 
-_WRAP_FIRST = frozenset(">`-*+ \t")
-_WRAP_LAST = frozenset("\\`>")
-_WRAP_STARTS = ("[pod/", "Jan ", "Feb ", "Mar ", "Apr ", "May ", "Jun ", "Jul ", "Aug ", "Sep ", "Oct ", "Nov ", "Dec ")
-
-
-def unwrap(line: str) -> str:
-    """A line as pasted or shipped, without what was put around it: GitHub markdown (``> `` quotes,
-    list bullets, backticks, a trailing backslash or ``<br>``), ``kubectl logs --prefix``'s
-    ``[pod/NAME/CONTAINER]`` and a journald/syslog ``Mon DD HH:MM:SS host unit[pid]:`` head."""
-    prev = None
-    while prev != line:
-        prev = line
-        line = _WRAP_HEAD_RE.sub("", line, count=1)
-        line = _WRAP_TAIL_RE.sub("", line, count=1)
-    return line
+_V01_DECODE_KEYS = frozenset(("#running-req", "#token", "token usage", "#queue-req"))  # docs/sglang.md#logs (0.1.x)
+_PREFILL_ONLY = frozenset(_PREFILL_FIELDS).difference(_DECODE_FIELDS)
+_FRAGMENT_STARTS = ("token usage: ", "full token usage: ", "swa token usage: ", "gen throughput (token/s): ",
+                    "input throughput (token/s): ", "cache hit rate: ", "cuda graph: ", "cpu graph: ", "npu graph: ", "musa graph: ")

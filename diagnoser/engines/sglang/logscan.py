@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diagnoser.engines.sglang.logfast import DECODE_COLS, PREFILL_COLS
-from diagnoser.engines.sglang.logformats import TRIGGERS
+from diagnoser.engines.sglang.logformats import DECODE_COLS, PREFILL_COLS, TRIGGERS
 
 try:
     from diagnoser.engines.sglang import _scan  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install): the regex path does everything
     _scan = None
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for the annotations only: logfast imports this module, never the reverse
     from diagnoser.engines.sglang.logfast import BlockParser
 
 AVAILABLE = _scan is not None
