@@ -168,6 +168,7 @@ TRIGGERS: tuple[str, ...] = (
     "retracted_reqs",
     "out of memory",
     "max_total_num_tokens=",
+    "max_total_num_token=",  # 0.1.x spelling (templates.py, family old_summary)
     "server_args=",
     "KV Cache is allocated",
     "KV cache allocated",

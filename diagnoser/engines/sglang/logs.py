@@ -21,7 +21,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from diagnoser.engines.sglang import logevents
+from diagnoser.engines.sglang import logevents, templates
 from diagnoser.engines.sglang.config import facts_from_args
 from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoch_day … re-exported)
     _ACCESS_RE,
@@ -461,7 +461,9 @@ class SGLangLogParser:
             cm = _CAPPED_RE.search(msg)
             if cm:
                 return self._capped(msg, cm, ts, rank, src, line_no)
-        return bool(side)
+        if side:
+            return True
+        return templates.read(self, msg, ts, rank, src, line_no)  # a catalogue template none of the above reads
 
     def _capped(self, msg: str, cm: re.Match[str], ts: float, rank: str, src: str, line_no: int) -> bool:
         """``max_running_requests is capped to 9 by the mamba state cache (…). To raise it: increase
@@ -533,6 +535,8 @@ class SGLangLogParser:
                 sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
             if capture:
                 self.hint_at_least((0, 4, 7), "'Capture cuda graph bs [...]' line")
+        elif "bs=" in msg:  # a capture line of a shape the patterns above do not know: SGLang's own template reads it
+            templates.read(self, msg, self.last_ts if self.last_ts is not None else 0.0, "", src, 0)
         if _GRAPH_END_RE.search(msg) and "piecewise" not in msg and "draft" not in msg:
             am = _AVAIL_RE.search(msg)
             if am:
