@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "replay-server": "diagnoser.cli.replay_server",
     "plan": "diagnoser.cli.plan",
     "compare": "diagnoser.cli.compare",
+    "catalogue": "diagnoser.cli.catalogue_cmd",
 }
 
 

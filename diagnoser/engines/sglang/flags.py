@@ -9,6 +9,7 @@ Examples: ``--cuda-graph-max-bs`` (0.3.5–0.5.13; a deprecated alias 0.5.14–0
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN, Version, fmt
 
@@ -107,3 +108,70 @@ def available(concept: str, version: Version | None = None) -> bool:
     since = SINCE.get(concept)
     return since is None or _v(version) >= since
 
+
+
+# -- the catalogue: every release's own ServerArgs (diagnoser/engines/sglang/catalogue, docs/catalogue.md) ----------
+@dataclass(frozen=True, slots=True)
+class ReleaseFlag:
+    """A CLI flag as one SGLang release has it: its ServerArgs field, type, default, and whether that
+    release marks the spelling deprecated."""
+
+    flag: str
+    field: str | None
+    type: str | None
+    default: Any
+    deprecated: bool
+    release: str
+
+
+def _entries_at(version: Version | None) -> tuple[str, list[dict[str, Any]]]:
+    from diagnoser.engines.sglang import catalogue
+
+    idx = catalogue.indices_for(version)[-1]
+    return catalogue.releases()[idx], [a for a in catalogue.server_args() if catalogue.in_release(a, idx)]
+
+
+def at_release(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
+    """The flag as the release of ``version`` has it (the newest release when None), from the catalogue;
+    None when that release has no such flag."""
+    rel, entries = _entries_at(version)
+    for a in entries:
+        for c in a["cli"]:
+            if c["flag"] == flag_name:
+                return ReleaseFlag(flag_name, a["field"], a["type"], a["default"], bool(c["deprecated"]), rel)
+    return None
+
+
+def _field_of(flag_name: str) -> str | None:
+    """The ServerArgs field a flag sets, in any release (its newest)."""
+    from diagnoser.engines.sglang import catalogue
+
+    for a in sorted(catalogue.server_args(), key=lambda a: -a["releases"][-1][1]):
+        if a["field"] and any(c["flag"] == flag_name for c in a["cli"]):
+            return str(a["field"])
+    return None
+
+
+def respell(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
+    """The flag as a release spells it: itself when the release has it, else the release's spelling of the
+    same ServerArgs field (a rename), else None (the release has no such setting)."""
+    here = at_release(flag_name, version)
+    if here is not None:
+        return here
+    field_name = _field_of(flag_name)
+    if field_name is None:
+        return None
+    rel, entries = _entries_at(version)
+    for a in entries:
+        if a["field"] == field_name and a["cli"]:
+            live = [c for c in a["cli"] if not c["deprecated"]] or a["cli"]
+            return ReleaseFlag(live[0]["flag"], a["field"], a["type"], a["default"], bool(live[0]["deprecated"]), rel)
+    return None
+
+
+def known_flag(flag_name: str) -> bool:
+    """True when some release in the catalogue has the flag (a flag of a newer SGLang than the catalogue,
+    or not SGLang's, is not judged)."""
+    from diagnoser.engines.sglang import catalogue
+
+    return any(c["flag"] == flag_name for a in catalogue.server_args() for c in a["cli"])
