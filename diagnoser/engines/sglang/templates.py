@@ -290,6 +290,36 @@ def _old_prefill(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int)
     return True
 
 
+def _mrr_reduced(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """``max_running_requests was reduced from the requested R to E (per dp worker) due to the available KV
+    cache capacity``: E is the effective cap of each DP worker's scheduler; R what was asked for."""
+    from diagnoser.model import LogEvent
+
+    nums = [v for v in m.fields.values() if isinstance(v, int)]
+    if len(nums) < 2 or nums[1] <= 0:
+        return False
+    requested, effective = nums[0], nums[1]
+    p.sink.set_config("max_running_requests", effective, src)
+    p.sink.set_config("max_running_requests_requested", requested, src)
+    p.emit_event(LogEvent("max_running_requests_reduced", ts, line_no, src,
+                          {"requested": requested, "effective": effective, "reason": "the available KV cache capacity (per DP worker)",
+                           "levers": []}, rank))
+    p.kinds["startup"] += 1
+    return True
+
+
+def _hicache_host_small(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """``HiCache host KV pool (H tokens) is smaller than the device pool (D tokens)``: the host tier holds
+    H tokens, fewer than the GPU pool, so it adds little prefix cache."""
+    nums = [v for v in m.fields.values() if isinstance(v, int)]
+    if not nums or nums[0] <= 0:
+        return False
+    p.sink.set_config("hicache_host_tokens", nums[0], src)
+    p.sink.set_config("enable_hierarchical_cache", True, src)
+    p.kinds["startup"] += 1
+    return True
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "decode_batch", r"^(?:\x02)?Decode batch",
@@ -317,6 +347,16 @@ FAMILIES: tuple[Family, ...] = (
         "context_len the model's. 0.5.x adds the memory left (available_gpu_mem / available_cpu_mem).",
         "sglang/srt/managers/tp_worker.py:148 (0.2.14); sglang/srt/managers/scheduler.py:211 (0.3.6), :377 (0.5.4), "
         ":1268 (0.5.23)"),
+    Family(
+        "max_running_requests_reduced_kv", r"^max_running_requests was reduced from the requested \{",
+        "The effective max_running_requests of each DP worker, reduced from the requested value because the KV pool "
+        "cannot hold that many requests' minimum; it outranks server_args' max_running_requests.",
+        "sglang/srt/model_executor/model_runner_kv_cache_mixin.py; sglang/srt/mem_cache/kv_cache_configurator.py (0.5.23)",
+        _mrr_reduced),
+    Family(
+        "hicache_host_smaller", r"^HiCache host KV pool \(\{",
+        "The HiCache host pool's size in tokens, when it is smaller than the device pool (it then adds little).",
+        "sglang/srt/mem_cache/memory_pool_host.py (0.5.2x)", _hicache_host_small),
     Family(
         "max_running_requests_effective",
         r"max_running_requests (?:was reduced|is capped)|Max running requests is reset|max_num_reqs",
@@ -373,7 +413,7 @@ def _family_of(text: str) -> str | None:
     return None
 
 
-_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch")
+_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch|max_running_requests was reduced|HiCache host KV pool")
 _APPLY: dict[str, Callable[[Any, Match, float, str, str, int], bool]] = {f.name: f.apply for f in FAMILIES if f.apply}
 
 
