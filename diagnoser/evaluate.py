@@ -348,6 +348,8 @@ def _drop(report: Report, f: Finding, s: Suggestion, reason: str) -> None:
     report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
     if reason.startswith("same change") or "already suggests" in reason:
         f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
+    elif "does not exist in SGLang" in reason:
+        f.notes.append(f"{s.flag} → {s.proposed} is not suggested: {reason}.")
     elif reason.startswith("no effect: "):
         note = f"{s.flag} {_shown(s.current)} → {s.proposed} is not suggested: {reason[len('no effect: '):]}."
         if note not in f.notes:

@@ -51,6 +51,7 @@ LOG_MODULES = re.compile(
     r"|memory_pool"
     r"|disaggregation/(?!encoder/)(?:[^/]+|[^/]+/[^/]+)"
     r"|speculative/[^/]*(?:worker|cuda_graph_runner)[^/]*"
+    r"|observability/[^/]*scheduler[^/]*"
     r"|entrypoints/http_server|server"
     r"|server_args|arg_groups/[^/]+"
     r")\.py$"

@@ -160,8 +160,13 @@ def compile_template(t: Template) -> Compiled:
     return Compiled(t, rx, tuple(keys), tuple(types), anchor, literal, head)
 
 
+_NUMBER_RE = re.compile(NUMBER)
+
+
 def _value(text: str, typ: str) -> Any:
-    if typ in ("int", "float") and not text.startswith("["):
+    """A field's value: a number when it reads as one (an untyped ``{x:any}`` that prints a number too)."""
+    if typ in ("int", "float", "any", "str") and not text.startswith("[") and _NUMBER_RE.fullmatch(text.strip()):
+        text = text.strip()
         s = text.replace(",", "").replace("_", "")
         try:
             return int(s)
@@ -229,8 +234,8 @@ def _profiled_pool(p: Any, m: Match, ts: float, rank: str, src: str, line_no: in
     if isinstance(profiled, int):
         if profiled <= 0:
             p.emit_event(LogEvent("startup_oom", ts, line_no, src,
-                                  {"text": f"the profiled KV pool is {profiled} tokens: the memory left after the weights "
-                                           "holds no KV cache (raise --mem-fraction-static or use less memory for weights)",
+                                  {"text": f"no KV memory: the profiled KV pool is {profiled} tokens (the memory left after "
+                                           "the weights holds no KV cache; raise --mem-fraction-static or use less memory for weights)",
                                    "profiled_tokens": profiled}, rank))
             p.kinds["oom"] += 1
         else:
@@ -322,7 +327,7 @@ def _hicache_host_small(p: Any, m: Match, ts: float, rank: str, src: str, line_n
 
 FAMILIES: tuple[Family, ...] = (
     Family(
-        "decode_batch", r"^(?:\x02)?Decode batch",
+        "decode_batch", r"^(?:\x02)?(?:\[[^\]]*\] )?(?:Decode batch|#running-req: \{)",
         "One decode step's state. #running-req is the requests in the running batch (len(running_batch.reqs)); "
         "#token the KV tokens in use (full - available - evictable); token usage their share of max_total_num_tokens; "
         "#queue-req the waiting queue. PD decode adds #prealloc-req (requests waiting for KV preallocation: "
@@ -331,7 +336,7 @@ FAMILIES: tuple[Family, ...] = (
         "sglang/srt/managers/scheduler.py:684 (0.3.6); sglang/srt/managers/scheduler_metrics_mixin.py:285 (0.5.4); "
         "sglang/srt/managers/scheduler_components/metrics_reporter.py:1071 (0.5.23)"),
     Family(
-        "prefill_batch", r"^(?:\x02)?Prefill batch",
+        "prefill_batch", r"^(?:\x02)?(?:\[[^\]]*\] )?(?:Prefill batch|new fill batch)",
         "One prefill step. #new-seq and #new-token are what this batch adds, #cached-token the prefix-cache hits; "
         "#running-req counts the requests already running (len(running_batch.reqs), before this batch joins them; "
         "0.5.23: prefill_stats.num_running_reqs.total), not the batch itself. PD prefill: #prealloc-req (0.5.3+: "
@@ -340,7 +345,7 @@ FAMILIES: tuple[Family, ...] = (
         "sglang/srt/managers/scheduler.py:655 (0.3.6), :1008 (0.4.6); sglang/srt/managers/scheduler_metrics_mixin.py:140 "
         "(0.5.4); sglang/srt/managers/scheduler_components/metrics_reporter.py:805 (0.5.23)"),
     Family(
-        "scheduler_summary", r"^max_total_num_tokens=\{",
+        "scheduler_summary", r"^(?:\[[^\]]*\] )?max_total_num_tokens=\{",
         "Printed once by each scheduler after its pools exist: max_total_num_tokens is the KV pool actually allocated; "
         "max_running_requests is the EFFECTIVE cap (self.max_running_requests, from the TP worker: the requested value "
         "bounded by the request pool; hybrid and speculative models lower it), not server_args' requested value; "
