@@ -256,6 +256,8 @@ def test_flags_at_release_come_from_the_release() -> None:
     assert flags.at_release("--max-running-requests", (0, 1, 13)) is None
     assert flags.at_release("--schedule-conservativeness", (0, 5, 23)).default == 1.0
     assert flags.at_release("--enable-dp-attention", (0, 5, 23)).deprecated
+    assert not flags.available("max_running_requests", (0, 1, 13)) and flags.available("max_running_requests", (0, 2, 0))
+    assert flags.available("hierarchical_cache", (0, 4, 3)) and not flags.available("hierarchical_cache", (0, 4, 2))
 
 
 def _report(flag: str, version: tuple[int, int, int]) -> tuple[Report, Timeline]:
@@ -282,3 +284,27 @@ def test_a_suggestion_takes_the_release_default_and_spelling() -> None:
     rep, tl = _report("--cuda-graph-max-bs", (0, 5, 23))
     check_suggestions(rep, [tl])
     assert [s.flag for s in rep.findings[0].suggestions] == ["--cuda-graph-max-bs-decode"]
+
+
+def test_docs_list_every_family() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "catalogue.md").read_text()
+    for f in templates.FAMILIES:
+        assert f"| `{f.name}` |" in doc, f"docs/catalogue.md does not describe family {f.name}"
+        assert f.meaning and f.cite
+
+
+@pytest.mark.parametrize("line", [
+    "Decode out of memory. This should never happen.",
+    "Out of memory. Try to lower your batch size.",
+])
+def test_oom_shapes_the_oom_pattern_missed(line: str) -> None:
+    c = _compiled(re.escape(line.split(".")[0]), "0.5.23")
+    _, tl = read_log_bytes(_log([templates.instance(c) or ""]), "server.log", "line")
+    assert [e.kind for e in tl.events] == ["oom"]
+
+
+def test_pool_below_context_line() -> None:
+    c = _compiled(r"^KV pool holds", "0.5.23")
+    body = templates.instance(c, {c.keys[0]: "3000", c.keys[1]: "8192"})
+    _, tl = read_log_bytes(_log([body or ""]), "server.log", "line")
+    assert tl.cfg("max_total_tokens") == 3000 and tl.cfg("context_len") == 8192

@@ -104,9 +104,15 @@ SINCE: dict[str, Version] = {
 
 
 def available(concept: str, version: Version | None = None) -> bool:
-    """False when the detected version predates the flag (unknown versions count as the newest)."""
+    """False when the detected version predates the flag (unknown versions count as the newest), or when
+    that release's ServerArgs (the catalogue) has no such setting under any spelling."""
     since = SINCE.get(concept)
-    return since is None or _v(version) >= since
+    if since is not None and _v(version) < since:
+        return False
+    if version is None:
+        return True
+    sp = spelling(concept, version)
+    return not known_flag(sp) or respell(sp, version) is not None
 
 
 

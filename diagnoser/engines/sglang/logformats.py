@@ -169,6 +169,7 @@ TRIGGERS: tuple[str, ...] = (
     "out of memory",
     "max_total_num_tokens=",
     "max_total_num_token=",  # 0.1.x spelling (templates.py, family old_summary)
+    "KV pool holds",  # templates.py, family pool_below_context
     "server_args=",
     "KV Cache is allocated",
     "KV cache allocated",

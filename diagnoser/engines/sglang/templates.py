@@ -325,6 +325,31 @@ def _hicache_host_small(p: Any, m: Match, ts: float, rank: str, src: str, line_n
     return True
 
 
+def _oom(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """``Decode out of memory. This should never happen.`` (schedule_batch) or ``Out of memory. Try to lower
+    your batch size.`` (mem_cache/allocation.py): the KV allocator had no room for a step."""
+    from diagnoser.model import LogEvent
+
+    body = str(m.fields.get("__body__", ""))
+    head = body.split(" out of memory", 1)[0].strip().lower() if " out of memory" in body else ""
+    phase = head if head in ("prefill", "decode", "extend") else "unknown"
+    p.emit_event(LogEvent("oom", ts, line_no, src, {"phase": phase, "text": body[:200]}, rank))
+    p.kinds["oom"] += 1
+    return True
+
+
+def _pool_below_context(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """``KV pool holds N tokens, fewer than --context-length C``: the pool (N tokens) cannot hold one
+    request of the full context length."""
+    nums = [v for v in m.fields.values() if isinstance(v, int)]
+    if len(nums) < 2 or nums[0] <= 0:
+        return False
+    p.sink.set_config("max_total_tokens", nums[0], src, override=False)
+    p.sink.set_config("context_len", nums[1], src, override=False)
+    p.kinds["startup"] += 1
+    return True
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "decode_batch", r"^(?:\x02)?(?:\[[^\]]*\] )?(?:Decode batch|#running-req: \{)",
@@ -382,6 +407,14 @@ FAMILIES: tuple[Family, ...] = (
         "0.1.x prefill line (spelled 'Prefil'): the same fields as the later Prefill batch line.",
         "sglang/srt/managers/controller/tp_worker.py (0.1.x)", _old_prefill),
     Family(
+        "oom_other", r"^(?:Prefill|Decode) out of memory\. This should never happen|^Out of memory\. Try to lower your batch size",
+        "The KV allocator could not serve a step (the shapes the reader's OOM pattern does not name a phase in).",
+        "sglang/srt/managers/schedule_batch.py; sglang/srt/mem_cache/allocation.py (0.5.x)", _oom),
+    Family(
+        "pool_below_context", r"^KV pool holds \{",
+        "The pool's size in tokens, when it cannot hold one request of the full context length.",
+        "sglang/srt/managers/tp_worker.py (0.5.2x)", _pool_below_context),
+    Family(
         "graph_capture_end", r"^Capture .*\bend\b.*\bbs=\{",
         "A decode (or speculative verify) graph capture ended; bs=[…] lists the batch sizes captured, the largest is the "
         "batch above which decode runs without a graph. Role 'draft' is the draft model's graph (not the target's cap). "
@@ -418,7 +451,7 @@ def _family_of(text: str) -> str | None:
     return None
 
 
-_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch|max_running_requests was reduced|HiCache host KV pool")
+_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch|max_running_requests was reduced|HiCache host KV pool|[Oo]ut of memory|KV pool holds")
 _APPLY: dict[str, Callable[[Any, Match, float, str, str, int], bool]] = {f.name: f.apply for f in FAMILIES if f.apply}
 
 
@@ -476,7 +509,15 @@ def _matcher() -> Matcher:
 
 @cache
 def _acting() -> Matcher:
-    return _build([c for c in compiled() if c.family in _APPLY])
+    """Only the templates of the families that act, compiled (the reader's hook never pays for the rest)."""
+    out = []
+    for t in all_templates():
+        fam = _family_of(t.first_line)
+        if fam in _APPLY:
+            c = compile_template(t)
+            c.family = fam
+            out.append(c)
+    return _build(out)
 
 
 def match(body: str) -> Match | None:
@@ -521,6 +562,11 @@ def text_span(first_line: str) -> tuple[Any, Any]:
     return _spans().get(first_line, (None, None))
 
 
+# values SGLang passes to placeholders that hold literal text of its own (coverage instances)
+KNOWN_VALUES: dict[str, str] = {
+    "msg_prefix": "KV cache pool is full. Retract requests. ",
+    "iter_msg": " [17]",
+}
 FILLS: tuple[dict[str, str], ...] = (
     {"int": "17", "float": "0.42", "hex": "0x1f", "str": "x", "any": "x"},
     {"int": "17", "float": "0.42", "hex": "0x1f", "str": "17", "any": "17"},  # an untyped value that is a number
@@ -533,7 +579,7 @@ def instance(c: Compiled, values: dict[str, str] | None = None, fill: dict[str, 
     (coverage; tests)."""
     if c.regex is None:
         return None
-    vals = values or {}
+    vals = {**KNOWN_VALUES, **(values or {})}
     fill = fill or FILLS[0]
     out: list[str] = []
     i = 0
