@@ -243,7 +243,7 @@ def test_every_catalogue_metric_is_wanted() -> None:
     from diagnoser.engines.sglang.metric_names import WANTED, catalogue_sample_names
 
     names = catalogue_sample_names()
-    assert {"num_running_reqs", "num_aborted_requests_total", "time_to_first_token_seconds_bucket"} <= names
+    assert {"num_running_reqs", "num_aborted_requests_total", "time_to_first_token_seconds_count", "e2e_request_latency_seconds_sum"} <= names
     assert names <= WANTED
 
 

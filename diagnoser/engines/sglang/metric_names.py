@@ -164,8 +164,8 @@ SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage", "num_use
 
 def catalogue_sample_names() -> frozenset[str]:
     """The sample names (without ``sglang:`` / ``sglang_``) of every metric any SGLang release defines,
-    from the catalogue (diagnoser/engines/sglang/catalogue): a counter's ``…_total``, a histogram's
-    ``_bucket``/``_sum``/``_count``, a summary's ``_sum``/``_count``, a gauge's own name. Names a
+    from the catalogue (diagnoser/engines/sglang/catalogue): a counter's ``…_total``, a histogram's or
+    summary's ``_sum``/``_count``, a gauge's own name. Names a
     collector builds at run time (``{name}``) are not listed."""
     from diagnoser.engines.sglang import catalogue
 
@@ -177,9 +177,9 @@ def catalogue_sample_names() -> frozenset[str]:
         base = name[len("sglang:"):]
         if m["type"] == "counter":
             out.add(base if base.endswith("_total") else f"{base}_total")
-        elif m["type"] == "histogram":
-            out.update((f"{base}_bucket", f"{base}_sum", f"{base}_count"))
-        elif m["type"] == "summary":
+        elif m["type"] in ("histogram", "summary"):
+            # _sum and _count (rate and mean); the buckets of the histograms a signal maps are in HISTOGRAMS,
+            # the others' buckets are most of a scrape's lines and are not read
             out.update((f"{base}_sum", f"{base}_count"))
         else:
             out.add(base)
