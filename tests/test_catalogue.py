@@ -132,15 +132,18 @@ def test_match_names_fields_by_the_label_sglang_prints() -> None:
 # -- acceptance: each kind of line named in issue 24's Why, from its release's template ------------------
 @pytest.mark.parametrize("how", READ_PATHS)
 @pytest.mark.parametrize("role_backend", ["target verify CUDA graph", "target decode CUDA graph", "target decode XPU graph"])
-def test_newer_graph_capture_shape_reaches_cg01(how: str, role_backend: str) -> None:
-    """0.5.22+ prints ``Capture {capture_name} {graph_backend[device]} end. bs=[…]``
-    (model_runner_components/cuda_graph_setup.py:787 at 0.5.23): the captured maximum is read, and far
-    below the effective max_running_requests CG01 says so before load."""
-    end = _compiled(r"^Capture .* end\. bs=", "0.5.23")
+@pytest.mark.parametrize(("release", "shape"), [("0.5.23", r"^Capture .* end\. bs="), ("0.5.16", r"^Capture .* begin\. .*\bbs="),
+                                                ("0.5.14", r"^Capture .* begin\. .*\bbs=")])
+def test_newer_graph_capture_shape_reaches_cg01(how: str, role_backend: str, release: str, shape: str) -> None:
+    """0.5.14-0.5.21 print the captured sizes on the begin line (``Capture {capture_name} {graph_backend}
+    begin. backend=…, bs=[…]``), 0.5.22+ on the end line (model_runner_components/cuda_graph_setup.py:787 at
+    0.5.23): the captured maximum is read, and far below the effective max_running_requests CG01 says so
+    before load."""
+    end = _compiled(shape, release)
     summary = _compiled(r"^max_total_num_tokens=.*available_gpu_mem", "0.5.23")
-    capture = templates.instance(end, {"capture_name": role_backend.rsplit(" ", 2)[0], "graph_backend[model_runner.device]":
-                                       " ".join(role_backend.rsplit(" ", 2)[1:]), "bs": "[1, 2, 4, 8]", "elapsed": "12.40",
-                                       "mem usage": "0.61", "avail mem": "9.80"})
+    capture = templates.instance(end, {end.keys[0]: role_backend.rsplit(" ", 2)[0], end.keys[1]: " ".join(role_backend.rsplit(" ", 2)[1:]),
+                                       "bs": "[1, 2, 4, 8]", "elapsed": "12.40", "mem usage": "0.61", "avail mem": "9.80",
+                                       "backend": "full"})
     first = templates.instance(summary, {"max_total_num_tokens": "1048576", "chunked_prefill_size": "8192", "max_prefill_tokens": "16384",
                                          "max_running_requests": "1024", "context_len": "32768"}, fill={"float": "30.25", "any": "available_gpu_mem"})
     assert capture and first

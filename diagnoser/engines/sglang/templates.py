@@ -200,8 +200,9 @@ def _sizes(text: Any) -> list[int] | None:
 
 
 def _graph_capture_end(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
-    """A decode or verify graph capture that ended, with the batch sizes it captured (``bs=[…]``): the
-    largest is the batch above which decode runs eagerly. A draft worker's graphs do not cap the target."""
+    """A decode or verify graph capture with the batch sizes it captures (``bs=[…]``, on its begin or end
+    line): the largest is the batch above which decode runs eagerly. A draft worker's graphs do not cap the
+    target. Memory figures are taken from the end line only."""
     text = m.template.first_line
     whole = " ".join(str(v) for v in m.fields.values())
     if "draft" in whole.lower() or "draft" in text.lower():
@@ -210,6 +211,8 @@ def _graph_capture_end(p: Any, m: Match, ts: float, rank: str, src: str, line_no
     if sizes:
         p.sink.set_config("cuda_graph_bs", sizes, src)
         p.sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
+    if " begin" in text and " end" not in text.split(" begin", 1)[0]:
+        return True
     mem = m.get("mem usage")
     if isinstance(mem, (int, float)):
         p.sink.set_config("graph_mem_gb", float(mem), src)
@@ -415,11 +418,14 @@ FAMILIES: tuple[Family, ...] = (
         "The pool's size in tokens, when it cannot hold one request of the full context length.",
         "sglang/srt/managers/tp_worker.py (0.5.2x)", _pool_below_context),
     Family(
-        "graph_capture_end", r"^Capture .*\bend\b.*\bbs=\{",
-        "A decode (or speculative verify) graph capture ended; bs=[…] lists the batch sizes captured, the largest is the "
-        "batch above which decode runs without a graph. Role 'draft' is the draft model's graph (not the target's cap). "
-        "The graph label is CUDA/CPU/NPU/XPU graph by device.",
-        "sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py:787 (0.5.23)", _graph_capture_end),
+        "graph_capture_sizes", r"^Capture .*\b(?:begin|end)\b.*\bbs=\{",
+        "A decode (or speculative verify) graph capture with the batch sizes it captures, bs=[…]: on the begin line "
+        "in 0.5.14-0.5.21, on the end line from 0.5.22. The largest is the batch above which decode runs without a "
+        "graph. Role 'draft' is the draft model's graph (not the target's cap). The graph label is CUDA/CPU/NPU/XPU "
+        "graph by device.",
+        "sglang/srt/model_executor/model_runner.py (0.5.14-0.5.15, begin); "
+        "sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py (0.5.16-0.5.21 begin; :787 at 0.5.23, end)",
+        _graph_capture_end),
     Family(
         "graph_capture", r"^Capture .*(?:graph|CUDA graph)|^Capturing batches|graph bs \[",
         "Graph capture begin/end lines (memory before and after, time); the capture list when printed.",
