@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build diagnoser's SGLang catalogue from SGLang's own releases (run by hand; it uses the package index).
 
-    python3 scripts/sglang_catalogue.py [--cache /work/sglang-releases] [--workers 4] [--only 0.5.23]
+    python3 scripts/sglang_catalogue.py [--cache DIR] [--workers 4] [--only 0.5.23 …]
 
 For every sglang release on PyPI (``pip index versions sglang``) it runs ``pip download --no-deps
 sglang==V`` into the cache directory (kept outside the repository; a release already there is not
@@ -503,7 +503,8 @@ def merge(per_release: list[dict[str, Any]], vers: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", type=Path, default=Path("/work/sglang-releases"), help="download cache, outside the repo")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "sglang-releases",
+                    help="download cache, outside the repository (default ~/.cache/sglang-releases)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--only", nargs="*", help="these releases only (a partial catalogue, for trying the extractor)")
     ap.add_argument("--out", type=Path, default=OUT)
