@@ -311,3 +311,16 @@ def test_pool_below_context_line() -> None:
     body = templates.instance(c, {c.keys[0]: "3000", c.keys[1]: "8192"})
     _, tl = read_log_bytes(_log([body or ""]), "server.log", "line")
     assert tl.cfg("max_total_tokens") == 3000 and tl.cfg("context_len") == 8192
+
+
+@pytest.mark.parametrize("how", READ_PATHS)
+def test_hybrid_pool_lines(how: str) -> None:
+    """SWA and mamba pool sizes (model_runner_kv_cache_mixin.py, mem_cache/memory_pool.py), which the reader
+    had no trigger for."""
+    swa = _compiled(r"^Use sliding window memory pool\. full_layer_tokens=", "0.5.23")
+    mamba = _compiled(r"^Mamba Cache is allocated\. max_mamba_cache_size", "0.5.23")
+    lines = [templates.instance(swa, {"full_layer_tokens": "120000", "swa_layer_tokens": "480000"}),
+             templates.instance(mamba, {"max_mamba_cache_size": "96"})]
+    _, tl = read_log_bytes(_log([x or "" for x in lines]), "server.log", how)
+    assert tl.cfg("max_total_tokens_swa") == 480000 and tl.cfg("max_total_tokens") == 120000
+    assert tl.cfg("mamba_cache_size") == 96

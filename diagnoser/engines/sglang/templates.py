@@ -353,6 +353,34 @@ def _pool_below_context(p: Any, m: Match, ts: float, rank: str, src: str, line_n
     return True
 
 
+def _swa_pool(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """A hybrid sliding-window model's two pools: full-attention layers hold ``full_layer_tokens`` (``full
+    size``) tokens, sliding-window layers ``swa_layer_tokens`` (``swa size``)."""
+    swa = m.get("swa_layer_tokens", "swa size")
+    full = m.get("full_layer_tokens", "full size")
+    done = False
+    if isinstance(swa, int) and swa > 0:
+        p.sink.set_config("max_total_tokens_swa", swa, src)
+        done = True
+    if isinstance(full, int) and full > 0:
+        p.sink.set_config("max_total_tokens", full, src, override=False)
+        done = True
+    if done:
+        p.kinds["startup"] += 1
+    return done
+
+
+def _mamba_cache(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int) -> bool:
+    """``Mamba Cache is allocated. max_mamba_cache_size: N, …``: N request states in the mamba (SSM) state
+    pool, a cap on the requests that can run at once on a hybrid SSM model."""
+    n = m.get("max_mamba_cache_size")
+    if not isinstance(n, int) or n <= 0:
+        return False
+    p.sink.set_config("mamba_cache_size", n, src)
+    p.kinds["startup"] += 1
+    return True
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "decode_batch", r"^(?:\x02)?(?:\[[^\]]*\] )?(?:Decode batch|#running-req: \{)",
@@ -418,6 +446,16 @@ FAMILIES: tuple[Family, ...] = (
         "The pool's size in tokens, when it cannot hold one request of the full context length.",
         "sglang/srt/managers/tp_worker.py (0.5.2x)", _pool_below_context),
     Family(
+        "swa_pools", r"^Use [Ss]liding window memory pool|^SWAKVPool .*swa size: \{|^Post-capture KV sizing: full_layer_tokens=",
+        "A hybrid sliding-window model's two pools, in tokens: full-attention layers (full_layer_tokens / full size) "
+        "and sliding-window layers (swa_layer_tokens / swa size).",
+        "sglang/srt/model_executor/model_runner.py (0.4.x-0.5.x), model_runner_kv_cache_mixin.py, "
+        "sglang/srt/mem_cache/swa_memory_pool.py (0.5.2x)", _swa_pool),
+    Family(
+        "mamba_cache", r"^Mamba Cache is allocated\. max_mamba_cache_size: \{",
+        "The mamba (SSM) state pool of a hybrid model: max_mamba_cache_size request states (one per running request).",
+        "sglang/srt/mem_cache/memory_pool.py (0.5.x)", _mamba_cache),
+    Family(
         "graph_capture_sizes", r"^Capture .*\b(?:begin|end)\b.*\bbs=\{",
         "A decode (or speculative verify) graph capture with the batch sizes it captures, bs=[…]: on the begin line "
         "in 0.5.14-0.5.21, on the end line from 0.5.22. The largest is the batch above which decode runs without a "
@@ -457,7 +495,7 @@ def _family_of(text: str) -> str | None:
     return None
 
 
-_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch|max_running_requests was reduced|HiCache host KV pool|[Oo]ut of memory|KV pool holds")
+_GATE = re.compile(r"Capture|profiled|retracted_reqs|max_total_num_token=|Prefil batch|max_running_requests was reduced|HiCache host KV pool|[Oo]ut of memory|KV pool holds|[Ss]liding window memory pool|SWAKVPool|full_layer_tokens=|Mamba Cache is allocated")
 _APPLY: dict[str, Callable[[Any, Match, float, str, str, int], bool]] = {f.name: f.apply for f in FAMILIES if f.apply}
 
 
