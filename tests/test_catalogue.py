@@ -317,7 +317,7 @@ def test_pool_below_context_line() -> None:
 def test_hybrid_pool_lines(how: str) -> None:
     """SWA and mamba pool sizes (model_runner_kv_cache_mixin.py, mem_cache/memory_pool.py), which the reader
     had no trigger for."""
-    swa = _compiled(r"^Use sliding window memory pool\. full_layer_tokens=", "0.5.23")
+    swa = _compiled(r"^Use sliding window memory pool\. full_layer_tokens=", "0.5.9")
     mamba = _compiled(r"^Mamba Cache is allocated\. max_mamba_cache_size", "0.5.23")
     lines = [templates.instance(swa, {"full_layer_tokens": "120000", "swa_layer_tokens": "480000"}),
              templates.instance(mamba, {"max_mamba_cache_size": "96"})]
