@@ -324,3 +324,16 @@ def test_hybrid_pool_lines(how: str) -> None:
     _, tl = read_log_bytes(_log([x or "" for x in lines]), "server.log", how)
     assert tl.cfg("max_total_tokens_swa") == 480000 and tl.cfg("max_total_tokens") == 120000
     assert tl.cfg("mamba_cache_size") == 96
+
+
+def test_flags_tsv_is_the_server_args_data() -> None:
+    """flags.tsv (read on the start-up path, no JSON) says what server_args.json.gz says."""
+    from_json = sorted((c["flag"], a["field"] or "", bool(c["deprecated"]), tuple(tuple(r) for r in a["releases"]))
+                       for a in catalogue.server_args() for c in a["cli"])
+    from_tsv = sorted((f, fld or "", dep, rng) for f, fld, dep, _d, rng in catalogue.flag_rows())
+    assert catalogue.releases() == tuple(__import__("json").loads((catalogue.HERE / "releases.json").read_text()))
+    assert from_tsv == from_json
+    defaults = {(c["flag"], tuple(tuple(r) for r in a["releases"])): a["default"] for a in catalogue.server_args() for c in a["cli"]}
+    for f, _fld, _dep, d, rng in catalogue.flag_rows():
+        if isinstance(defaults[(f, rng)], int | float | bool) or defaults[(f, rng)] is None:
+            assert d == defaults[(f, rng)], f

@@ -20,7 +20,6 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from diagnoser.engines.sglang import catalogue, templates
@@ -47,7 +46,7 @@ class IgnoreGroup:
 
 @cache
 def ignore_groups() -> tuple[IgnoreGroup, ...]:
-    raw = tomllib.loads(resources.files("diagnoser.engines.sglang.catalogue").joinpath("ignore.toml").read_text())
+    raw = tomllib.loads((catalogue.HERE / "ignore.toml").read_text())
     out = []
     for g in raw.get("group", []):
         if not g.get("reason"):

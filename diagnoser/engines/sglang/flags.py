@@ -119,8 +119,8 @@ def available(concept: str, version: Version | None = None) -> bool:
 # -- the catalogue: every release's own ServerArgs (diagnoser/engines/sglang/catalogue, docs/catalogue.md) ----------
 @dataclass(frozen=True, slots=True)
 class ReleaseFlag:
-    """A CLI flag as one SGLang release has it: its ServerArgs field, type, default, and whether that
-    release marks the spelling deprecated."""
+    """A CLI flag as one SGLang release has it: its ServerArgs field, default, and whether that release
+    marks the spelling deprecated (``type`` is in the catalogue's server_args.json.gz, not read here)."""
 
     flag: str
     field: str | None
@@ -130,21 +130,21 @@ class ReleaseFlag:
     release: str
 
 
-def _entries_at(version: Version | None) -> tuple[str, list[dict[str, Any]]]:
+def _rows_at(version: Version | None) -> tuple[str, list[tuple[str, str | None, bool, Any]]]:
     from diagnoser.engines.sglang import catalogue
 
     idx = catalogue.indices_for(version)[-1]
-    return catalogue.releases()[idx], [a for a in catalogue.server_args() if catalogue.in_release(a, idx)]
+    rows = [(f, fld, dep, d) for f, fld, dep, d, rng in catalogue.flag_rows() if any(a <= idx <= b for a, b in rng)]
+    return catalogue.releases()[idx], rows
 
 
 def at_release(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
     """The flag as the release of ``version`` has it (the newest release when None), from the catalogue;
     None when that release has no such flag."""
-    rel, entries = _entries_at(version)
-    for a in entries:
-        for c in a["cli"]:
-            if c["flag"] == flag_name:
-                return ReleaseFlag(flag_name, a["field"], a["type"], a["default"], bool(c["deprecated"]), rel)
+    rel, rows = _rows_at(version)
+    for f, fld, dep, default in rows:
+        if f == flag_name:
+            return ReleaseFlag(flag_name, fld, None, default, dep, rel)
     return None
 
 
@@ -152,10 +152,11 @@ def _field_of(flag_name: str) -> str | None:
     """The ServerArgs field a flag sets, in any release (its newest)."""
     from diagnoser.engines.sglang import catalogue
 
-    for a in sorted(catalogue.server_args(), key=lambda a: -a["releases"][-1][1]):
-        if a["field"] and any(c["flag"] == flag_name for c in a["cli"]):
-            return str(a["field"])
-    return None
+    best: tuple[int, str] | None = None
+    for f, fld, _dep, _d, rng in catalogue.flag_rows():
+        if f == flag_name and fld and (best is None or rng[-1][1] > best[0]):
+            best = (rng[-1][1], fld)
+    return best[1] if best else None
 
 
 def respell(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
@@ -167,12 +168,12 @@ def respell(flag_name: str, version: Version | None = None) -> ReleaseFlag | Non
     field_name = _field_of(flag_name)
     if field_name is None:
         return None
-    rel, entries = _entries_at(version)
-    for a in entries:
-        if a["field"] == field_name and a["cli"]:
-            live = [c for c in a["cli"] if not c["deprecated"]] or a["cli"]
-            return ReleaseFlag(live[0]["flag"], a["field"], a["type"], a["default"], bool(live[0]["deprecated"]), rel)
-    return None
+    rel, rows = _rows_at(version)
+    same = [r for r in rows if r[1] == field_name]
+    if not same:
+        return None
+    f, fld, dep, default = next((r for r in same if not r[2]), same[0])
+    return ReleaseFlag(f, fld, None, default, dep, rel)
 
 
 def known_flag(flag_name: str) -> bool:
@@ -180,4 +181,4 @@ def known_flag(flag_name: str) -> bool:
     or not SGLang's, is not judged)."""
     from diagnoser.engines.sglang import catalogue
 
-    return any(c["flag"] == flag_name for a in catalogue.server_args() for c in a["cli"])
+    return any(r[0] == flag_name for r in catalogue.flag_rows())
