@@ -268,7 +268,7 @@ def _metrics(tree: ast.AST, path: str) -> list[dict[str, Any]]:
         names = _templates(name_node, {})
         for name in names:
             name = name.replace("{{", "{").replace("}}", "}")
-            if "sglang" not in name and not name.startswith("{"):
+            if "sglang" not in name:  # a name built at run time, or collections.Counter(...): not listed
                 continue
             labels = _literal(kw.get("labelnames") or (node.args[2] if len(node.args) > 2 else None))
             out.append({"name": name, "type": _METRIC_TYPES[fname], "labels": labels,
