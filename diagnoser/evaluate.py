@@ -310,6 +310,10 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
         for s in f.suggestions:
             reason = ""
             tl = by_target.get(f.target)
+            s, missing = _at_release(f, s, tl)
+            if missing:
+                _drop(report, f, s, missing)
+                continue
             current = s.current if s.current is not None else _current_in(tl, s.flag)
             if tl is not None and s.flag not in NEVER_PROPOSE and not (current is not None and _norm(current) == _norm(s.proposed)):
                 if f.target not in states:
@@ -372,6 +376,36 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
     _order_pool_before_conservativeness(order)
 
 
+def _at_release(f: Finding, s: Suggestion, tl: Timeline | None) -> tuple[Suggestion, str]:
+    """The suggestion as the detected SGLang release spells it (the catalogue of its ServerArgs), and its
+    default as the current value when the inputs show none; a reason to drop it when that release has no
+    such setting. A version diagnoser could not detect, or a flag no release has, is left as it is."""
+    from diagnoser.engines.sglang import flags
+
+    version = version_tuple(tl) if tl is not None else None
+    if version is None or not s.flag.startswith("--") or not flags.known_flag(s.flag):
+        return s, ""
+    rf = flags.respell(s.flag, version)
+    if rf is None:
+        return s, f"{s.flag} does not exist in SGLang {_release_name(version)} (its ServerArgs, catalogue)"
+    if rf.flag != s.flag:
+        f.notes.append(f"{s.flag} is spelled {rf.flag} in SGLang {rf.release}")
+        s = replace(s, flag=rf.flag)
+    # the release's default is the current value only when the server's arguments were read (a flag left
+    # out of them is at its default); from a scrape alone the flag may have been set to anything
+    args_read = tl is not None and any(k.startswith("arg.") for k in tl.config)
+    if (args_read and s.current is None and _current_in(tl, s.flag) is None
+            and isinstance(rf.default, int | float) and not isinstance(rf.default, bool)):
+        s = replace(s, current=rf.default)
+    return s, ""
+
+
+def _release_name(version: tuple[int, int, int]) -> str:
+    from diagnoser.engines.sglang import catalogue
+
+    return catalogue.releases()[catalogue.indices_for(version)[-1]]
+
+
 _GROWS_POOL = ("--max-total-tokens", "--mem-fraction-static")
 
 
@@ -402,6 +436,8 @@ def _drop(report: Report, f: Finding, s: Suggestion, reason: str) -> None:
     report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
     if reason.startswith("same change") or "already suggests" in reason:
         f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
+    elif "does not exist in SGLang" in reason:
+        f.notes.append(f"{s.flag} → {s.proposed} is not suggested: {reason}.")
     elif reason.startswith("no effect: "):
         note = f"{s.flag} {_shown(s.current)} → {s.proposed} is not suggested: {reason[len('no effect: '):]}."
         if note not in f.notes:

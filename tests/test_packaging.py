@@ -81,6 +81,8 @@ def test_wheel_carries_the_scanner_and_the_docs_page(tmp_path: Path) -> None:
         assert any(re.fullmatch(r"diagnoser/engines/sglang/_scan\..*\.so", n) for n in names), "no compiled scanner"
         assert z.read("diagnoser/web/docs/sglang.md") == (ROOT / "docs" / "sglang.md").read_bytes()
         assert "diagnoser/web/static/docs.css" in names and "diagnoser/web/templates/doc.html" in names
+        for f in ("releases.json", "templates.json.gz", "metrics.json.gz", "server_args.json.gz", "server_info.json.gz", "flags.tsv", "ignore.toml"):
+            assert f"diagnoser/engines/sglang/catalogue/{f}" in names, f"the wheel lacks the catalogue's {f}"
         z.extractall(tmp_path / "site")
     # installed (unpacked) away from any checkout, the web app finds the packaged copy
     code = "from diagnoser.web.docs import page_path; print(page_path('sglang'))"

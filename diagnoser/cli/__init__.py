@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "completion": "diagnoser.cli.help",
     "demo": "diagnoser.cli.help",
     "help": "diagnoser.cli.help",
+    "catalogue": "diagnoser.cli.catalogue_cmd",
 }
 # every command with one line: ``diagnose --help`` lists them (diagnoser/cli/help.py)
 COMMANDS = {
@@ -38,6 +39,7 @@ COMMANDS = {
     "replay-server": "serve a bundle as a live SGLang /metrics endpoint",
     "plan": "offline capacity planner: pool, concurrency and throughput from a model config",
     "compare": "judge a change: two recordings (before, after) side by side",
+    "catalogue": "SGLang's releases as diagnoser reads them: coverage per release, flags at a release",
     "completion": "print a shell completion script: diagnose completion bash|zsh|fish",
     "help": "this list, or one command's options: diagnose help CMD",
 }

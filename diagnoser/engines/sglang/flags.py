@@ -9,6 +9,7 @@ Examples: ``--cuda-graph-max-bs`` (0.3.5–0.5.13; a deprecated alias 0.5.14–0
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN, Version, fmt
 
@@ -103,7 +104,81 @@ SINCE: dict[str, Version] = {
 
 
 def available(concept: str, version: Version | None = None) -> bool:
-    """False when the detected version predates the flag (unknown versions count as the newest)."""
+    """False when the detected version predates the flag (unknown versions count as the newest), or when
+    that release's ServerArgs (the catalogue) has no such setting under any spelling."""
     since = SINCE.get(concept)
-    return since is None or _v(version) >= since
+    if since is not None and _v(version) < since:
+        return False
+    if version is None:
+        return True
+    sp = spelling(concept, version)
+    return not known_flag(sp) or respell(sp, version) is not None
 
+
+
+# -- the catalogue: every release's own ServerArgs (diagnoser/engines/sglang/catalogue, docs/catalogue.md) ----------
+@dataclass(frozen=True, slots=True)
+class ReleaseFlag:
+    """A CLI flag as one SGLang release has it: its ServerArgs field, default, and whether that release
+    marks the spelling deprecated (``type`` is in the catalogue's server_args.json.gz, not read here)."""
+
+    flag: str
+    field: str | None
+    type: str | None
+    default: Any
+    deprecated: bool
+    release: str
+
+
+def _rows_at(version: Version | None) -> tuple[str, list[tuple[str, str | None, bool, Any]]]:
+    from diagnoser.engines.sglang import catalogue
+
+    idx = catalogue.indices_for(version)[-1]
+    rows = [(f, fld, dep, d) for f, fld, dep, d, rng in catalogue.flag_rows() if any(a <= idx <= b for a, b in rng)]
+    return catalogue.releases()[idx], rows
+
+
+def at_release(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
+    """The flag as the release of ``version`` has it (the newest release when None), from the catalogue;
+    None when that release has no such flag."""
+    rel, rows = _rows_at(version)
+    for f, fld, dep, default in rows:
+        if f == flag_name:
+            return ReleaseFlag(flag_name, fld, None, default, dep, rel)
+    return None
+
+
+def _field_of(flag_name: str) -> str | None:
+    """The ServerArgs field a flag sets, in any release (its newest)."""
+    from diagnoser.engines.sglang import catalogue
+
+    best: tuple[int, str] | None = None
+    for f, fld, _dep, _d, rng in catalogue.flag_rows():
+        if f == flag_name and fld and (best is None or rng[-1][1] > best[0]):
+            best = (rng[-1][1], fld)
+    return best[1] if best else None
+
+
+def respell(flag_name: str, version: Version | None = None) -> ReleaseFlag | None:
+    """The flag as a release spells it: itself when the release has it, else the release's spelling of the
+    same ServerArgs field (a rename), else None (the release has no such setting)."""
+    here = at_release(flag_name, version)
+    if here is not None:
+        return here
+    field_name = _field_of(flag_name)
+    if field_name is None:
+        return None
+    rel, rows = _rows_at(version)
+    same = [r for r in rows if r[1] == field_name]
+    if not same:
+        return None
+    f, fld, dep, default = next((r for r in same if not r[2]), same[0])
+    return ReleaseFlag(f, fld, None, default, dep, rel)
+
+
+def known_flag(flag_name: str) -> bool:
+    """True when some release in the catalogue has the flag (a flag of a newer SGLang than the catalogue,
+    or not SGLang's, is not judged)."""
+    from diagnoser.engines.sglang import catalogue
+
+    return any(r[0] == flag_name for r in catalogue.flag_rows())

@@ -198,6 +198,12 @@ TRIGGERS: tuple[str, ...] = (
     "retracted_reqs",
     "out of memory",
     "max_total_num_tokens=",
+    "max_total_num_token=",  # 0.1.x spelling (templates.py, family old_summary)
+    "KV pool holds",  # templates.py, family pool_below_context
+    "liding window memory pool",  # templates.py, family swa_pools (Sliding / sliding)
+    "SWAKVPool",
+    "full_layer_tokens=",
+    "Mamba Cache is allocated",  # templates.py, family mamba_cache
     "server_args=",
     "KV Cache is allocated",
     "KV cache allocated",

@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from diagnoser.engines.sglang import logevents
+from diagnoser.engines.sglang import logevents, templates
 from diagnoser.engines.sglang.config import facts_from_args
 from diagnoser.engines.sglang.logformats import (  # noqa: F401  (TRIGGERS, epoch_day … re-exported)
     _ACCESS_RE,
@@ -561,9 +561,10 @@ class SGLangLogParser:
 
     def unrecognised(self, msg: str, ts: float, rank: str, tags: dict[str, int], src: str, line_no: int) -> bool:
         """The one place a located message body (its prefix read: ``ts``, ``rank``, ``tags``) that no
-        parser above recognised is handed on; True when something here reads it. Only lines with one of
-        :data:`TRIGGERS` get this far (a template read here needs its words among them)."""
-        return False
+        parser above recognised is handed on: a catalogue template (engines/sglang/templates.py) reads it
+        when one matches; True when something here reads it. Only lines with one of :data:`TRIGGERS` get
+        this far (a template read here needs its words among them)."""
+        return templates.read(self, msg, ts, rank, src, line_no)
 
     def _fragment(self, fields: list[tuple[str, str]], ts: float, rank: str, src: str) -> bool:
         """A batch line's field list pasted without its head ("#running-req: 12, #token: 3400, token
@@ -647,6 +648,8 @@ class SGLangLogParser:
                 sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
             if capture:
                 self.hint_at_least((0, 4, 7), "'Capture cuda graph bs [...]' line")
+        elif "bs=" in msg:  # a capture line of a shape the patterns above do not know: SGLang's own template reads it
+            templates.read(self, msg, self.last_ts if self.last_ts is not None else 0.0, "", src, 0)
         if _GRAPH_END_RE.search(msg) and "piecewise" not in msg and "draft" not in msg:
             am = _AVAIL_RE.search(msg)
             if am:

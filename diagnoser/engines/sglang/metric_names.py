@@ -160,13 +160,45 @@ TTFT_BUCKETS: list[tuple[tuple[float, ...], tuple[int, int, int], tuple[int, int
 PRERELEASE_NAMES = {"num_requests_running", "num_requests_waiting", "new_seq", "new_token", "cached_token", "queue_req", "request_success_total"}
 SCHEDULER_PROBE = ("num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens", "gen_throughput", "cache_hit_rate")
 
-# every sample name the fast path must read: mapped series plus version evidence
-WANTED: frozenset[str] = frozenset(
+
+
+def catalogue_sample_names() -> frozenset[str]:
+    """The sample names (without ``sglang:`` / ``sglang_``) of every metric any SGLang release defines,
+    from the catalogue (diagnoser/engines/sglang/catalogue): a counter's ``…_total``, a histogram's or
+    summary's ``_sum``/``_count``, a gauge's own name. Names a
+    collector builds at run time (``{name}``) are not listed."""
+    from diagnoser.engines.sglang import catalogue
+
+    out: set[str] = set()
+    for m in catalogue.metrics():
+        name = m["name"]
+        if not name.startswith("sglang:") or "{" in name:
+            continue
+        base = name[len("sglang:"):]
+        if m["type"] == "counter":
+            out.add(base if base.endswith("_total") else f"{base}_total")
+        elif m["type"] in ("histogram", "summary"):
+            # _sum and _count (rate and mean); the buckets of the histograms a signal maps are in HISTOGRAMS,
+            # the others' buckets are most of a scrape's lines and are not read
+            out.update((f"{base}_sum", f"{base}_count"))
+        else:
+            out.add(base)
+    return frozenset(out)
+
+
+# every sample name the fast path must read: mapped series, version evidence, and every metric SGLang's
+# releases define (the catalogue), in both spellings (the fast path's regexes take ``sglang[:_]``)
+_READ: frozenset[str] = frozenset(
     [*GAUGES, *CONFIG_GAUGES, *COUNTERS, "cached_tokens_total", "total_retracted_reqs"]
     + [f"{h}_bucket" for h in HISTOGRAMS]
     + [h[0] for h in VERSION_HINTS]
     + sorted(PRERELEASE_NAMES)
 )
+# the catalogue's names no table above maps: read and seen (MetricsState.seen_names, their values in
+# MetricsState.other), not turned into signals, and never an "impossible value" (a NaN gauge of a
+# feature that is off is what SGLang exports)
+CATALOGUE_ONLY: frozenset[str] = catalogue_sample_names() - _READ
+WANTED: frozenset[str] = _READ | CATALOGUE_ONLY
 
 
 def detect_version(state: Any) -> VersionRange:

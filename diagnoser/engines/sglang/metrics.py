@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.engines.sglang.metric_names import (
+    CATALOGUE_ONLY,
     CONFIG_GAUGES,
     COUNTERS,
     GAUGES,
@@ -263,6 +264,7 @@ class MetricsState:
     resets: int = 0
     version: VersionRange = field(default_factory=VersionRange)
     seen_names: set[str] = field(default_factory=set)
+    other: dict[str, float] = field(default_factory=dict)  # catalogue metrics no signal maps: the last scrape's sum
     model_names: set[str] = field(default_factory=set)
     label_names: set[str] = field(default_factory=set)
     ttft_bounds: tuple[float, ...] | None = None  # finite TTFT bucket bounds, for version evidence
@@ -316,8 +318,14 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     seen = state.seen_names
     if not state.prerelease:  # decided before the loop: it changes how some gauges read
         state.prerelease = any(s[0] in PRERELEASE_NAMES for s in samples)
+    other: dict[str, float] = {}
+    state.other = other
     for name, labels, value in samples:
         seen.add(name)
+        if name in CATALOGUE_ONLY:  # a metric of SGLang's that no signal needs (yet): its last value, summed over series
+            if value == value:
+                other[name] = other.get(name, 0.0) + value
+            continue
         if labels:
             state.label_names.update(labels)
             if labels.get("priority"):  # per-priority split of a total that is also exported

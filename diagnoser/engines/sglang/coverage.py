@@ -1,0 +1,145 @@
+"""Coverage of SGLang's log templates by diagnoser's reader, per release (``diagnose catalogue coverage``).
+
+For every template of the catalogue an instance is generated (a value of each placeholder's type) and fed,
+behind SGLang's own prefix, to the reader's public single-line entry point
+(:meth:`diagnoser.engines.sglang.logs.SGLangLogParser.feed`). A template is
+
+* **recognised** when the reader reads its instance;
+* **ignored** when it stands in a reviewed group of ``catalogue/ignore.toml`` (each group gives its
+  reason: debug-level lines, one request's errors, configuration validation …), or when it is
+  *opaque*: the message is a variable with no literal text of its own (``logger.error(e)``);
+* **unknown** otherwise: a state line the reader should read and does not.
+
+The counts are per release: a template counts at every release where it exists.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from diagnoser.engines.sglang import catalogue, templates
+from diagnoser.model import LogEvent
+
+PREFIX = "[2026-01-01 00:00:00 TP0] "
+
+
+@dataclass(frozen=True, slots=True)
+class IgnoreGroup:
+    name: str
+    reason: str
+    pattern: re.Pattern[str] | None
+    level: frozenset[str]
+    file: re.Pattern[str] | None
+
+    def covers(self, t: templates.Template) -> bool:
+        if self.level and t.level not in self.level:
+            return False
+        if self.file is not None and not self.file.search(t.file):
+            return False
+        return self.pattern is None or self.pattern.search(t.first_line) is not None
+
+
+@cache
+def ignore_groups() -> tuple[IgnoreGroup, ...]:
+    raw = tomllib.loads((catalogue.HERE / "ignore.toml").read_text())
+    out = []
+    for g in raw.get("group", []):
+        if not g.get("reason"):
+            raise ValueError(f"ignore group {g.get('name')!r} has no reason")
+        out.append(IgnoreGroup(g["name"], g["reason"], re.compile(g["pattern"]) if g.get("pattern") else None,
+                               frozenset(g.get("level", [])), re.compile(g["file"]) if g.get("file") else None))
+    return tuple(out)
+
+
+class _Sink:
+    """Records what the reader wrote for one line."""
+
+    def __init__(self) -> None:
+        self.signals: list[str] = []
+        self.events: list[str] = []
+        self.config: dict[str, Any] = {}
+
+    def add(self, signal: str, ts: float, value: float, source: str, rank: str = "") -> None:
+        self.signals.append(signal)
+
+    def add_event(self, event: LogEvent) -> None:
+        self.events.append(event.kind)
+
+    def set_config(self, name: str, value: Any, source: str, *, override: bool = True) -> None:
+        self.config[name] = value
+
+
+def read_one(line: str) -> tuple[bool, _Sink]:
+    """Feed one line to a fresh reader; (recognised, what it wrote)."""
+    from diagnoser.engines.sglang.logs import SGLangLogParser
+
+    sink = _Sink()
+    p = SGLangLogParser(sink, "coverage")
+    ok = p.feed(line, 1)
+    p.finish()
+    return ok, sink
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    template: templates.Template
+    status: str  # recognised | ignored | unknown
+    why: str  # the ignore group, "opaque", or what the reader wrote
+
+
+def classify(c: templates.Compiled) -> Verdict:
+    t = c.template
+    body = templates.instance(c)
+    for fill in templates.FILLS if body is not None else ():
+        ok, sink = read_one(PREFIX + (templates.instance(c, fill=fill) or ""))
+        if ok:
+            wrote = sorted(set(sink.signals)) + sorted(set(sink.events)) + sorted(sink.config)
+            return Verdict(t, "recognised", ", ".join(wrote[:6]) or "counted")
+    for g in ignore_groups():
+        if g.covers(t):
+            return Verdict(t, "ignored", g.name)
+    if body is None:
+        return Verdict(t, "ignored", "opaque")
+    return Verdict(t, "unknown", "")
+
+
+@cache
+def verdicts() -> tuple[Verdict, ...]:
+    return tuple(classify(c) for c in templates.compiled())
+
+
+def per_release() -> list[dict[str, Any]]:
+    """One row per release: recognised / ignored / unknown templates present at it."""
+    rels = catalogue.releases()
+    counts = [Counter() for _ in rels]
+    for v in verdicts():
+        for a, b in v.template.releases:
+            for i in range(a, b + 1):
+                counts[i][v.status] += 1
+    return [{"release": r, "recognised": c["recognised"], "ignored": c["ignored"], "unknown": c["unknown"],
+             "total": sum(c.values())} for r, c in zip(rels, counts, strict=True)]
+
+
+def unknown() -> list[Verdict]:
+    return [v for v in verdicts() if v.status == "unknown"]
+
+
+def table(rows: list[dict[str, Any]] | None = None, *, markdown: bool = False) -> str:
+    rows = rows if rows is not None else per_release()
+    head = ("release", "templates", "recognised", "ignored", "unknown")
+    lines = []
+    if markdown:
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in rows:
+            lines.append(f"| {r['release']} | {r['total']} | {r['recognised']} | {r['ignored']} | {r['unknown']} |")
+    else:
+        lines.append(f"{'release':<14} {'templates':>9} {'recognised':>10} {'ignored':>8} {'unknown':>8}")
+        for r in rows:
+            lines.append(f"{r['release']:<14} {r['total']:>9} {r['recognised']:>10} {r['ignored']:>8} {r['unknown']:>8}")
+    return "\n".join(lines)
