@@ -180,8 +180,9 @@ class MetricsTarget:
         self.last_duration_s = duration_s
         if not f.ok:
             return self._fail(f.error)
-        if f.truncated:
-            self._note(f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
+        if f.truncated:  # a cap tripped: said once, and counted as an error of this scrape
+            self.report.errors += 1
+            self._note(f.cause or f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
         return self.ingest_text(f.text, ts, sink, f)
 
 
