@@ -14,6 +14,7 @@ from typing import IO, Any
 from diagnoser.cli import UsageError
 from diagnoser.cli.run import api_key_headers, load_thresholds
 from diagnoser.model import Severity, iso
+from diagnoser.outputs.termsafe import term_safe
 from diagnoser.outputs.text import SEV_MARK, WIDTH
 from diagnoser.redact import redact_text
 
@@ -55,7 +56,7 @@ def screen(snap: Any, started: float) -> str:
         out.append("")
     if not snap.findings:
         out.append("No finding.")
-    return redact_text("\n".join(out) + "\n")
+    return term_safe(redact_text("\n".join(out) + "\n"))
 
 
 class PlainPrinter:
@@ -75,7 +76,7 @@ class PlainPrinter:
         for key in self.firing - set(now):
             lines.append(f"{stamp} RESOLVED {key[1]} {key[0]}")
         self.firing = set(now)
-        self.out.write(redact_text("\n".join(lines) + "\n"))
+        self.out.write(term_safe(redact_text("\n".join(lines) + "\n")))
         self.out.flush()
 
 
@@ -154,7 +155,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
             except Exception as e:  # noqa: BLE001 — a poll that fails (a bug, memory) is said and retried
                 ticks += 1
                 msg = f"{iso(time.time())} polling failed ({type(e).__name__}: {e}"[:400]
-                out.write(redact_text(f"{msg}); retrying in {monitor.interval:g} s\n"))
+                out.write(term_safe(redact_text(f"{msg}); retrying in {monitor.interval:g} s\n")))
                 out.flush()
                 time.sleep(monitor.interval)
                 continue

@@ -6,6 +6,7 @@ import textwrap
 from typing import Any
 
 from diagnoser.model import basis_text
+from diagnoser.outputs.termsafe import term_safe
 
 WIDTH = 80
 HEADLINE = [
@@ -58,7 +59,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     if doc.get("fleet"):  # fleet mode: summary first, then the worst targets
         from diagnoser.outputs.fleet import render_fleet
 
-        return render_fleet(doc, verbose)
+        return term_safe(render_fleet(doc, verbose))
     out: list[str] = []
     status = doc["status"]
     title = f"diagnoser · {doc.get('engine', 'sglang')} {doc.get('version') or '(version unknown)'} · status: {status.upper()}"
@@ -151,7 +152,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
         if e.get("source") == "input" and e["error"] in said:
             continue  # already printed under the input it came from
         out.extend(_wrap(f"{e.get('rule', e.get('source'))}: {e['error']}", "    ", "  ! "))
-    return "\n".join(out).rstrip() + "\n"
+    return term_safe("\n".join(out).rstrip() + "\n")  # server- and bundle-provided strings: no terminal control
 
 
 def current_text(s: dict[str, Any]) -> Any:
