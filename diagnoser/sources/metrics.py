@@ -144,7 +144,8 @@ class MetricsTarget:
         if not samples and fetched is not None and fetched.truncated:
             # more than the size cap and nothing SGLang's in it: not an SGLang exposition (SGLang's is about
             # 100 KB), and not worth the line-by-line salvage; not "metrics disabled" either
-            return self._fail(f"{shown} sent more than {DEFAULT_MAX_BYTES // (1024 * 1024)} MiB with no SGLang sample in it; "
+            after = " after decompression" if "decompression" in fetched.cause else ""
+            return self._fail(f"{shown} sent more than {DEFAULT_MAX_BYTES // (1024 * 1024)} MiB{after} with no SGLang sample in it; "
                               "that is not an SGLang exposition (about 100 KB). Check that --url is the SGLang server itself.")
         if not samples:
             if len(text) > MAX_REFERENCE_BYTES:  # the reference parser is slow: read only the first part
