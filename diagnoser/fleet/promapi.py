@@ -10,13 +10,13 @@ basic-auth password, credentials in the URL, custom header values) never appear 
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from diagnoser.jsonout import loads
 from diagnoser.redact import redact_text
 from diagnoser.sources.http import BodyError, DeadlineExceeded, make_client, read_bounded
 
@@ -150,7 +150,7 @@ class PromAPI:
             raise PromError(f"Prometheus at {self.shown} answered {path} `{shown_q}` with more than {self.max_bytes // (1024 * 1024)} MiB "
                             "(after decompression), which diagnoser does not hold; narrow --range/--selector or raise --step.")
         try:
-            doc = json.loads(body.decode("utf-8", "replace"))
+            doc = loads(body)  # invalid UTF-8 and lone surrogates replaced
         except (ValueError, RecursionError):
             doc = None
         if resp.status >= 400 or not isinstance(doc, dict) or doc.get("status") != "success":
