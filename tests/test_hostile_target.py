@@ -18,6 +18,7 @@ import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +209,54 @@ def test_fetch_refuses_cross_origin_and_caps_in_process(hostile: Hostile) -> Non
     finally:
         c.close()
         p.close()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc for the server's memory")
+def test_serve_memory_stays_flat_under_a_target_sending_the_maximum(hostile: Hostile) -> None:
+    """``serve`` polling every second a target that sends 300k series and one that sends a 20 MB label
+    value: its memory after 10 polls and after 25 stays within 1 GB and does not keep growing."""
+    import httpx
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", "serve", "--url", hostile.url("series"), "--url", hostile.url("label"),
+                             "--port", str(port), "--interval", "1", "--timeout", "5"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code in (200, 503):
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        samples, slow = [], []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 25:
+            time.sleep(2.5)
+            t = time.monotonic()
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            slow.append(time.monotonic() - t)
+            samples.append(_rss(proc.pid))
+        early, late = max(samples[:4]), max(samples[-4:])
+        print("serve RSS MiB", [s // 2**20 for s in samples], "healthz s", [round(x, 3) for x in slow])
+        assert max(samples) < GB, samples
+        assert late < early + 100 * 1024 * 1024, samples  # flat: not growing poll after poll
+        assert max(slow) < 1.0, slow
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "Traceback" not in err, err[-2000:]
