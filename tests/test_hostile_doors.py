@@ -206,3 +206,33 @@ def test_watch_prometheus_plain_lines_and_summary(prom: HostileProm) -> None:
 def test_usage_error_line_is_neutral() -> None:
     p = diagnose("--once", "--url", "http://h" + HOSTILE.replace("\ud800", ""), "--duration", "0")
     check(p, 2)
+
+
+def test_serve_replay_pages_answer_for_the_hostile_bundle(bundle: Path) -> None:
+    """A lone surrogate in a served model name made /, /_/cards and /fleet answer 500 for every target;
+    the hostile bundle's pages now answer, with the strings escaped."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", "serve", "--replay", str(bundle), "--port", str(port),
+                             "--speed", "50", "--interval", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        time.sleep(3)  # a few polls of the replay
+        for path in ("/", "/index.json", "/_/cards", "/target/0", "/target/0.json", "/target/0/series.json?range=1h", "/metrics"):
+            r = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
+            assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    assert "Traceback" not in err, err[-3000:]
