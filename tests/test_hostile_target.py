@@ -110,6 +110,10 @@ class Hostile:
                 except OSError:  # the client stopped reading at its cap
                     pass
 
+            def do_POST(self) -> None:  # noqa: N802  (the Prometheus API's queries)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
+
         return H
 
     def url(self, name: str) -> str:
@@ -260,3 +264,24 @@ def test_serve_memory_stays_flat_under_a_target_sending_the_maximum(hostile: Hos
             proc.wait()
     err = proc.stderr.read().decode() if proc.stderr else ""
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_prometheus_api_answers_are_bounded(hostile: Hostile) -> None:
+    """The Prometheus API client reads through the same bounded read: a gzip bomb is one sentence (it
+    was a MemoryError traceback), a nested encoding is refused, a header drip ends at its deadline."""
+    from diagnoser.fleet.promapi import PromAPI, PromError
+
+    base = f"http://127.0.0.1:{hostile.srv.server_address[1]}"
+    hostile.routes["/bomb/api/v1/query"] = (200, {"Content-Encoding": "gzip", "Content-Type": "application/json"}, zeros_gzip(64))
+    hostile.routes["/nested/api/v1/query"] = (200, {"Content-Encoding": "gzip, gzip"}, gzip.compress(zeros_gzip(8)))
+    api = PromAPI(base + "/bomb", max_bytes=1024 * 1024)
+    with pytest.raises(PromError) as e:
+        api.query("up", 0)
+    assert "more than 1 MiB (after decompression)" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(PromError) as e:
+        PromAPI(base + "/nested").query("up", 0)
+    assert "nested encodings" in str(e.value)
+    t0 = time.monotonic()
+    with pytest.raises(PromError) as e:
+        PromAPI(base + "/drip", timeout=0.5).query("up", 0)
+    assert e.value.timeout and time.monotonic() - t0 < 8  # the whole request: timeout + 5 s of socket grace

@@ -21,7 +21,7 @@ from diagnoser.redact import redact_text
 from diagnoser.sources.http import BodyError, DeadlineExceeded, make_client, read_bounded
 
 MAX_SHOWN_QUERY = 160
-MAX_ANSWER_BYTES = 256 * 1024 * 1024  # one API answer, after decompression (sources/http.py: read_bounded)
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # one API answer, after decompression (sources/http.py: read_bounded)
 
 
 class PromError(Exception):
