@@ -15,10 +15,16 @@ reference: tests compare both paths on the same server, answer for answer and er
 
 Every fetch has a deadline for the whole request (``--timeout`` by default: connect, headers and body
 together), not only for each read: a server that trickles its answer at 2 bytes/s is cut off at the
-deadline with one sentence, like one that does not answer. On the plain-http path a watchdog thread
-(:class:`Reaper`) shuts the socket at the deadline, which also ends a trickle of the headers; through
-httpx each read gets the time left and the body is checked between chunks (a trickle of the headers
-alone is then bounded by the caller: ``--once`` abandons the request, watch/serve mark the target down).
+deadline with one sentence, like one that does not answer. A watchdog thread (:class:`Reaper`) shuts
+the socket at the deadline, which also ends a trickle of the headers: on the plain-http path the
+connection's own, through httpx the socket opened for the request (httpcore's ``trace`` extension); a
+request on a kept-alive httpx connection opened earlier has per-read timeouts only, and its header
+trickle is bounded by the caller (``--once`` abandons the request, watch/serve mark the target down).
+
+Every body is read through :class:`BoundedBody` (:func:`read_bounded` for httpx, the same class on the
+plain path): capped after decompression with a running total, one layer of gzip/deflate at most, and a
+redirect followed only to the same scheme, host and port (:data:`MAX_REDIRECTS` at most). A cap that
+trips is one sentence (``Fetched.cause``) and the scrape counts it as an error.
 """
 
 from __future__ import annotations
