@@ -73,6 +73,12 @@ class Hostile:
         self.other.daemon_threads = True
         self.routes["/away/metrics"] = (302, {"Location": f"http://127.0.0.1:{self.other.server_address[1]}/real/metrics"}, b"")
         self.routes["/real/metrics"] = (200, {}, REAL)
+        info = json.loads((DATA / "sglang-cpu-real" / "kv-full-retract" / "get_server_info.json").read_text())
+        info["served_model_name"] = "tiny\ud800"
+        deep = json.dumps(info)[:-1] + ', "extra": ' + '{"a": ' * 450 + '"deep"' + "}" * 450 + "}"
+        self.routes["/deep/metrics"] = (200, {}, REAL)
+        for path in ("/deep/server_info", "/deep/get_server_info"):
+            self.routes[path] = (200, {"Content-Type": "application/json"}, deep.encode())
         for s in (self.srv, self.other):
             s.handle_error = lambda *a: None  # type: ignore[method-assign]  # a client that stopped reading at its cap
             threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -285,3 +291,12 @@ def test_prometheus_api_answers_are_bounded(hostile: Hostile) -> None:
     with pytest.raises(PromError) as e:
         PromAPI(base + "/drip", timeout=0.5).query("up", 0)
     assert e.value.timeout and time.monotonic() - t0 < 8  # the whole request: timeout + 5 s of socket grace
+
+
+def test_a_server_info_nested_450_deep_with_a_lone_surrogate_is_read(hostile: Hostile) -> None:
+    """Redaction hit the recursion limit on it (and serve then showed the healthy target down for good)."""
+    r = once(hostile.url("deep"), "--format", "json")
+    doc = json.loads(r["out"])
+    info = [i for i in doc["inputs"] if i["kind"] == "server_info"][0]
+    assert info["scrapes"] >= 1 and info["errors"] == 0, info
+    assert r["rc"] in (0, 1) and "\\ud800" not in r["out"]
