@@ -300,3 +300,22 @@ def test_a_server_info_nested_450_deep_with_a_lone_surrogate_is_read(hostile: Ho
     info = [i for i in doc["inputs"] if i["kind"] == "server_info"][0]
     assert info["scrapes"] >= 1 and info["errors"] == 0, info
     assert r["rc"] in (0, 1) and "\\ud800" not in r["out"]
+
+
+def test_drop_long_lines_equals_the_plain_split() -> None:
+    """The window test that skips the split is exact: the same result as splitting every text (seeded)."""
+    import random
+
+    from diagnoser.sources.metrics import drop_long_lines
+
+    def reference(t: str, limit: int) -> tuple[str, int]:
+        lines = t.split("\n")
+        kept = [ln for ln in lines if len(ln) <= limit]
+        return ("\n".join(kept), len(lines) - len(kept)) if len(kept) != len(lines) else (t, 0)
+
+    r = random.Random(26)
+    for _ in range(3000):
+        limit = r.randint(1, 64)
+        t = "\n".join("x" * r.choice([0, 1, 5, limit - 1, limit, limit + 1, 2 * limit, r.randint(0, 200)]) for _ in range(r.randint(0, 30)))
+        assert drop_long_lines(t, limit) == reference(t, limit), (limit, t)
+    assert drop_long_lines(REAL.decode()) == (REAL.decode(), 0)

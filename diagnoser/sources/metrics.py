@@ -31,6 +31,12 @@ def drop_long_lines(text: str, limit: int = MAX_LINE) -> tuple[str, int]:
     """``text`` without its lines longer than ``limit`` characters, and how many were dropped."""
     if len(text) <= limit:
         return text, 0
+    # cheap test first: a line longer than `limit` covers a whole aligned window of limit/2 characters,
+    # so when every such window holds a newline there is none (a few C searches, not a split per scrape)
+    half = max(1, limit // 2)
+    find = text.find
+    if all(find("\n", k, k + half) != -1 for k in range(0, len(text) - half + 1, half)):
+        return text, 0
     lines = text.split("\n")
     if max(map(len, lines)) <= limit:
         return text, 0
