@@ -21,7 +21,6 @@ whose CRC fails is skipped; reading resumes at the next member. See docs/bundle-
 from __future__ import annotations
 
 import base64
-import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from typing import IO, Any
 
 from diagnoser import __version__
 from diagnoser.jsonout import dumps as json_dumps
+from diagnoser.jsonout import loads
 from diagnoser.redact import redact, redact_lines, redact_strings, redact_text
 
 FORMAT = "diagnoser-bundle"
@@ -456,7 +456,7 @@ def read_bundle(path: str, data: bytes | None = None) -> ReadResult:
             if not line or line.isspace():  # (no strip(): scrape lines are ~80 KB)
                 continue
             try:
-                rec = json.loads(line)
+                rec = loads(line)  # invalid UTF-8 and lone surrogates replaced
             except (ValueError, RecursionError):
                 res.bad_lines += 1
                 continue

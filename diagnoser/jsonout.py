@@ -10,7 +10,52 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads(data: str | bytes) -> Any:
+    """``json.loads`` that is total on text: bytes are decoded with invalid UTF-8 replaced, and a lone
+    surrogate written as an escape (``"\\ud800"``, which json accepts and no output can encode) becomes
+    U+FFFD, in values and keys at any depth (walked without recursion). Raises what ``json.loads`` raises
+    (ValueError, RecursionError for a nesting deeper than it parses)."""
+    if isinstance(data, bytes | bytearray):
+        data = bytes(data).decode("utf-8", "replace")
+    doc = json.loads(data)
+    if "\\u" in data and _SURROGATE_ESCAPE.search(data):
+        doc = _no_surrogates(doc)
+    return doc
+
+
+def _fix(s: str) -> str:
+    return s if s.isascii() else _SURROGATE.sub("\ufffd", s)
+
+
+def _no_surrogates(doc: Any) -> Any:
+    if isinstance(doc, str):
+        return _fix(doc)
+    stack = [doc] if isinstance(doc, dict | list) else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, str):
+                    node[i] = _fix(v)
+                elif isinstance(v, dict | list):
+                    stack.append(v)
+        else:
+            items = list(node.items())
+            node.clear()
+            for k, v in items:
+                if isinstance(v, str):
+                    v = _fix(v)
+                elif isinstance(v, dict | list):
+                    stack.append(v)
+                node[_fix(k)] = v
+    return doc
 
 
 def _default(o: Any) -> Any:

@@ -19,8 +19,14 @@ reprs, free text):
 * ``--api-key VALUE`` / ``--hf-token=VALUE`` pairs in command lines;
 * ``Bearer X`` anywhere, and ``Authorization: Basic X`` (or any scheme) after an auth-like key.
 
-The authority of a URL ends at its first ``/``, ``?`` or ``#`` (RFC 3986): a password holding a raw
-``/`` is not a URL password and is not recognised as one.
+The authority of a URL ends at its first ``/``, ``?`` or ``#`` (RFC 3986), but people paste passwords
+holding a raw ``/`` (``redis://u:pa/ss@host``): a ``user:…/…@host`` userinfo is hidden whole too, unless
+what follows the colon is a port (digits, then ``/``). Also hidden: ``pass``/``passphrase`` keys, an
+Azure SAS signature (``sig=…``), and the whole of a quoted multi-word flag value (``--api-key 'a b'``).
+
+Total on any input: a structure nested deeper than :data:`MAX_DEPTH` is cut there (the deeper part is
+replaced by a sentence, never recursed into), and lone surrogates (``"\\ud800"`` in JSON) become U+FFFD,
+so that every output can encode what redaction returns.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 REDACTED = "***"
 
 _SECRET_KEY_RE = re.compile(
-    r"(?:^|_|-|\.)(?:api_?key|key|token|secret|password|passwd|pwd|credentials?|auth|authorization|cookie|private_?key)s?(?:$|_|-)",
+    r"(?:^|_|-|\.)(?:api_?key|key|token|secret|password|passwd|passphrase|pwd|credentials?|auth|authorization|cookie|private_?key)s?(?:$|_|-)"
+    r"|(?:^|_|-|\.)pass$",  # "pass" only as the last word ("db_pass"; not "forward_pass_metrics")
     re.IGNORECASE,
 )
 # Keys that merely contain "key"/"token" but are not secrets (sizes, counts, flags).
@@ -46,13 +53,17 @@ _CAMEL_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # a quote or a backslash of an escaped quote), so a password holding "@" is hidden whole
 _URL_CRED_RE = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^\s/?#'\"<>\\]*)@(?=[^\s@]|$)")
 # user:pass@host without a scheme (the user may be empty: ":pass@host")
+# scheme://user:pa/ss@host: a userinfo whose password holds a raw "/" (not a port: digits then "/")
+_URL_SLASH_CRED_RE = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^\s/?#'\"<>\\:@]*:(?!\d*/)[^\s'\"<>\\@]*/[^\s'\"<>\\@]*)@(?=[\w\[])")
+# an Azure SAS (or any signed URL's) signature in a query string
+_SIG_RE = re.compile(r"(?P<k>[?&;]sig=)(?P<v>[^&\s'\"#<>\\]+)", re.IGNORECASE)
 _BARE_CRED_RE = re.compile(r"(?<![\w.%+:/@-])(?P<cred>[\w.%+~-]*:[^\s/?#'\"<>\\:]+(?:@[^\s/?#'\"<>\\:]+)*)@(?=[\w\[])")
 _CLI_SECRET_RE = re.compile(
-    r"(--(?:admin-)?api-key|--[\w-]*(?:token|secret|password|passwd|credential)[\w-]*)(=|\s+)(\S+)", re.IGNORECASE
+    r"(--(?:admin-)?api-key|--[\w-]*(?:token|secret|password|passwd|passphrase|credential)[\w-]*)(=|\s+)('[^'\n]*'|\"[^\"\n]*\"|\S+)", re.IGNORECASE
 )
 _AUTH_SCHEME = r"(?:bearer|basic|digest|token|negotiate|apikey)\s+"
 _INLINE_SECRET_RE = re.compile(
-    r"""(?P<k>[\w.-]*(?:key|secret|passw|pwd|token|credential|auth|cookie)[\w-]*)(?P<q>\\*["']?)(?P<sep>\s*[=:]\s*)"""
+    r"""(?P<k>[\w.-]*(?:key|secret|pass|pwd|token|credential|auth|cookie)[\w-]*)(?P<q>\\*["']?)(?P<sep>\s*[=:]\s*)"""
     r"""(?P<v>(?:""" + _AUTH_SCHEME + r""")?(?:\\*'(?:(?!\\*').)*\\*'|\\*"(?:(?!\\*").)*\\*"|[^,\s)}\]\\'"]+))""",
     re.IGNORECASE,
 )
@@ -81,25 +92,44 @@ def _is_secret_key(k: str) -> bool:
 # Every text the patterns below can change holds an "@" (URL credentials) or one of these words (each
 # secret-key pattern, each name is_secret_key accepts and the bearer pattern contain one): the rest is
 # returned as it is, with one search instead of six substitutions (a server_args line has ~550 values).
-_HINT_RE = re.compile(r"key|token|secret|passw|pwd|credential|auth|cookie|bearer", re.IGNORECASE)
+_HINT_RE = re.compile(r"key|token|secret|pass|pwd|credential|auth|cookie|bearer|sig=", re.IGNORECASE)
 # A narrower superset for line-based text (expositions, log lines), tested on lower-cased lines: a word of
 # _HINT_RE must be followed by what its pattern needs ("=" or ":" soon after, a quote, whitespace and a
 # value for a flag or "bearer"). Used by :func:`redact_lines`; tests prove it changes nothing.
 REDACT_CANDIDATE = re.compile(
-    r"@|--[\w-]*(?:api-key|token|secret|passw|credential)|bearer\s"
-    r"|(?:key|secret|passw|pwd|token|credential|auth|cookie)[\w.-]*\\*['\"]?\s*[=:]"
+    r"@|sig=|--[\w-]*(?:api-key|token|secret|pass|credential)|bearer\s"
+    r"|(?:key|secret|pass|pwd|token|credential|auth|cookie)[\w.-]*\\*['\"]?\s*[=:]"
 )
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+MAX_DEPTH = 64
+TOO_DEEP = f"(nested deeper than {MAX_DEPTH} levels: not kept)"
+
+
+def no_surrogates(text: str) -> str:
+    """``text`` with lone surrogates (which no output can encode) replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    return _SURROGATE_RE.sub("\ufffd", text)
 
 
 def redact_text(text: str) -> str:
     """Redact URL credentials, ``--api-key X`` pairs, bearer tokens and ``api_key='x'`` assignments (also
     inside JSON held in the text) in free text."""
-    if not text or ("@" not in text and not _HINT_RE.search(text)):
+    if not text:
+        return text
+    text = no_surrogates(text)
+    if "@" not in text and not _HINT_RE.search(text):
         return text
     return _redact_text(text)
 
 
 def _redact_text(text: str) -> str:
+    if "@" in text and "/" in text:
+        text = _URL_SLASH_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    if "sig=" in text or "SIG=" in text.upper():
+        text = _SIG_RE.sub(lambda m: m.group("k") + REDACTED, text)
     text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     if "@" in text:
         text = _BARE_CRED_RE.sub(lambda m: f"{REDACTED}@" if m.group("cred") != REDACTED else m.group(0), text)
@@ -157,13 +187,14 @@ def _json_in_string(text: str) -> Any:
     return v if isinstance(v, dict | list) else None
 
 
-def redact_string(text: str) -> str:
+def redact_string(text: str, depth: int = 0) -> str:
     """A string value: JSON held in it is redacted as JSON (any depth), the rest as free text."""
+    text = no_surrogates(text)
     if "@" not in text and not _HINT_RE.search(text):
         return text
     inner = _json_in_string(text)
     if inner is not None:
-        out = redact(inner)
+        out = redact(inner, depth)
         if out != inner:
             import json
 
@@ -171,45 +202,52 @@ def redact_string(text: str) -> str:
     return _redact_text(text)
 
 
-def redact_value(key: str, value: Any) -> Any:
+def redact_value(key: str, value: Any, depth: int = 0) -> Any:
     """Redact the value of a secret-named key. Only text can hold a secret: numbers and booleans under a
     key such as ``token_capacity`` are kept (they are sizes, not credentials)."""
     if is_secret_key(key):
         if isinstance(value, str):
             return REDACTED if value else value
+        if isinstance(value, dict | list | tuple) and depth >= MAX_DEPTH:
+            return TOO_DEEP
         if isinstance(value, dict):
-            return {k: redact_value(key, v) for k, v in value.items()}
+            return {no_surrogates(k) if isinstance(k, str) else k: redact_value(key, v, depth + 1) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [redact_value(key, v) for v in value]
+            return [redact_value(key, v, depth + 1) for v in value]
         if isinstance(value, bytes):
             return REDACTED
         return value
-    return redact(value)
+    return redact(value, depth)
 
 
 _PLAIN = frozenset((int, float, bool, type(None)))
 
 
-def redact_strings(obj: Any) -> Any:
+def redact_strings(obj: Any, depth: int = 0) -> Any:
     """Deep-copy ``obj`` with every string (and dict key) redacted as text, and nothing replaced because
     of its key's name: the output doors use this on diagnoser's own documents, whose keys are its own
     schema ("key", "tokens"), while the values that came from a server were redacted by name on the way
     in (:func:`redact`)."""
     if isinstance(obj, str):
-        return redact_string(obj)
+        return redact_string(obj, depth)
+    if isinstance(obj, dict | list | tuple) and depth >= MAX_DEPTH:
+        return TOO_DEEP
     if isinstance(obj, dict):
-        return {(redact_text(k) if isinstance(k, str) else k): (v if type(v) in _PLAIN else redact_strings(v)) for k, v in obj.items()}
+        return {(redact_text(k) if isinstance(k, str) else k): (v if type(v) in _PLAIN else redact_strings(v, depth + 1)) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [v if type(v) in _PLAIN else redact_strings(v) for v in obj]
+        return [v if type(v) in _PLAIN else redact_strings(v, depth + 1) for v in obj]
     return obj
 
 
-def redact(obj: Any) -> Any:
-    """Deep-copy ``obj`` with secrets replaced. Strings are scanned for credentials (and for JSON they hold)."""
+def redact(obj: Any, depth: int = 0) -> Any:
+    """Deep-copy ``obj`` with secrets replaced. Strings are scanned for credentials (and for JSON they hold).
+    Containers nested deeper than :data:`MAX_DEPTH` are replaced by :data:`TOO_DEEP`."""
+    if isinstance(obj, dict | list | tuple) and depth >= MAX_DEPTH:
+        return TOO_DEEP
     if isinstance(obj, dict):
-        return {(redact_text(k) if isinstance(k, str) else k): redact_value(str(k), v) for k, v in obj.items()}
+        return {(redact_text(k) if isinstance(k, str) else k): redact_value(str(k), v, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list | tuple):  # numbers (a chart's thousands of points) are copied as they are
-        return [v if type(v) in _PLAIN else redact(v) for v in obj]
+        return [v if type(v) in _PLAIN else redact(v, depth + 1) for v in obj]
     if isinstance(obj, str):
-        return redact_string(obj)
+        return redact_string(obj, depth)
     return obj

@@ -127,7 +127,8 @@ def test_size_cap_cuts_and_uses_the_rest(real_text: str) -> None:
     cap = real_text.index("sglang:token_usage{") + 150  # mid-line, after the running/queue gauges
     ok, t, tl = scrape(lambda r: httpx.Response(200, text=real_text), max_bytes=cap)
     assert ok
-    assert any(f"exceeded {cap} bytes" in m for m in t.report.messages)
+    assert any(f"over the {cap:,} bytes cap" in m for m in t.report.messages)
+    assert t.report.errors == 1  # the cap tripped: said once and counted
     assert tl.get("running_reqs").values.tolist() == [44.0]  # the complete lines before the cap were read
 
 

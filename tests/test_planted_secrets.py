@@ -49,6 +49,11 @@ SECRETS = {
     "nested hf_token": "hf_planted13",
     "camelCase clientSecret": "cs-planted-14",
     "Basic auth header": "dXNlcjpwbGFudGVkMTU=",
+    "pass key in a JSON flag value": "pp-planted-pass-16",
+    "passphrase key in a JSON flag value": "pp-planted-phrase-17",
+    "Azure SAS sig=": "sas-planted-sig-18",
+    "quoted multi-word --admin-api-key (its tail)": "planted-multi-19",
+    "URL password holding / (its tail)": "planted-slash-20",
 }
 EXE = ROOT / ".venv" / "bin" / "diagnose"
 CMD = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "diagnoser"]
@@ -66,8 +71,12 @@ def server_info(data_dir: Path) -> dict[str, Any]:
         "primary": f"redis://admin:p@{SECRETS['password holding @ (its tail)']}@primary:6379",
         "nested": inner, "clientSecret": SECRETS["camelCase clientSecret"],
         "headers": f"Authorization: Basic {SECRETS['Basic auth header']}",
+        "pass": SECRETS["pass key in a JSON flag value"], "passphrase": SECRETS["passphrase key in a JSON flag value"],
+        "blob": f"https://acct.blob.core.windows.net/kv?sv=2022-11-02&sig={SECRETS['Azure SAS sig=']}&se=2026-12-01",
+        "backup": f"redis://admin:pw/{SECRETS['URL password holding / (its tail)']}@backup:6379/0",
     })
-    info["launch_command"] = info.get("launch_command", "python -m sglang.launch_server") + f" --api-key {SECRETS['launch_command --api-key']}"
+    info["launch_command"] = (info.get("launch_command", "python -m sglang.launch_server") + f" --api-key {SECRETS['launch_command --api-key']}"
+                              f" --admin-api-key 'adm {SECRETS['quoted multi-word --admin-api-key (its tail)']}'")
     info["internal_states"][0]["hf_token"] = SECRETS["nested hf_token"]
     return info
 

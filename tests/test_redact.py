@@ -205,3 +205,45 @@ def test_output_doors_redact_text_but_keep_diagnosers_own_keys() -> None:
     out = redact_strings(doc)
     assert out["headers"] == [{"key": "queue", "title": "queued"}] and out["tokens"] == "3 of 4" and out["n"] == [1.5, None, 2]
     assert "pw-door-1" not in str(out) and "sk-door-2" not in str(out)
+
+
+def test_issue26_secret_shapes() -> None:
+    """The shapes issue 26's adversarial pass found leaking, through the one redaction path."""
+    import json
+
+    from diagnoser.redact import redact, redact_text
+
+    cfg = json.dumps({"pass": "pp-s3cret-1", "passphrase": "pp-s3cret-2", "forward_pass_metrics_ipc_name": "ipc-kept"})
+    out = redact({"hicache_storage_backend_extra_config": cfg})["hicache_storage_backend_extra_config"]
+    assert "pp-s3cret" not in out and "ipc-kept" in out  # "pass" only as a key's last word
+    assert "sas-s3cret" not in redact_text("https://a.blob.core.windows.net/c?sv=2022&sig=sas-s3cret%3D&se=1")
+    assert redact_text("--api-key 'a s3cret' --port 1") == "--api-key *** --port 1"
+    assert redact_text('--api-key "a b s3cret" --port 1') == "--api-key *** --port 1"
+    assert redact_text("redis://admin:pw/sl4sh@cache:6379/0") == "redis://***@cache:6379/0"
+    for kept in ("http://registry:4873/@scope/pkg", "see http://host/path@x", "http://host:8080/a@b"):
+        assert redact_text(kept) == kept  # a port then "/" is not a password
+
+
+def test_redaction_is_total_on_depth_and_surrogates() -> None:
+    import json
+
+    from diagnoser.redact import MAX_DEPTH, TOO_DEEP, redact, redact_strings
+
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    node["api_key"] = "deep-s3cret"
+    for f in (redact, redact_strings):
+        out = f(deep)
+        text = json.dumps(out)  # encodable, and never recursed past the cap
+        assert "deep-s3cret" not in text and TOO_DEEP in text and text.count("{") == MAX_DEPTH
+    assert redact({"m\ud800": "x\udc00y"}) == {"m\ufffd": "x\ufffdy"}
+    assert redact_strings(["\ud800"]) == ["\ufffd"]
+
+
+def test_total_json_loads() -> None:
+    from diagnoser.jsonout import loads
+
+    assert loads(b'{"a\\ud800": ["x\\udc00", {"b": "\\ud83d\\ude00"}], "c": "\xff"}') == {"a\ufffd": ["x\ufffd", {"b": "\U0001f600"}], "c": "\ufffd"}

@@ -159,7 +159,7 @@ def test_wrap_breaks_between_words_and_a_long_path_after_a_slash() -> None:
     assert t.wrap("short", "  ") == ["  short"] and t.wrap("", "  ") == [""]
     assert t.fit("a " * 40).endswith("…") and len(t.fit("a " * 40)) <= 40
     # a server's escape sequence cannot reach the terminal
-    assert shown("model\x1b]0;pwned\x07name") == "model?]0;pwned?name"
+    assert shown("model\x1b]0;pwned\x07name") == "model\\x1b]0;pwned\\x07name"  # shown escaped (term_safe)
 
 
 def test_rules_explain_and_help_follow_the_width() -> None:

@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(run.main(argv))
     except UsageError as e:
         # a usage error may quote what was typed (--api-key KEY, a URL): it goes out redacted
+        from diagnoser.outputs.termsafe import term_safe
         from diagnoser.redact import redact_text
 
-        print(f"diagnose: {redact_text(str(e))}", file=sys.stderr)
+        print(term_safe(f"diagnose: {redact_text(str(e))}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -82,6 +82,8 @@ def main(cmd: str, argv: list[str]) -> int:
 
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(C.render(doc))
+        from diagnoser.outputs.termsafe import term_safe
+
+        sys.stdout.write(term_safe(C.render(doc)))
     floor = Severity.parse(args.fail_on)
     return 1 if any(Severity.parse(x["severity"]) >= floor for x in doc["findings"]["new"]) else 0

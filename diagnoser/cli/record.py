@@ -36,6 +36,7 @@ from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.jsonout import dumps
 from diagnoser.model import InputReport, iso
+from diagnoser.outputs.termsafe import term_safe
 from diagnoser.redact import redact_text
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, display_url, fetch, make_client
 from diagnoser.sources.logs import LogFollower, LogReader, finish_report, open_log_reader
@@ -396,10 +397,10 @@ def main(cmd: str, argv: list[str]) -> int:
         _progress(rec, tty, last, final=True)
     summary = (f"recorded {rec.scrapes} scrape(s) and {rec.lines} log line(s) over {_mmss(time.time() - rec.started)} "
                f"into {args.output} ({writer.size} bytes)")
-    print(f"diagnose record: {summary}" + (f"; {note}" if note else "."), file=sys.stderr)
+    print(term_safe(f"diagnose record: {summary}" + (f"; {note}" if note else ".")), file=sys.stderr)
     if rec.scrapes == 0 and rec.lines == 0 and code == 0:
         errs = [m for t in rec.targets for m in t.report.messages]
-        print(f"diagnose record: nothing was recorded{(': ' + errs[0]) if errs else ''}", file=sys.stderr)
+        print(term_safe(f"diagnose record: nothing was recorded{(': ' + errs[0]) if errs else ''}"), file=sys.stderr)
         code = 2
     if args.report:
         code = max(code, _report(args, rec, adapter))
@@ -421,7 +422,7 @@ def _convert(args: argparse.Namespace) -> int:
     except BundleError as e:
         raise UsageError(str(e)) from None
     if src.problems:
-        print(f"diagnose record: {src.summary}", file=sys.stderr)
+        print(term_safe(f"diagnose record: {src.summary}"), file=sys.stderr)
     try:
         counts = write_source(src, args.output, every=args.every, name=args.name, note=args.note, max_bytes=args.max_size)
     except BundleFull:

@@ -31,6 +31,7 @@ from typing import IO, Any
 from diagnoser.bundle import BundleError, decode_line
 from diagnoser.cli import UsageError
 from diagnoser.jsonout import dumps
+from diagnoser.outputs.termsafe import term_safe
 from diagnoser.redact import redact
 from diagnoser.replay import ReplayFeed, ReplaySource, load_source
 
@@ -282,10 +283,10 @@ def main(cmd: str, argv: list[str]) -> int:
     print(f"replay-server: serving {source.path} ({n} scrape(s) over {t1 - t0:.0f} s of recording, speed {args.speed:g}"
           f"{', looping' if args.loop else ''}) at {srv.url}", file=sys.stderr, flush=True)
     if source.problems:
-        print(f"replay-server: {source.summary}", file=sys.stderr, flush=True)
+        print(term_safe(f"replay-server: {source.summary}"), file=sys.stderr, flush=True)
     if len(source.targets) > 1:
-        print(f"replay-server: the recording has {len(source.targets)} servers; serving {srv.state.target} "
-              f"(pick another with --target: {', '.join(source.targets)})", file=sys.stderr, flush=True)
+        print(term_safe(f"replay-server: the recording has {len(source.targets)} servers; serving {srv.state.target} "
+                        f"(pick another with --target: {', '.join(source.targets)})"), file=sys.stderr, flush=True)
     try:
         while not stop.wait(0.2):
             pass

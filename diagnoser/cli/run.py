@@ -363,7 +363,9 @@ def run_once(args: argparse.Namespace) -> int:
             msgs = [e["error"] for e in doc.get("errors", []) if e.get("source") == "input"]
             msgs += [m for i in doc["inputs"] for m in i.get("messages", [])]
             hint = msgs[0] if msgs else "No usable data was read from the inputs given."
-            print(f"diagnose: {hint}", file=sys.stderr)
+            from diagnoser.outputs.termsafe import term_safe
+
+            print(term_safe(f"diagnose: {hint}"), file=sys.stderr)
         return 2
     return 1 if doc["status"] == "problems" else 0
 

@@ -44,7 +44,9 @@ class StatusLine:
         width = self.width()
         if len(text) >= width:  # a wrapped line cannot be rewritten in place
             text = text[: max(1, width - 2)] + "…"
-        self.stream.write("\r" + text + "\x1b[K")  # carriage return, text, erase the rest of the line
+        from diagnoser.outputs.termsafe import term_safe_line
+
+        self.stream.write("\r" + term_safe_line(text) + "\x1b[K")  # carriage return, text, erase the rest of the line
         self.stream.flush()
         self._shown = True
 

@@ -15,6 +15,7 @@ from diagnoser.cli import UsageError
 from diagnoser.cli.run import api_key_headers, load_thresholds
 from diagnoser.model import Severity, iso
 from diagnoser.outputs.term import SEV_STYLE, Term, shown, term_for
+from diagnoser.outputs.termsafe import term_safe
 from diagnoser.outputs.text import SEV_MARK
 from diagnoser.redact import redact_text
 
@@ -74,7 +75,8 @@ def screen(snap: Any, started: float, term: Term | None = None) -> str:
         out.append("")
     if not snap.findings:
         out.append("No finding.")
-    return redact_text("\n".join(out) + "\n")
+    body = redact_text("\n".join(out) + "\n")  # every server string went through shown() (term_safe)
+    return body if t.color else term_safe(body)
 
 
 class PlainPrinter:
@@ -94,7 +96,7 @@ class PlainPrinter:
         for key in self.firing - set(now):
             lines.append(f"{stamp} RESOLVED {key[1]} {key[0]}")
         self.firing = set(now)
-        self.out.write(redact_text("\n".join(lines) + "\n"))
+        self.out.write(term_safe(redact_text("\n".join(lines) + "\n")))
         self.out.flush()
 
 
@@ -174,7 +176,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
             except Exception as e:  # noqa: BLE001 — a poll that fails (a bug, memory) is said and retried
                 ticks += 1
                 msg = f"{iso(time.time())} polling failed ({type(e).__name__}: {e}"[:400]
-                out.write(redact_text(f"{msg}); retrying in {monitor.interval:g} s\n"))
+                out.write(term_safe(redact_text(f"{msg}); retrying in {monitor.interval:g} s\n")))
                 out.flush()
                 time.sleep(monitor.interval)
                 continue

@@ -10,17 +10,18 @@ basic-auth password, credentials in the URL, custom header values) never appear 
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from diagnoser.jsonout import loads
 from diagnoser.redact import redact_text
-from diagnoser.sources.http import make_client
+from diagnoser.sources.http import BodyError, DeadlineExceeded, make_client, read_bounded
 
 MAX_SHOWN_QUERY = 160
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # one API answer, after decompression (sources/http.py: read_bounded)
 
 
 class PromError(Exception):
@@ -79,6 +80,7 @@ class PromAPI:
     seconds: float = 0.0
     bytes_read: int = 0
     warnings: list[str] = field(default_factory=list)
+    max_bytes: int = MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
         u = self.url.strip().rstrip("/")
@@ -122,12 +124,13 @@ class PromAPI:
         assert self.client is not None
         shown_q = shorten(what)
         t0 = time.perf_counter()
-        try:
-            if method == "POST":
-                resp = self.client.post(self.url + path, data=form)
-            else:
-                resp = self.client.get(self.url + path, params=form)
-        except httpx.TimeoutException:
+        try:  # the one bounded read: body capped after decompression, the whole request within the deadline
+            resp = read_bounded(self.client, self.url + path, max_bytes=self.max_bytes, shown=f"Prometheus at {self.shown}",
+                                deadline=time.monotonic() + self.timeout + 5.0, method=method,
+                                data=form if method == "POST" else None, params=form if method != "POST" else None)
+        except BodyError as e:
+            raise PromError(f"{e} (answering {path} `{shown_q}`)") from None
+        except (httpx.TimeoutException, DeadlineExceeded):
             raise PromError(f"Prometheus at {self.shown} did not answer {path} for `{shown_q}` within {self.timeout:g} s; "
                             f"raise --timeout or narrow --range/--selector.", timeout=True) from None
         except httpx.ConnectError as e:
@@ -141,14 +144,17 @@ class PromAPI:
         finally:
             self.seconds += time.perf_counter() - t0
             self.calls += 1
-        body = resp.content
+        body = resp.body
         self.bytes_read += len(body)
+        if resp.truncated:
+            raise PromError(f"Prometheus at {self.shown} answered {path} `{shown_q}` with more than {self.max_bytes // (1024 * 1024)} MiB "
+                            "(after decompression), which diagnoser does not hold; narrow --range/--selector or raise --step.")
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc = loads(body)  # invalid UTF-8 and lone surrogates replaced
+        except (ValueError, RecursionError):
             doc = None
-        if resp.status_code >= 400 or not isinstance(doc, dict) or doc.get("status") != "success":
-            raise PromError(self._explain(resp.status_code, doc, body, path, shown_q), status=resp.status_code,
+        if resp.status >= 400 or not isinstance(doc, dict) or doc.get("status") != "success":
+            raise PromError(self._explain(resp.status, doc, body, path, shown_q), status=resp.status,
                             timeout=isinstance(doc, dict) and doc.get("errorType") == "timeout")
         for w in doc.get("warnings") or []:
             msg = f"Prometheus warned on `{shown_q}`: {w}"

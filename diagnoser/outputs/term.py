@@ -24,7 +24,6 @@ from typing import IO, Any
 
 MAX_WIDTH = 160
 MIN_WIDTH = 40
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BREAK_AFTER = "/._-=:,"
 STYLES = {"bold": "1", "dim": "2", "red": "31", "yellow": "33", "green": "32", "cyan": "36", "boldred": "1;31", "boldyellow": "1;33"}
@@ -33,10 +32,12 @@ SEV_STYLE = {"critical": "boldred", "warning": "boldyellow", "info": "cyan", "CR
 
 def shown(value: Any) -> str:
     """A server- or bundle-provided value as it may be printed on a terminal: redacted, with control
-    characters (ESC, BEL, CR, …) replaced by ``?``. Every such string in a text output passes here."""
+    characters (ESC, BEL, CR, C1, bidi overrides, lone surrogates) shown escaped
+    (:func:`diagnoser.outputs.termsafe.term_safe`). Every such string in a text output passes here."""
+    from diagnoser.outputs.termsafe import term_safe_line
     from diagnoser.redact import redact_text
 
-    return _CONTROL.sub("?", redact_text(str(value)))
+    return term_safe_line(redact_text(str(value)))
 
 
 def visible_len(text: str) -> int:

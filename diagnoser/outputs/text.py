@@ -16,6 +16,7 @@ from typing import Any
 
 from diagnoser.model import basis_text
 from diagnoser.outputs.term import SEV_STYLE, Term, shown
+from diagnoser.outputs.termsafe import term_safe
 
 WIDTH = 80
 HEADLINE = [
@@ -321,7 +322,8 @@ def render(doc: dict[str, Any], verbose: bool = False, term: Term | None = None)
     if doc.get("fleet"):  # fleet mode: summary first, then the worst targets
         from diagnoser.outputs.fleet import render_fleet
 
-        return render_fleet(doc, verbose, t)
+        body = render_fleet(doc, verbose, t)
+        return body if t.color else term_safe(body)
     out: list[str] = []
     status = doc["status"]
     title = f"diagnoser · {doc.get('engine', 'sglang')} {shown(doc.get('version') or '(version unknown)')} · status: {status.upper()}"
@@ -374,7 +376,10 @@ def render(doc: dict[str, Any], verbose: bool = False, term: Term | None = None)
     elif findings:
         n = len(doc.get("checked") or [])
         out.extend(t.wrap(f"--verbose: the evidence with its sources, the assumptions{f' and the {n} rules checked' if n else ''}", "  ", ""))
-    return "\n".join(out).rstrip() + "\n"
+    body = "\n".join(out).rstrip() + "\n"
+    # every server- or bundle-provided string went through shown(); without colour the whole text is
+    # passed through term_safe as well (with colour, its own escape codes must stay)
+    return body if t.color else term_safe(body)
 
 
 def current_text(s: dict[str, Any]) -> Any:

@@ -5,7 +5,6 @@ out as a clean bundle (``diagnose record --from``)."""
 from __future__ import annotations
 
 import calendar
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from diagnoser.bundle import (
     redact_raw,
     redact_record,
 )
+from diagnoser.jsonout import loads
 from diagnoser.redact import redact
 
 # file name in a run directory → the endpoint it was fetched from
@@ -99,7 +99,7 @@ def _read_json(path: str) -> tuple[Any, str]:
     if size > MAX_JSON_FILE:
         return None, f"is {_gib(size)}, more than a server-info payload can be ({_gib(MAX_JSON_FILE)})"
     try:
-        data = json.loads(data.decode("utf-8", errors="replace"))
+        data = loads(data)  # invalid UTF-8 and lone surrogates replaced
     except (ValueError, RecursionError):
         return None, "is not a JSON object"
     return (data, "") if isinstance(data, dict) else (None, "is not a JSON object")

@@ -15,10 +15,16 @@ reference: tests compare both paths on the same server, answer for answer and er
 
 Every fetch has a deadline for the whole request (``--timeout`` by default: connect, headers and body
 together), not only for each read: a server that trickles its answer at 2 bytes/s is cut off at the
-deadline with one sentence, like one that does not answer. On the plain-http path a watchdog thread
-(:class:`Reaper`) shuts the socket at the deadline, which also ends a trickle of the headers; through
-httpx each read gets the time left and the body is checked between chunks (a trickle of the headers
-alone is then bounded by the caller: ``--once`` abandons the request, watch/serve mark the target down).
+deadline with one sentence, like one that does not answer. A watchdog thread (:class:`Reaper`) shuts
+the socket at the deadline, which also ends a trickle of the headers: on the plain-http path the
+connection's own, through httpx the socket opened for the request (httpcore's ``trace`` extension); a
+request on a kept-alive httpx connection opened earlier has per-read timeouts only, and its header
+trickle is bounded by the caller (``--once`` abandons the request, watch/serve mark the target down).
+
+Every body is read through :class:`BoundedBody` (:func:`read_bounded` for httpx, the same class on the
+plain path): capped after decompression with a running total, one layer of gzip/deflate at most, and a
+redirect followed only to the same scheme, host and port (:data:`MAX_REDIRECTS` at most). A cap that
+trips is one sentence (``Fetched.cause``) and the scrape counts it as an error.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class Fetched:
     error: str = ""  # one sentence: cause and next step
     elapsed_s: float = 0.0
     truncated: bool = False
+    cause: str = ""  # the sentence for a cap that tripped (the body was cut there)
 
 
 _TLS: ssl.SSLContext | None = None
@@ -106,7 +113,9 @@ def tls_context() -> ssl.SSLContext:
 
 
 def _headers(headers: dict[str, str] | None) -> dict[str, str]:
-    h = {"User-Agent": f"diagnoser/{__version__}", "Accept": "text/plain;version=0.0.4;q=1, */*;q=0.1"}
+    # only the encodings the bounded reader decodes (httpx would offer br/zstd when their modules are there)
+    h = {"User-Agent": f"diagnoser/{__version__}", "Accept": "text/plain;version=0.0.4;q=1, */*;q=0.1",
+         "Accept-Encoding": "gzip, deflate"}
     if headers:
         h.update(headers)
     return h
@@ -118,7 +127,7 @@ def make_client(timeout: float = DEFAULT_TIMEOUT, headers: dict[str, str] | None
         headers=_headers(headers),
         limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         transport=transport,
-        follow_redirects=True,
+        follow_redirects=False,  # fetch() follows same-origin redirects itself (same scheme, host and port)
         verify=tls_context(),
     )
 
@@ -137,7 +146,7 @@ def make_target_client(timeout: float = DEFAULT_TIMEOUT, headers: dict[str, str]
         headers=_headers({"Accept-Encoding": "identity", **(headers or {})}),
         limits=httpx.Limits(max_connections=4, max_keepalive_connections=2, keepalive_expiry=TARGET_KEEPALIVE_S),
         transport=transport,
-        follow_redirects=True,
+        follow_redirects=False,  # fetch() follows same-origin redirects itself (same scheme, host and port)
         verify=tls_context(),
     )
 
@@ -308,7 +317,15 @@ class PlainTarget:
             try:
                 conn.request("GET", path, headers=self.headers)
                 resp = conn.getresponse()
-                body = resp.read(max_bytes + 1)
+                reader: BoundedBody | None = None
+                if not (300 <= resp.status < 400 and resp.getheader("location")):
+                    reader = BoundedBody(shown, resp.getheader("content-encoding") or "", max_bytes)
+                    while not resp.isclosed() and reader.feed(resp.read(READ_CHUNK)):
+                        pass
+            except BodyError as e:
+                conn.close()
+                REAPER.disarm(watch)
+                return Fetched(url, False, error=str(e))
             except TimeoutError:
                 conn.close()
                 REAPER.disarm(watch)
@@ -331,26 +348,230 @@ class PlainTarget:
             if 300 <= resp.status < 400 and resp.getheader("location"):
                 conn.close()
                 return None  # a redirect: httpx follows it
-            enc = (resp.getheader("content-encoding") or "").strip().lower()
-            if enc in ("gzip", "deflate"):  # asked for identity, but a server may compress anyway
-                try:
-                    body = zlib.decompressobj(zlib.MAX_WBITS | 32).decompress(body, max_bytes + 1)
-                except zlib.error:
-                    conn.close()
-                    return Fetched(url, False, error=f"{shown} sent a {enc} body that does not decompress. Check the server or a proxy in between.")
-            truncated = len(body) > max_bytes
-            if truncated or resp.will_close:
+            if reader is None:
+                conn.close()
+                return None  # not reached: a redirect is handled above
+            truncated = reader.truncated
+            if truncated or resp.will_close or not resp.isclosed():
                 conn.close()
             else:
                 self._conns[key] = (conn, time.perf_counter())
             ctype = resp.getheader("content-type", "") or ""
-            return _finish(url, resp.status, body[:max_bytes] if truncated else body, ctype, time.perf_counter() - t0, truncated, what)
+            out = _finish(url, resp.status, reader.body(), ctype, time.perf_counter() - t0, truncated, what)
+            out.cause = reader.cause()
+            return out
         return None  # not reached: the second attempt returns
 
 
+MAX_REDIRECTS = 5
+READ_CHUNK = 64 * 1024
+# header bounds (the HTTP libraries' own): http.client reads at most 100 header lines of 64 KiB each,
+# httpcore (httpx) at most 100 KiB of status line and headers; the deadline bounds the time they take
+MAX_HEADER_LINES = http.client._MAXHEADERS  # type: ignore[attr-defined]
+MAX_HEADER_LINE = http.client._MAXLINE  # type: ignore[attr-defined]
+
+
+class BodyError(Exception):
+    """A body that cannot be read as sent (an encoding refused or broken): ``str(e)`` is the sentence."""
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int]:
+    return url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)
+
+
+def _origin_text(url: httpx.URL) -> str:
+    o = _origin(url)
+    return f"{o[0]}://{o[1]}:{o[2]}"
+
+
+class BoundedBody:
+    """Reads a body chunk by chunk into at most ``max_bytes`` bytes *after* decoding it: one layer of
+    ``gzip`` or ``deflate`` is inflated incrementally with a running total (a 16 KB answer that inflates to
+    10 GiB costs ``max_bytes``, not 10 GiB); nested encodings (``gzip, gzip``) and unknown ones are refused
+    with one sentence. ``truncated`` says the cap was met; the rest of the body is not read."""
+
+    __slots__ = ("shown", "max_bytes", "chunks", "size", "truncated", "enc", "_d", "_raw_deflate")
+
+    def __init__(self, shown: str, content_encoding: str, max_bytes: int) -> None:
+        self.shown = shown
+        self.max_bytes = max_bytes
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+        encs = [e.strip().lower() for e in (content_encoding or "").split(",")]
+        encs = [e for e in encs if e and e != "identity"]
+        if len(encs) > 1:
+            raise BodyError(f"{shown} sent a body with nested encodings ({', '.join(encs)[:60]}); diagnoser decodes one "
+                            "layer of gzip or deflate at most. Check the server or a proxy in between.")
+        self.enc = encs[0] if encs else ""
+        self._raw_deflate = False
+        if self.enc in ("gzip", "x-gzip"):
+            self._d: Any = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip (or a zlib stream labelled gzip)
+        elif self.enc == "deflate":
+            self._d = zlib.decompressobj(zlib.MAX_WBITS)
+        elif self.enc:
+            raise BodyError(f"{shown} sent a body in the {self.enc[:30]} encoding, which diagnoser does not decode (it asks "
+                            "for gzip, deflate or none). Check the server or a proxy in between.")
+        else:
+            self._d = None
+
+    def feed(self, data: bytes) -> bool:
+        """Take one raw chunk; False once the cap is met (stop reading)."""
+        if self.truncated or not data:
+            return not self.truncated
+        if self._d is not None:
+            data = self._inflate(data)
+        room = self.max_bytes - self.size
+        if len(data) > room:
+            self.chunks.append(data[:room])
+            self.size = self.max_bytes
+            self.truncated = True
+            return False
+        self.chunks.append(data)
+        self.size += len(data)
+        return True
+
+    def _inflate(self, data: bytes) -> bytes:
+        room = self.max_bytes - self.size
+        out: list[bytes] = []
+        n = 0
+        buf = data
+        while True:
+            try:
+                piece = self._d.decompress(buf, room + 1 - n)  # max_length >= 1 (0 would mean no limit)
+            except zlib.error:
+                if self.enc == "deflate" and not self._raw_deflate and self.size == 0 and n == 0:
+                    self._raw_deflate = True  # a raw deflate stream without the zlib header (some servers)
+                    self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise BodyError(f"{self.shown} sent a {self.enc} body that does not decompress. Check the server or a proxy in between.") from None
+            out.append(piece)
+            n += len(piece)
+            if n > room or not self._d.unconsumed_tail:
+                return b"".join(out)
+            buf = self._d.unconsumed_tail
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def cause(self) -> str:
+        """The sentence for a cap that tripped (empty when none did)."""
+        if not self.truncated:
+            return ""
+        after = f" after {self.enc} decompression" if self.enc else ""
+        return (f"The answer from {self.shown} was over the {_size_text(self.max_bytes)} cap{after} and was cut there; "
+                "the complete lines before the cut were used.")
+
+
+def _size_text(n: int) -> str:
+    if n >= 1024 * 1024 and n % (1024 * 1024) == 0:
+        return f"{n // (1024 * 1024)} MiB"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024} KiB"
+    return f"{n:,} bytes"
+
+
+class _StreamWatch:
+    """Captures the socket httpcore opens for a request (its ``trace`` extension), so that the deadline can
+    shut it: a server trickling its headers is then cut at the deadline as on the plain-http path. A
+    request on a kept-alive connection opened earlier has no such event (its header time is bounded by
+    the read timeout and the caller)."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self) -> None:
+        self.stream: Any = None
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self.stream = info.get("return_value")
+
+    def shut(self) -> None:
+        st = self.stream
+        sock = st.get_extra_info("socket") if st is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class DeadlineExceeded(Exception):
+    """The whole request ran out of its time (the socket was shut, or the body came too slowly)."""
+
+
+class RedirectRefused(BodyError):
+    """A redirect to another origin, or too many: ``str(e)`` is the sentence."""
+
+
+@dataclass(slots=True)
+class RawAnswer:
+    """What :func:`read_bounded` read: the final answer's status, headers and (decoded, capped) body."""
+
+    status: int
+    headers: Any
+    body: bytes
+    truncated: bool = False
+    cause: str = ""
+
+
+def read_bounded(client: httpx.Client, url: str, *, max_bytes: int, deadline: float, shown: str,
+                 method: str = "GET", data: dict[str, str] | None = None, params: dict[str, str] | None = None) -> RawAnswer:
+    """The one bounded HTTP read through httpx: at most ``max_bytes`` of body after decoding
+    (:class:`BoundedBody`), the whole request (headers included, :class:`_StreamWatch`) within
+    ``deadline`` (``time.monotonic()``), at most :data:`MAX_REDIRECTS` redirects of a GET and only to the
+    same scheme, host and port. Raises httpx's errors as they are, :class:`BodyError` (and
+    :class:`RedirectRefused`) with a sentence, and :class:`DeadlineExceeded`."""
+    start = httpx.URL(url)
+    current = start
+    for _hop in range(MAX_REDIRECTS + 1):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded
+        watch = _StreamWatch()
+        guard = REAPER.arm(deadline + DEADLINE_GRACE_S, watch.shut)
+        location = ""
+        reader: BoundedBody | None = None
+        try:
+            with client.stream(method, current, data=data, params=params, timeout=httpx.Timeout(min(left, client_timeout(client))),
+                               extensions={"trace": watch.trace}) as resp:
+                status, headers = resp.status_code, resp.headers
+                if method == "GET" and 300 <= status < 400 and headers.get("location"):
+                    location = headers["location"]
+                else:
+                    reader = BoundedBody(shown, headers.get("content-encoding", ""), max_bytes)
+                    # a response built whole (a test's MockTransport) has its bytes already
+                    raw = (resp._content,) if hasattr(resp, "_content") else resp.iter_raw(READ_CHUNK)
+                    for chunk in raw:
+                        if time.monotonic() > deadline:
+                            raise DeadlineExceeded
+                        if not reader.feed(chunk):
+                            break
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError):
+            if REAPER.disarm(guard):
+                raise DeadlineExceeded from None
+            raise
+        except BaseException:
+            REAPER.disarm(guard)
+            raise
+        if REAPER.disarm(guard):  # shut at the deadline: what arrived is not the whole answer
+            raise DeadlineExceeded
+        if reader is not None:
+            return RawAnswer(status, headers, reader.body(), reader.truncated, reader.cause())
+        try:
+            nxt = current.join(location)
+        except (httpx.InvalidURL, ValueError, TypeError):
+            raise RedirectRefused(f"{shown} answered a redirect to an invalid address. Check the URL and the server.") from None
+        if nxt.scheme not in ("http", "https") or _origin(nxt) != _origin(start):
+            raise RedirectRefused(f"{shown} redirected to another address ({display_url(_origin_text(nxt))}); diagnoser follows "
+                                  "a redirect only on the same scheme, host and port. Point the URL at the server that answers.")
+        current = nxt
+    raise RedirectRefused(f"{shown} redirected more than {MAX_REDIRECTS} times. Check the URL and the server.")
+
+
 def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "", deadline: float | None = None) -> Fetched:
-    """GET ``url`` within ``deadline`` (``time.monotonic()``; default: now + the client's timeout), at
-    most ``max_bytes`` of body; any failure is one sentence in ``Fetched.error``."""
+    """GET ``url`` within ``deadline`` (``time.monotonic()``; default: now + the client's timeout) through
+    :func:`read_bounded`; any failure is one sentence in ``Fetched.error``."""
     if isinstance(client, PlainTarget):
         return client.fetch(url, max_bytes, what, deadline)
     if deadline is None:
@@ -359,24 +580,13 @@ def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str =
     total = max(0.0, deadline - time.monotonic())
     if total <= 0:
         return Fetched(url, False, error=too_slow(shown, 0))
+    t0 = time.perf_counter()
     try:
-        with client.stream("GET", url, timeout=httpx.Timeout(min(total, client_timeout(client)))) as resp:
-            chunks: list[bytes] = []
-            size = 0
-            truncated = False
-            for chunk in resp.iter_bytes():
-                if time.monotonic() > deadline:
-                    return Fetched(url, False, error=too_slow(shown, total))
-                size += len(chunk)
-                if size > max_bytes:
-                    chunks.append(chunk[: max(0, max_bytes - (size - len(chunk)))])
-                    truncated = True
-                    break
-                chunks.append(chunk)
-            body = b"".join(chunks)
-            elapsed = resp.elapsed.total_seconds() if hasattr(resp, "_elapsed") else 0.0
-            ctype = resp.headers.get("content-type", "")
-            status = resp.status_code
+        a = read_bounded(client, url, max_bytes=max_bytes, deadline=deadline, shown=shown)
+    except DeadlineExceeded:
+        return Fetched(url, False, error=too_slow(shown, total))
+    except BodyError as e:
+        return Fetched(url, False, error=str(e))
     except httpx.ConnectTimeout:
         return Fetched(url, False, error=_connect_timeout(shown))
     except httpx.TimeoutException:
@@ -387,7 +597,11 @@ def fetch(client: Any, url: str, max_bytes: int = DEFAULT_MAX_BYTES, what: str =
         return Fetched(url, False, error=f"{shown} is not an http(s) URL. Pass something like http://127.0.0.1:30000.")
     except httpx.HTTPError as e:
         return Fetched(url, False, error=_failed(shown, e))
-    return _finish(url, status, body, ctype, elapsed, truncated, what)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return Fetched(url, False, error=f"{shown} is not a valid URL. Pass something like http://127.0.0.1:30000.")
+    f = _finish(url, a.status, a.body, a.headers.get("content-type", ""), time.perf_counter() - t0, a.truncated, what)
+    f.cause = a.cause
+    return f
 
 
 def _finish(url: str, status: int, body: bytes, ctype: str, elapsed: float, truncated: bool, what: str) -> Fetched:

@@ -19,6 +19,30 @@ from prometheus_client.parser import text_string_to_metric_families
 from diagnoser.model import InputReport, SignalSink, iso
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, Fetched, base_url, display_url, fetch, looks_like_html
 
+# What one scrape can make us hold or parse (the body itself is capped at DEFAULT_MAX_BYTES after
+# decompression by sources/http.py). Each cut is counted as an error of the scrape and said once.
+MAX_LINE = 16 * 1024  # a sample line longer than this is dropped (bounds a label value and its labels)
+MAX_LABELS = 64  # a series with more labels is dropped (SGLang's carry at most about 10)
+MAX_SAMPLES = 50_000  # samples used per scrape (a busy 8-rank SGLang exposition has a few thousand)
+MAX_REFERENCE_BYTES = 4 * 1024 * 1024  # text handed to the slow reference parser (junk, no fast-path sample)
+
+
+def drop_long_lines(text: str, limit: int = MAX_LINE) -> tuple[str, int]:
+    """``text`` without its lines longer than ``limit`` characters, and how many were dropped."""
+    if len(text) <= limit:
+        return text, 0
+    # cheap test first: a line longer than `limit` covers a whole aligned window of limit/2 characters,
+    # so when every such window holds a newline there is none (a few C searches, not a split per scrape)
+    half = max(1, limit // 2)
+    find = text.find
+    if all(find("\n", k, k + half) != -1 for k in range(0, len(text) - half + 1, half)):
+        return text, 0
+    lines = text.split("\n")
+    if max(map(len, lines)) <= limit:
+        return text, 0
+    kept = [ln for ln in lines if len(ln) <= limit]
+    return "\n".join(kept), len(lines) - len(kept)
+
 
 @dataclass(slots=True)
 class ParseResult:
@@ -114,16 +138,27 @@ class MetricsTarget:
                                   "/metrics (e.g. curl http://HOST:30000/metrics > metrics.txt), not a dashboard or login page.")
             return self._fail(f"{shown} returned an HTML page, not Prometheus metrics. Point --url at the SGLang server itself (host:port), not a dashboard or login page.")
         text, truncated = cut_partial_line(text)
+        text, long_lines = drop_long_lines(text)
+        if long_lines:
+            self.report.errors += 1
+            self._note(f"{long_lines} line(s) longer than {MAX_LINE // 1024} KiB in the exposition from {shown} were dropped (a label "
+                       "value that long is not SGLang's); the rest was used.")
         source = f"scrape@{_iso(ts)}"
         samples = None
         if fast and not has_junk(text):
-            samples = self.adapter.fast_samples(text)
+            samples = self.adapter.fast_samples(text, MAX_SAMPLES + 1)
         if not samples and fetched is not None and fetched.truncated:
             # more than the size cap and nothing SGLang's in it: not an SGLang exposition (SGLang's is about
             # 100 KB), and not worth the line-by-line salvage; not "metrics disabled" either
-            return self._fail(f"{shown} sent more than {DEFAULT_MAX_BYTES // (1024 * 1024)} MiB with no SGLang sample in it; "
+            after = " after decompression" if "decompression" in fetched.cause else ""
+            return self._fail(f"{shown} sent more than {DEFAULT_MAX_BYTES // (1024 * 1024)} MiB{after} with no SGLang sample in it; "
                               "that is not an SGLang exposition (about 100 KB). Check that --url is the SGLang server itself.")
         if not samples:
+            if len(text) > MAX_REFERENCE_BYTES:  # the reference parser is slow: read only the first part
+                text = text[: text.rfind("\n", 0, MAX_REFERENCE_BYTES) + 1]
+                self.report.errors += 1
+                self._note(f"The exposition from {shown} is not clean text and over {MAX_REFERENCE_BYTES // (1024 * 1024)} MiB; only "
+                           "its first part was read.")
             pr = parse_exposition(text)
             if pr.bad_lines:
                 self.report.errors += pr.bad_lines
@@ -141,11 +176,17 @@ class MetricsTarget:
                 self.is_engine = True
                 return self._fail(f"{shown} serves sglang series, but none of the scheduler or request metrics diagnoser reads. Point --url at an SGLang server (not the router) started with --enable-metrics.")
         self.is_engine = True
+        samples = self._bound_samples(samples, shown)
         if truncated:
             self._note(f"The exposition from {shown} was cut off mid-line; the complete lines before the cut were used.")
         dropped = getattr(self.state, "dropped", 0)
+        cut = getattr(self.state, "cut_series", 0)
         used = self.adapter.ingest_samples(samples, ts, sink, self.state, source)
         dropped = getattr(self.state, "dropped", 0) - dropped
+        if getattr(self.state, "cut_series", 0) > cut:  # past the engine's cap on ranks or buckets
+            self.report.errors += 1
+            self._note(f"{shown} sends more series than diagnoser keeps per target (DP/PP ranks or histogram buckets past "
+                       "the engine's cap); the extra ones were counted and not used.")
         if dropped:  # impossible values (NaN, ±Inf, negative, a bucket bound that is not a number)
             self.report.errors += dropped
             example = "; ".join(getattr(self.state, "drop_examples", [])[:1])
@@ -156,6 +197,20 @@ class MetricsTarget:
         self.consecutive_failures = 0
         self.last_error = ""
         return True
+
+    def _bound_samples(self, samples: list[Any], shown: str) -> list[Any]:
+        """At most :data:`MAX_SAMPLES` samples, none with more than :data:`MAX_LABELS` labels; a cut counts
+        as one error of the scrape and is said once."""
+        if len(samples) > MAX_SAMPLES:
+            samples = samples[:MAX_SAMPLES]
+            self.report.errors += 1
+            self._note(f"{shown} sent more than {MAX_SAMPLES:,} SGLang samples in one scrape; the first {MAX_SAMPLES:,} were used.")
+        wide = sum(1 for s in samples if len(s[1]) > MAX_LABELS)
+        if wide:
+            samples = [s for s in samples if len(s[1]) <= MAX_LABELS]
+            self.report.errors += 1
+            self._note(f"{wide} series with more than {MAX_LABELS} labels from {shown} were dropped; the rest was used.")
+        return samples
 
     def _note(self, msg: str) -> None:
         if msg not in self.report.messages:
@@ -180,8 +235,9 @@ class MetricsTarget:
         self.last_duration_s = duration_s
         if not f.ok:
             return self._fail(f.error)
-        if f.truncated:
-            self._note(f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
+        if f.truncated:  # a cap tripped: said once, and counted as an error of this scrape
+            self.report.errors += 1
+            self._note(f.cause or f"The exposition from {display_url(self.metrics_url)} exceeded {max_bytes} bytes and was cut; the complete lines before the cut were used.")
         return self.ingest_text(f.text, ts, sink, f)
 
 

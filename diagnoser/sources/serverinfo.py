@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+from diagnoser.jsonout import loads
 from diagnoser.model import InputReport, SignalSink
 from diagnoser.redact import redact
 from diagnoser.sources.http import Fetched, client_timeout, display_url, too_slow
@@ -15,7 +15,7 @@ from diagnoser.sources.http import fetch as _fetch
 
 def _json(text: str) -> Any:
     try:
-        return json.loads(text)
+        return loads(text)  # lone surrogates replaced
     except (ValueError, RecursionError):
         return None
 

@@ -63,10 +63,10 @@ class SGLangAdapter:
 
         return metrics.foreign_exposition(families)
 
-    def fast_samples(self, text: str) -> list[metrics.Sample]:
+    def fast_samples(self, text: str, limit: int | None = None) -> list[metrics.Sample]:
         from diagnoser.engines.sglang import metrics
 
-        return metrics.fast_samples(text)
+        return metrics.fast_samples(text, limit)
 
     def samples_from_families(self, families: Any) -> list[metrics.Sample]:
         from diagnoser.engines.sglang import metrics

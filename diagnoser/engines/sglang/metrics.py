@@ -138,20 +138,23 @@ def _grammar_line(line: str, out: list[Sample]) -> None:
         pass
 
 
-def fast_samples(text: str) -> list[Sample]:
+def fast_samples(text: str, limit: int | None = None) -> list[Sample]:
     """The wanted samples of an exposition (no HELP/TYPE, no unmapped family), equal to the full line
     grammar (:func:`_fast_re`) sample for sample.
 
     One regex (:func:`_scan_re`) finds the wanted lines; a line whose label text the grammar has read
     before (it sits in the cache) needs nothing more: a valid label text has no unquoted brace, so the
     grammar would end it at the same brace and read the same value. Any other line (a new series, an odd
-    line) is read with the grammar itself. Label dicts are shared between scrapes: do not mutate them."""
+    line) is read with the grammar itself. Label dicts are shared between scrapes: do not mutate them.
+    ``limit``: stop after about that many samples (a target sending 300k series costs no more)."""
     out: list[Sample] = []
     append = out.append
     get = _LABEL_CACHE.get
     if text.startswith("sglang"):  # the first line has no newline before it
         _grammar_line(text.split("\n", 1)[0], out)
     for m in _scan_re().finditer(text):
+        if limit is not None and len(out) >= limit:
+            break
         name, lab, val = m.groups()
         if lab is None:
             labels: dict[str, str] | None = {}
@@ -274,6 +277,25 @@ class MetricsState:
     last_ts: float | None = None  # time of the previous scrape (a counter that appears later starts at 0)
     dropped: int = 0  # samples with impossible values (NaN, ±Inf, negative, bad le): counted, not used
     drop_examples: list[str] = field(default_factory=list)
+    ranks: set[str] = field(default_factory=set)  # rank keys seen (at most MAX_RANKS)
+    cut_series: int = 0  # samples of ranks past MAX_RANKS: counted, not used
+
+
+# what one target can make us hold: at most this many DP/PP rank keys (each is a set of signals in the
+# timeline; SGLang runs at most a few dozen), and this many distinct model names, label names, engine types
+MAX_RANKS = 256
+MAX_NAMES = 64
+MAX_BUCKETS = 256  # distinct bucket bounds per histogram (SGLang's have at most a few dozen)
+
+
+def _rank_ok(state: MetricsState, rk: str) -> bool:
+    if rk in state.ranks:
+        return True
+    if len(state.ranks) >= MAX_RANKS:
+        state.cut_series += 1
+        return False
+    state.ranks.add(rk)
+    return True
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -327,14 +349,15 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
                 other[name] = other.get(name, 0.0) + value
             continue
         if labels:
-            state.label_names.update(labels)
+            if len(state.label_names) < MAX_NAMES:
+                state.label_names.update(labels)
             if labels.get("priority"):  # per-priority split of a total that is also exported
                 continue
             mn = labels.get("model_name") or (labels.get("name") if name in PRERELEASE_NAMES or state.prerelease else None)
-            if mn:
+            if mn and len(state.model_names) < MAX_NAMES:
                 state.model_names.add(mn)
             et = labels.get("engine_type")
-            if et:
+            if et and len(state.engine_types) < MAX_NAMES:
                 state.engine_types.add(et)
         if not (0.0 <= value < _INF) and name not in HINT_ONLY:  # NaN, ±Inf or negative: impossible here
             _drop(state, name, labels, value, "NaN" if value != value else "infinite" if math.isinf(value) else "negative")
@@ -349,6 +372,9 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
                 _drop(state, name, labels, value, "le is not a number")
                 continue
             b = hist.setdefault(stem, {})  # tokenizer histograms are per server; sum label splits
+            if bound not in b and len(b) >= MAX_BUCKETS:
+                state.cut_series += 1
+                continue
             b[bound] = b.get(bound, 0.0) + value
             used += 1
             continue
@@ -357,6 +383,8 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             if name in ("realtime_tokens_total", "prefill_effective_tokens_total", "cuda_graph_passes_total"):
                 key = f"{name}:{labels.get('mode', '')}"
             ck = (key, rank_key(labels))
+            if not _rank_ok(state, ck[1]):
+                continue
             per_tp = counters.setdefault(ck, {})
             tp = _tp(labels)
             per_tp[tp] = per_tp.get(tp, 0.0) + value
@@ -365,6 +393,8 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
         if name == "cached_tokens_total":
             continue
         rk = rank_key(labels)
+        if not _rank_ok(state, rk):
+            continue
         if name in CONFIG_GAUGES and rk in ("", "dp0"):
             sink.set_config(CONFIG_GAUGES[name], _intish(value), f"{source} sglang:{name}")
         sig = GAUGES.get(name)
