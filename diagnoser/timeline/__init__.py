@@ -33,6 +33,8 @@ __all__ = ["SIGNALS", "Series", "Sources", "Timeline", "quantile", "summarize", 
 # Canonical signals: name → (unit, how ranks aggregate, help). Later issues and scripts rely on these names.
 SIGNALS: dict[str, tuple[str, str, str]] = {
     "running_reqs": ("requests", "sum", "requests in the running (decode) batch"),
+    "prefill_running_reqs": ("requests", "sum", "a Prefill batch line's #running-req: the decode batch beside that prefill, "
+                             "before its new requests join (not a running-batch reading; 0 when the batch had just emptied)"),
     "queue_reqs": ("requests", "sum", "requests waiting in the scheduler queue"),
     "token_usage": ("ratio", "max", "KV pool use, 0-1 (worst pool and worst rank)"),
     "used_tokens": ("tokens", "sum", "KV slots held by live requests"),

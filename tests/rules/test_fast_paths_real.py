@@ -144,7 +144,7 @@ def _ref_from_log(rule: Any, ctx: RuleContext) -> Any:
     _, pv = raw_arrays(ctx, "prefill_new_tokens")
     if not any(not ps.sources[i].startswith("scrape@") for i in (pv >= t["min_batch_tokens"]).nonzero()[0].tolist()):
         return None
-    pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "running_reqs") if not p[3].startswith("scrape@")]
+    pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "prefill_running_reqs" if ctx.series("prefill_running_reqs") is not None else "running_reqs") if not p[3].startswith("scrape@")]
     pre = [x for x in pre if x[0] >= 0]
     if len(pre) < t["min_run"]:
         return None

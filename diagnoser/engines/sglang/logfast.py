@@ -112,7 +112,7 @@ PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
     ("p_cached", "prefill_cached_tokens", False),
     ("p_hit", "cache_hit_rate", True),
     ("p_use", "token_usage", False),
-    ("p_run", "running_reqs", False),
+    ("p_run", "prefill_running_reqs", False),
     ("p_queue", "queue_reqs", False),
     ("p_pend", "pending_tokens", True),
     ("p_in", "input_throughput_tps", True),

@@ -87,7 +87,7 @@ _PREFILL_FIELDS: dict[str, str | None] = {
     "full token usage": "full_token_usage",
     "swa token usage": "swa_token_usage",
     "mamba usage": "mamba_usage",
-    "#running-req": "running_reqs",
+    "#running-req": "prefill_running_reqs",  # the running batch beside this prefill, before its new requests join
     "#queue-req": "queue_reqs",
     "#pending-token": "pending_tokens",
     "input throughput (token/s)": "input_throughput_tps",
