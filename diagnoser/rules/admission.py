@@ -38,7 +38,7 @@ import numpy as np
 
 from diagnoser.capacity.pool import pool_count
 from diagnoser.capacity.serverstate import server_state
-from diagnoser.rules.base import next_pow2, pool_tokens, slot_cap, tokens_per_request
+from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
 from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")
 CLIP = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
-HEADROOM = 1.25  # demand headroom of a bounded proposal
+FIT_SHARE = 0.8  # running at this share of what the pool holds at full length fills it
 
 
 @dataclass
@@ -71,7 +71,9 @@ class Admission:
     prompt: float | None = None  # mean prompt (uncached share) of the finished requests
     output: float | None = None  # mean output of the finished requests
     ratio: float | None = None
-    kv_how: str = ""  # "arithmetic" | "footprint" | "inferred" | "usage"
+    kv_how: str = ""  # "arithmetic" | "inferred" | "usage"
+    open: Any = None  # readings with a queue that no earlier limit (transfer, state, slots, budget) held
+    kv_arith: Any = None  # readings where the reservation arithmetic (or the inference) says the next request does not fit
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -124,6 +126,7 @@ def _build(ctx: RuleContext) -> Admission:
     a.prompt, a.output = finished_sizes(ctx)
     a.ratio = _ratio(ctx)
     wait = q > 0
+    a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
     if not len(p):
         return a
     lab = a.label
@@ -137,7 +140,11 @@ def _build(ctx: RuleContext) -> Admission:
         lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
     if a.budget:
         lab[wait & (lab == "none") & _budget_spent(ctx, a)] = "budget"
-    arith = _reservation_full(a)
+    a.open = wait & (lab == "none")
+    a.kv_arith = np.zeros(len(p), dtype=bool)
+    arith = _reservation_full(a, _ratio_at(ctx, a))
+    if arith is not None:
+        a.kv_arith |= a.open & arith
     with np.errstate(invalid="ignore"):
         by_usage = np.nan_to_num((u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))).astype(bool)
     if arith is not None and np.any(wait & (lab == "none") & arith):
@@ -148,15 +155,17 @@ def _build(ctx: RuleContext) -> Admission:
         lab[wait & (lab == "none") & by_usage] = "kv"
     # sizes unknown: a running count held at one value while requests keep waiting is a limit; below a known
     # cap (and no budget binding) it is the reservation; with no cap in the inputs it is an implied cap
-    held = _held(a)
+    held = _held(a) if not a.cap else _held(a, 0.8)
     if held is not None:
         at = wait & (lab == "none") & (run == held)
-        if a.cap and held < a.cap and arith is None:
+        if a.cap and held < a.cap and arith is None and not _usage_high(a):
             a.kv_how = a.kv_how or "inferred"
             lab[at] = "kv"
+            a.kv_arith |= at
         elif not a.cap and not _usage_high(a):
             a.cap, a.cap_inferred, a.cap_src = int(held), True, a.sources[int(at.nonzero()[0][0])]
             lab[at] = "slots"
+            a.open &= ~at
     return a
 
 
@@ -184,9 +193,10 @@ def _usage_high(a: Admission) -> bool:
     return bool(len(u)) and float(np.percentile(u, 95)) >= USAGE_DEEP
 
 
-def _held(a: Admission) -> float | None:
+def _held(a: Admission, share: float = 0.5) -> float | None:
     """The running count most readings with a queue show, never exceeded, in at least half of them and in
-    at least 3 readings (a scrape between a completion and the next admission reads one less)."""
+    at least 3 readings (a scrape between a completion and the next admission reads one less); ``share``
+    is the least share of the readings with a queue it must hold in."""
     run = a.running[(a.queue > 0) & (a.label == "none")]
     allq = a.running[a.queue > 0]
     if len(run) < 3:
@@ -194,9 +204,25 @@ def _held(a: Admission) -> float | None:
     vals, counts = np.unique(run, return_counts=True)
     k = int(np.argmax(counts))
     v = float(vals[k])
-    if v < 1 or counts[k] < 0.5 * len(allq) or float(allq.max()) > v or (len(allq) < 6 and counts[k] < len(allq)):
+    if v < 1 or counts[k] < share * len(allq) or float(allq.max()) > v or (len(allq) < 6 and counts[k] < len(allq)):
         return None
     return v
+
+
+def _ratio_at(ctx: RuleContext, a: Admission) -> Any:
+    """new_token_ratio at each reading: the latest reading of it at or before (the first one before any),
+    else the window's value (:func:`_ratio`)."""
+    s = ctx.series("new_token_ratio")
+    if s is None or not len(s) or not len(a.ts):
+        return a.ratio
+    ts, vs = raw_arrays(ctx, "new_token_ratio")
+    ok = ~np.isnan(vs)
+    ts, vs = ts[ok], vs[ok]
+    if not len(ts):
+        return a.ratio
+    order = np.argsort(ts, kind="stable")
+    k = np.searchsorted(ts[order], a.ts, side="right") - 1
+    return vs[order][np.maximum(k, 0)]
 
 
 def _ratio(ctx: RuleContext) -> float | None:
@@ -210,7 +236,7 @@ def _ratio(ctx: RuleContext) -> float | None:
     return 0.7 if st.args_known else None
 
 
-def _reservation_full(a: Admission) -> Any:
+def _reservation_full(a: Admission, ratio: Any) -> Any:
     """Per reading, whether free + evictable KV is below the next request's need after the running
     requests' reservations (``PrefillAdder.add_one_req`` -> ``NO_TOKEN``); None without the sizes."""
     if not a.pool or a.prompt is None or a.output is None or a.ratio is None or not len(a.usage):
@@ -218,9 +244,12 @@ def _reservation_full(a: Admission) -> Any:
     free = a.pool * (1.0 - np.nan_to_num(a.usage, nan=0.0))
     held = a.pool * np.nan_to_num(a.usage, nan=0.0) / np.maximum(a.running, 1.0)  # tokens per running request
     generated = np.clip(held - a.prompt, 0.0, a.output)
-    reserved = a.running * np.minimum(a.output - generated, CLIP) * a.ratio
+    reserved = a.running * np.minimum(a.output - generated, CLIP) * ratio
     need = a.prompt + min(a.output, CLIP) + 1
-    return (free - reserved) < need
+    # or the running batch already fills the pool at its full length: the ratio has decayed (it falls each
+    # decode step), and these requests are retracted when they grow (the footprint test)
+    full = a.running >= FIT_SHARE * a.pool / max(a.prompt + a.output, 1.0)
+    return ((free - reserved) < need) | full
 
 
 def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
@@ -308,39 +337,6 @@ def server_state_of(ctx: RuleContext) -> Any:
     return ctx.memo["server_state"]
 
 
-# -- bounded proposals -------------------------------------------------------------------------------
-def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | None, str]:
-    """The slot cap to propose: what the pool holds at the observed tokens per request (0.9 x pool / tpr),
-    bounded by the demand seen (running + waiting, x 1.25) and by SGLang's own bound (pool // 2), at
-    least cap + 1; (None, why) when nothing above the cap is warranted."""
-    a = admission(ctx)
-    bounds: list[tuple[float, str]] = []
-    if a.pool and tpr:
-        bounds.append((0.9 * a.pool * dp_ranks(ctx) / tpr, f"the pool holds about {0.9 * a.pool * dp_ranks(ctx) / tpr:,.0f} requests at {tpr:,.0f} tokens each"))
-    dem = a.demand()
-    if dem:
-        bounds.append((dem * HEADROOM, f"{dem:,.0f} requests were in flight (running + waiting, median while busy), with 25 % headroom"))
-    if a.pool:
-        bounds.append((a.pool // 2 * dp_ranks(ctx), "SGLang bounds the cap by pool // 2"))
-    if not bounds:
-        return None, ""
-    value, why = min(bounds, key=lambda b: b[0])
-    v = int(value)
-    v = v - v % 8 if v >= 16 else v
-    if v <= cap:
-        return None, why
-    return v, why
-
-
-def bounded_pool(ctx: RuleContext, pool: int, full: float | None) -> int:
-    """The --max-total-tokens to propose: the requests in flight at their full length with 10 % to spare,
-    at least twice the pool, and no more than the next power of two above that demand x 1.25."""
-    a = admission(ctx)
-    dem = a.demand()
-    want = dem * HEADROOM * full / 0.9 / dp_ranks(ctx) if full and dem else 0.0
-    return next_pow2(max(want, 2 * pool))
-
-
 # -- the prefill budget ------------------------------------------------------------------------------
 def per_pass(ctx: RuleContext) -> np.ndarray:
     """Tokens of one prefill batch per ``prefill_new_tokens`` point (timeline/derived.py), memoised."""
@@ -403,6 +399,23 @@ def _prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
     return None, "", ""
 
 
+def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: list[Any]) -> str:
+    """kv_saturation's sentence for readings the reservation arithmetic (or the inference) calls full, with
+    its evidence appended to ``evs``."""
+    foot, fit = fit_at_full_length(ctx)
+    if foot and fit:
+        evs.append(evidence("tokens per request at full length (mean prompt + output)", round(foot), None, ctx.window_text(),
+                            "prompt and generation token counters / finished requests" if not ctx.memo.get("sizes_estimated")
+                            else "Prefill lines' tokens per request and Decode lines' tokens per running request (estimated)"))
+        evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
+        return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "
+                f"{wshare:.0%} of the {n_wait} readings with a queue the next request did not fit beside what the running ones still reserve "
+                f"(remaining output x new_token_ratio {a.ratio:.2f}, docs/sglang.md#batching-flags), although usage reads lower")
+    return (f"the running batch held at one count below the slot cap in {wshare:.0%} of the {n_wait} readings with a queue, with no prefill "
+            "budget binding: admission reserves room for the running requests' remaining output (new_token_ratio), so no more fit "
+            "although usage reads lower (inferred: the request sizes are not in the inputs)")
+
+
 # -- retractions -------------------------------------------------------------------------------------
 def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     """(retraction events, retracted requests, source of the first event); memoised for the pass. The
@@ -431,5 +444,11 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     return out
 
 
-__all__ = ["Admission", "CLASSES", "admission", "bounded_pool", "bounded_slots", "dp_ranks", "finished_sizes", "fit_at_full_length",
-           "full_length", "per_pass", "prefill_budget", "retractions", "server_state_of"]
+def retraction_count(ctx: RuleContext) -> tuple[int, str]:
+    """Retraction events and the source of the first (:func:`retractions`)."""
+    n, _reqs, src = retractions(ctx)
+    return n, src
+
+
+__all__ = ["Admission", "CLASSES", "admission", "dp_ranks", "finished_sizes", "fit_at_full_length",
+           "full_length", "kv_reason", "per_pass", "prefill_budget", "retraction_count", "retractions", "server_state_of"]

@@ -58,8 +58,9 @@ import re
 from typing import Any
 
 from diagnoser.model import Finding, Severity, Suggestion
-from diagnoser.rules.admission import admission, bounded_slots
+from diagnoser.rules.admission import admission
 from diagnoser.rules.base import Rule, RuleContext, ev, evidence, suggest, tokens_per_request
+from diagnoser.rules.proposals import bounded_slots
 
 
 class MaxRunningRequestsCap(Rule):

@@ -7,6 +7,7 @@ from diagnoser.rules.kv01_kv_saturation import KVSaturation
 from diagnoser.rules.kv02_kv_retraction import KVRetraction
 from diagnoser.rules.oc01_low_batch_occupancy import LowBatchOccupancy
 from diagnoser.rules.oc02_client_bound import ClientBound
+from diagnoser.rules.pf01_prefill_stall import PrefillStall
 from diagnoser.rules.qu01_queue_buildup import QueueBuildup
 from diagnoser.rules.rg01_runaway_generation import RunawayGeneration
 from diagnoser.rules.sl01_max_running_requests_cap import MaxRunningRequestsCap
@@ -26,7 +27,8 @@ def test_kv_saturation_boundary() -> None:
     assert _kv(0.94) is None  # a short queue at 0.94: the tuning guide's well-used pool
     # with more waiting than the guide's healthy queue (2000) the pool is full from 0.90: admission also
     # reserves room for the running requests' remaining output, so the queue forms before usage reads 1.0
-    deep = {"token_usage": [0.91] * 6, "queue_reqs": [2500] * 6, "running_reqs": [20] * 6, "config": CFG}
+    # (the running count moves, so the admission model's inference from a count held below the cap stays out)
+    deep = {"token_usage": [0.91] * 6, "queue_reqs": [2500] * 6, "running_reqs": [20, 19, 20, 18, 20, 17], "config": CFG}
     f = run(KVSaturation, window(**deep))  # type: ignore[arg-type]
     assert f is not None and "reserves room" in f.summary and f.evidence[0].threshold == 0.9
     assert run(KVSaturation, window(**{**deep, "token_usage": [0.89] * 6})) is None  # type: ignore[arg-type]
@@ -37,6 +39,21 @@ def test_kv_saturation_boundary() -> None:
     flags = {s.flag: s for s in f.suggestions}
     assert flags["--mem-fraction-static"].current == 0.85 and flags["--mem-fraction-static"].proposed == 0.89
     assert flags["--kv-cache-dtype"].proposed == "fp8_e4m3"
+
+
+def test_kv_saturation_reads_the_reservation_when_usage_reads_low() -> None:
+    """The 94M-model case of issue 25: running pinned at 8 below a cap of 64 while 40 wait, usage at most
+    0.6 and no request finished (no sizes): admission reserves room for the running requests' remaining
+    output, so the pool is the limit, not a prefill stall."""
+    cfg = {"max_running_requests": 64, "max_total_tokens": 4096, "arg.max_total_tokens": 4096, "device": "cpu"}
+    tl = window(token_usage=[0.3, 0.4, 0.45, 0.5, 0.55, 0.6] * 2, queue_reqs=[40] * 12, running_reqs=[8] * 12,
+                used_tokens=[1229, 1638, 1843, 2048, 2253, 2458] * 2, config=cfg)
+    f = run(KVSaturation, tl)
+    assert f is not None and "reserves room" in f.summary and f.confidence == "low"
+    assert f.suggestions and f.suggestions[0].flag == "--max-total-tokens" and 8192 <= f.suggestions[0].proposed <= 65536
+    assert run(PrefillStall, tl) is None
+    moving = window(token_usage=[0.3, 0.4, 0.45, 0.5, 0.55, 0.6] * 2, queue_reqs=[40] * 12, running_reqs=[8, 7, 6, 8, 5, 7] * 2, config=cfg)
+    assert run(KVSaturation, moving) is None  # a count that moves is not held by anything
 
 
 def test_kv_saturation_needs_a_queue_or_retraction() -> None:
