@@ -80,15 +80,7 @@ from diagnoser.rules.admission import (
     retraction_count,
     retractions,
 )
-from diagnoser.rules.base import (
-    Rule,
-    RuleContext,
-    ev,
-    evidence,
-    fmt_int,
-    pool_phrase,
-    tokens_per_request,
-)
+from diagnoser.rules.base import Rule, RuleContext, ev, evidence, fmt_int, pool_phrase, tokens_per_request
 from diagnoser.rules.er01_oom import oom_detail
 from diagnoser.rules.proposals import pool_suggestions
 
@@ -173,7 +165,8 @@ class KVSaturation(Rule):
             evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
             parts.append(f"{n_retract} retraction event(s)" + ("" if peak >= high else
                          " — SGLang retracts only when the pool cannot hold the next decode tokens, so the pool ran out between the readings"))
-        crit = (wshare >= t["critical_share"] or fshare >= t["critical_share"]) and n_wait > 0 and n_retract > 0
+        ushare = float(np.count_nonzero(kv & by_usage)) / n_wait if n_wait else 0.0  # critical: the pool reads full, not only reserved
+        crit = (ushare >= t["critical_share"] or fshare >= t["critical_share"]) and n_wait > 0 and n_retract > 0
         conf = "high" if path_kv and path_retract else "low" if only_arith and not path_retract else "medium"
         tpr, _ = tokens_per_request(ctx)
         foot, _fit = fit_at_full_length(ctx)
