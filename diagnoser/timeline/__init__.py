@@ -68,6 +68,7 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "request_rate": ("requests/s", "sum", "finished requests per second"),
     "requests_completed": ("requests", "sum", "finished requests since start (counter)"),
     "retractions_total": ("requests", "sum", "retracted requests since start (counter)"),
+    "aborted_total": ("requests", "sum", "aborted requests since start: client disconnects, timeouts, queue-full rejections (counter)"),
     "http_requests_active": ("requests", "sum", "in-flight HTTP requests"),
     "decode_sum_seq_lens": ("tokens", "sum", "sum of sequence lengths in the decode batch"),
     "cache_hit_rate_last_prefill": ("ratio", "mean", "prefix-cache hit rate of the last prefill batch (gauge)"),
