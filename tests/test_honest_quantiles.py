@@ -11,14 +11,14 @@ BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 
 
 def _expo(run: int, queue: int, counts: dict[float, int]) -> str:
-    lines = ['sglang:num_running_reqs{model_name="m"} %d' % run, 'sglang:num_queue_reqs{model_name="m"} %d' % queue]
+    lines = [f'sglang:num_running_reqs{{model_name="m"}} {run}', f'sglang:num_queue_reqs{{model_name="m"}} {queue}']
     cum = 0
     for b in BOUNDS:
         cum += counts.get(b, 0)
-        lines.append('sglang:time_to_first_token_seconds_bucket{le="%s",model_name="m"} %d' % (float(b), cum))
-    lines.append('sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} %d' % cum)
-    lines.append('sglang:time_to_first_token_seconds_count{model_name="m"} %d' % cum)
-    lines.append('sglang:time_to_first_token_seconds_sum{model_name="m"} %d' % (cum * 50))
+        lines.append(f'sglang:time_to_first_token_seconds_bucket{{le="{float(b)}",model_name="m"}} {cum}')
+    lines.append(f'sglang:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {cum}')
+    lines.append(f'sglang:time_to_first_token_seconds_count{{model_name="m"}} {cum}')
+    lines.append(f'sglang:time_to_first_token_seconds_sum{{model_name="m"}} {cum * 50}')
     return "\n".join(lines) + "\n"
 
 
