@@ -77,6 +77,20 @@ class RequestOutcomes(Rule):
             total = posts or sum(status.values())
             bad = {k: v for k, v in status.items() if k[:1] in "45"}
             failed = sum(bad.values())
+        elif ctx.series("http_responses_total") is not None:  # the API's own answer counters (sglang:http_responses_total)
+            total = _counter_increase(ctx, "http_responses_total")
+            status = {c: n for c in ("400", "429", "503") if (n := _counter_increase(ctx, f"http_{c}_total"))}
+            other = _counter_increase(ctx, "http_errors_total") - sum(status.values())
+            if other > 0:
+                status["other 4xx/5xx"] = other
+            bad = dict(status)
+            failed = sum(bad.values())
+            if failed:
+                s = ctx.series("http_errors_total")
+                evs.append(evidence("requests failed (sglang:http_responses_total, by status)", ", ".join(f"{v:,} x {k}" for k, v in sorted(bad.items())),
+                                    None, ctx.window_text(), s.last_source() if s is not None else ""))
+                parts.append(f"{failed:,} of {total:,} requests got an error status ({', '.join(f'{v:,} x HTTP {k}' for k, v in sorted(bad.items()))})")
+        if acc:
             if failed:
                 evs.append(evidence("requests failed (access log, by status)", ", ".join(f"{v:,} x {k}" for k, v in sorted(bad.items())),
                                     None, "", a.source))
@@ -119,25 +133,32 @@ class RequestOutcomes(Rule):
     def _context(ctx: RuleContext, status: dict[str, int], parts: list[str], evs: list[Any]) -> list[Suggestion]:
         """400s with the server's own context-length lines: the longest prompt rejected and what fits."""
         long_ = [e for e in ctx.events_of("request_too_long")]
+        cur = ctx.cfg("context_len", ctx.cfg("arg.context_length"))
+        pool, _ = pool_tokens(ctx)
         if not long_:
-            if status.get("400"):
-                parts.append(f"{status['400']:,} x 400: bad requests (a prompt longer than the context length shows as a "
-                             "'longer than the model's context length' line in the server log)")
-            return []
+            if not status.get("400"):
+                return []
+            parts.append(f"{status['400']:,} x 400: bad requests (a prompt longer than the context length shows as a "
+                         "'longer than the model's context length' line in the server log)")
+            if not isinstance(cur, int | float) or cur <= 0 or (pool and cur >= pool):
+                return []
+            proposed = min(2 * int(cur), pool) if pool else 2 * int(cur)
+            return [suggest(ctx, "context_length", int(cur), proposed, f"{status['400']:,} requests were rejected with 400 at a context length of {int(cur):,}",
+                            "prompts up to twice as long are served, if the 400s are prompts longer than the context",
+                            ("the 400s are prompts longer than the context (the server log says so on each: pass it to check)",
+                             "the model supports the longer context (its config's max_position_embeddings)"))]
         worst = max(long_, key=lambda e: int(e.fields.get("input_tokens") or 0))
         need, allowed = int(worst.fields.get("input_tokens") or 0), int(worst.fields.get("allowed_tokens") or 0)
         evs.append(evidence("longest prompt rejected (tokens)", need, allowed, "", worst.source))
         parts.append(f"{len(long_):,} prompt(s) were rejected as too long (up to {need:,} tokens, {allowed:,} allowed)")
         if worst.fields.get("limit") not in ("context", None, ""):
             return []  # the pool, not the context length, rejected it (kv_pool_too_small)
-        pool, _ = pool_tokens(ctx)
         proposed = next_pow2(need + 1)
         if pool and proposed > pool:
             proposed = pool
         if proposed <= allowed:
             return []
-        cur = ctx.cfg("context_len", ctx.cfg("arg.context_length")) or allowed
-        return [suggest(ctx, "context_length", cur, proposed, f"prompts of up to {need:,} tokens were rejected with {allowed:,} allowed",
+        return [suggest(ctx, "context_length", cur or allowed, proposed, f"prompts of up to {need:,} tokens were rejected with {allowed:,} allowed",
                         "the rejected prompts are served (each needs its KV in the pool)",
                         ("the model supports the longer context (its config's max_position_embeddings)", "or cut prompts on the client instead"))]
 

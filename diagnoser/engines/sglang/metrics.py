@@ -337,6 +337,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     gauge_base: dict[str, str] = {}
     counters: dict[tuple[str, str], dict[int, float]] = {}
     hist: dict[str, dict[float, float]] = {}
+    http: dict[str, float] = {}  # status code → POST responses since start
     seen = state.seen_names
     if not state.prerelease:  # decided before the loop: it changes how some gauges read
         state.prerelease = any(s[0] in PRERELEASE_NAMES for s in samples)
@@ -366,6 +367,12 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
                 continue
             b = hist.setdefault(stem, {})  # tokenizer histograms are per server; sum label splits
             b[bound] = b.get(bound, 0.0) + value
+            used += 1
+            continue
+        if name == "http_responses_total":  # the API's answers by status (POST only: not health checks or our scrapes)
+            if labels.get("method") == "POST":
+                code = labels.get("status_code", "")
+                http[code] = http.get(code, 0.0) + value
             used += 1
             continue
         if name in COUNTERS or name == "total_retracted_reqs":
@@ -412,6 +419,12 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             sig = "cache_hit_rate_last_prefill"  # the windowed hits/all from the counters is the better one
         sink.add(sig, ts, per_tp[min(per_tp)], f"{source} sglang:{gauge_base.get(sig, 'cache_hit_rate')}", rk)
     _counter_rates({k: v[min(v)] for k, v in counters.items()}, ts, sink, state, source)
+    if http:
+        src = f"{source} sglang:http_responses_total{{method=POST}}"
+        sink.add("http_responses_total", ts, sum(http.values()), src, "")
+        sink.add("http_errors_total", ts, sum(v for c, v in http.items() if c[:1] in "45"), src, "")
+        for code in ("400", "429", "503"):
+            sink.add(f"http_{code}_total", ts, http.get(code, 0.0), src, "")
     ttft = hist.get("ttft_seconds")
     if ttft and state.ttft_bounds is None:
         state.ttft_bounds = tuple(sorted(b for b in ttft if not math.isinf(b)))

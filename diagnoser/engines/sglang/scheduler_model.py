@@ -478,8 +478,9 @@ def _vet_chunk(current: Any, proposed: Any, state: ServerState) -> Verdict:
 
 
 def _vet_context(current: Any, proposed: Any, state: ServerState) -> Verdict:
-    """A smaller --context-length raises the request slots only where the slot estimate bounds them."""
-    if state.max_running_requests_arg is None or not state.args_known:
+    """A smaller --context-length raises the request slots only where the slot estimate bounds them (a
+    larger one, to admit longer prompts, is not a slot lever)."""
+    if state.max_running_requests_arg is None or not state.args_known or _up(current, proposed):
         return OK
     if _range(state.version) == "clamp":
         return OK
