@@ -26,7 +26,12 @@ def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | 
     if a.pool and tpr:
         bounds.append((0.9 * a.pool * dp_ranks(ctx) / tpr, f"the pool holds about {0.9 * a.pool * dp_ranks(ctx) / tpr:,.0f} requests at {tpr:,.0f} tokens each"))
     dem = a.demand()
-    if dem:
+    mq = ctx.cfg("arg.max_queued_requests")
+    full_queue = isinstance(mq, int | float) and mq > 0 and len(a.queue) and float(a.queue.max()) >= mq
+    if dem and full_queue:  # the queue limit turned the rest away: the demand seen is a floor
+        bounds.append((2 * dem * HEADROOM, f"{dem:,.0f} requests were in flight while --max-queued-requests {int(mq)} turned more away "
+                       "(twice that, with 25 % headroom)"))
+    elif dem:
         bounds.append((dem * HEADROOM, f"{dem:,.0f} requests were in flight (running + waiting, median while busy), with 25 % headroom"))
     if a.pool:
         bounds.append((a.pool // 2 * dp_ranks(ctx), "SGLang bounds the cap by pool // 2"))

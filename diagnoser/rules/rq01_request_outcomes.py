@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 from diagnoser.model import Finding, Severity, Suggestion
+from diagnoser.rules.admission import admission
 from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, pool_tokens, suggest
 
 
@@ -109,11 +110,15 @@ class RequestOutcomes(Rule):
             return None
         share = min(failed / total, 1.0)
         evs.insert(0, evidence("share of requests rejected, aborted or failed", round(share, 3), t["fail_share"], ctx.window_text(), evs[0].source))
-        sugg += self._context(ctx, status, parts, evs)
+        sugg += self._context(ctx, status, parts, evs, t["fail_share"] * total)
         if status.get("503"):
             cur = ctx.cfg("arg.max_queued_requests")
             parts.append(f"{status['503']:,} x 503: the waiting queue was full" + (f" (--max-queued-requests {cur})" if cur else ""))
-            if isinstance(cur, int | float) and cur > 0:
+            held, held_share = admission(ctx).top()
+            see = {"slots": "max_running_requests_cap", "kv": "kv_saturation", "budget": "prefill_stall"}.get(held)
+            if see and held_share >= 0.5:  # the queue fills because admission is held: that limit is the fix, not a longer queue
+                parts.append(f"the queue fills because {see} holds admission: its fix serves more, a longer queue only waits longer")
+            elif isinstance(cur, int | float) and cur > 0:
                 sugg.append(suggest(ctx, "max_queued_requests", int(cur), next_pow2(2 * cur),
                                     f"{status['503']:,} requests were turned away with 503 because {int(cur)} already waited",
                                     "fewer rejections, traded for queue time (TTFT); the lasting fix is throughput (the admission findings) or replicas",
@@ -130,7 +135,7 @@ class RequestOutcomes(Rule):
                             basis={"events": max(len(acc), 1), "kind": "access log" if acc else "request counters"})
 
     @staticmethod
-    def _context(ctx: RuleContext, status: dict[str, int], parts: list[str], evs: list[Any]) -> list[Suggestion]:
+    def _context(ctx: RuleContext, status: dict[str, int], parts: list[str], evs: list[Any], enough: float) -> list[Suggestion]:
         """400s with the server's own context-length lines: the longest prompt rejected and what fits."""
         long_ = [e for e in ctx.events_of("request_too_long")]
         cur = ctx.cfg("context_len", ctx.cfg("arg.context_length"))
@@ -140,8 +145,8 @@ class RequestOutcomes(Rule):
                 return []
             parts.append(f"{status['400']:,} x 400: bad requests (a prompt longer than the context length shows as a "
                          "'longer than the model's context length' line in the server log)")
-            if not isinstance(cur, int | float) or cur <= 0 or (pool and cur >= pool):
-                return []
+            if not isinstance(cur, int | float) or cur <= 0 or (pool and cur >= pool) or status["400"] < enough:
+                return []  # (a few 400s without the log's lines are no case for a longer context)
             proposed = min(2 * int(cur), pool) if pool else 2 * int(cur)
             return [suggest(ctx, "context_length", int(cur), proposed, f"{status['400']:,} requests were rejected with 400 at a context length of {int(cur):,}",
                             "prompts up to twice as long are served, if the 400s are prompts longer than the context",
