@@ -43,7 +43,6 @@ REGISTRY: list[type[Rule]] = [
     KVRetraction,
     KVPoolTooSmall,
     QueueBuildup,
-    RequestOutcomes,
     LowBatchOccupancy,
     ClientBound,
     PrefillStall,
@@ -58,6 +57,7 @@ REGISTRY: list[type[Rule]] = [
     EngineCrash,
     EngineLeak,
     RunawayGeneration,
+    RequestOutcomes,  # after the capacity causes: a queue-full 503 or a timeout is theirs when they are found
     SourceUnreachable,
     MetricsDisabled,
     InsufficientData,

@@ -44,7 +44,7 @@ from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
 if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
 
-CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")
+CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")  # (and "report": not a running reading)
 CLIP = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
 FIT_SHARE = 0.8  # running at this share of what the pool holds at full length fills it
@@ -78,7 +78,7 @@ class Admission:
 
     @property
     def n_wait(self) -> int:
-        return int(np.count_nonzero(self.queue > 0))
+        return int(np.count_nonzero((self.queue > 0) & (self.label != "report")))
 
     def share(self, cls: str) -> float:
         n = self.n_wait
@@ -100,7 +100,7 @@ class Admission:
 
     def demand(self) -> float:
         """Median running + waiting over the readings with work (idle stretches left out)."""
-        busy = (self.running > 0) | (self.queue > 0)
+        busy = ((self.running > 0) | (self.queue > 0)) & (self.label != "report")
         if not np.any(busy):
             return 0.0
         return float(np.median(self.running[busy]) + np.median(self.queue[busy]))
@@ -131,6 +131,16 @@ def _build(ctx: RuleContext) -> Admission:
         return a
     lab = a.label
     lab[wait] = "none"
+    # a scrape's num_running_reqs holds the last batch report, and after a prefill report that is the batch
+    # beside the prefill (metrics_reporter.py at v0.5.23, as a Prefill line's #running-req): a reading with
+    # requests waiting and KV in use but nothing, or far fewer than the tokens held, running is such a report
+    with np.errstate(invalid="ignore", divide="ignore"):
+        snap = wait & (np.nan_to_num(u) > 0) & (run == 0)
+        full = (a.prompt or 0) + (a.output or 0)
+        if a.pool and full > 0:
+            snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+    lab[snap] = "report"
+    wait = wait & ~snap
     # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
     # (batch_is_full), the pass's prefill budget (budget_state), then the KV test of add_one_req
     for sig in ("pd_prealloc_reqs", "pd_transfer_reqs"):
@@ -188,7 +198,7 @@ def _along(ctx: RuleContext, p: Any, signal: str) -> Any:
 
 
 def _usage_high(a: Admission) -> bool:
-    u = a.usage[a.queue > 0]
+    u = a.usage[(a.queue > 0) & (a.label != "report")]
     u = u[~np.isnan(u)]
     return bool(len(u)) and float(np.percentile(u, 95)) >= USAGE_DEEP
 
@@ -198,7 +208,7 @@ def _held(a: Admission, share: float = 0.5) -> float | None:
     at least 3 readings (a scrape between a completion and the next admission reads one less); ``share``
     is the least share of the readings with a queue it must hold in."""
     run = a.running[(a.queue > 0) & (a.label == "none")]
-    allq = a.running[a.queue > 0]
+    allq = a.running[(a.queue > 0) & (a.label != "report")]
     if len(run) < 3:
         return None
     vals, counts = np.unique(run, return_counts=True)

@@ -84,7 +84,11 @@ class RequestOutcomes(Rule):
             other = _counter_increase(ctx, "http_errors_total") - sum(status.values())
             if other > 0:
                 status["other 4xx/5xx"] = other
-            bad = dict(status)
+            gone = min(status.get("400", 0), _counter_increase(ctx, "aborted_total"))  # a client that disconnects is answered 400 and counted aborted
+            if gone:
+                status["400"] -= gone
+                status = {k: v for k, v in status.items() if v}
+            bad = dict(status, **({"400 (client disconnected)": gone} if gone else {}))
             failed = sum(bad.values())
             if failed:
                 s = ctx.series("http_errors_total")
@@ -104,6 +108,8 @@ class RequestOutcomes(Rule):
             parts.append(f"{aborted:,} request(s) were aborted (client disconnects, timeouts or queue-full rejections)")
             if not failed:  # the counters alone: aborted against finished
                 total, failed = aborted + (finished or 0), aborted
+            elif not acc:
+                pass  # the answer counters already hold the aborts (as 400s) and the queue-full 503s
             elif status.get("503", 0) < aborted:
                 failed += aborted - status.get("503", 0)  # aborts beyond the queue-full 503s (a streaming disconnect logs 200)
         if not failed or not total:
