@@ -41,3 +41,18 @@ def test_a_few_failures_are_info_and_none_is_nothing() -> None:
     assert f is not None and f.severity == Severity.INFO
     assert run(RequestOutcomes, window(token_usage=[0.1] * 3, events=[_access({"200": 990})])) is None
     assert run(RequestOutcomes, window(aborted_total=[3, 3, 3], requests_completed=[10, 20, 30])) is None
+
+
+def test_a_negative_automatic_fraction_gets_the_fraction_sglang_would_start_with() -> None:
+    """Issue 25: --chunked-prefill-size -1 on a 24 GB machine, automatic fraction -0.049: the fix is the
+    fraction SGLang's formula gives with its default chunk (about 0.72, proposed 0.7), never a larger
+    --max-total-tokens and never the failing value again."""
+    from diagnoser.rules.er01_oom import OOM
+
+    tl = window(token_usage=[0.0], config={"arg.chunked_prefill_size": -1, "arg.mem_fraction_static": -0.049, "arg.max_prefill_tokens": 16384},
+                events=[("oom", 0, {"phase": "startup", "text": "Loaded weights leave no GPU memory for the KV cache"})])
+    f = run(OOM, tl)
+    assert f is not None
+    (s,) = [s for s in f.suggestions if s.flag == "--mem-fraction-static"]
+    assert s.current == -0.049 and s.proposed == 0.7 and "0.71" in s.why
+    assert not any(x.flag == "--max-total-tokens" for x in f.suggestions)
