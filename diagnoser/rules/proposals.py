@@ -5,7 +5,10 @@ same run gives the same value (within a power of two) from its log, one scrape, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from diagnoser.model import Suggestion
 from diagnoser.rules.admission import admission, dp_ranks, full_length, server_state_of
@@ -67,9 +70,11 @@ def pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion]:
         proposed = bounded_pool(ctx, pool, full_length(ctx))
         why = (f"the pool is capped by --max-total-tokens {int(cap_tokens):,}, not by GPU memory" if state.cap_tokens else
                f"the pool is not sized by memory: {pinned_why}")
-        return [suggest(ctx, "max_total_tokens", int(cap_tokens), proposed, why,
-                        f"about {proposed / pool:.1f}x the KV slots, so roughly that many more requests can decode at once",
-                        ("the device has memory free for the larger pool (the cap, not memory, sized it)",))]
+        out = [suggest(ctx, "max_total_tokens", int(cap_tokens), proposed, why,
+                       f"about {proposed / pool:.1f}x the KV slots, so roughly that many more requests can decode at once",
+                       ("the device has memory free for the larger pool (the cap, not memory, sized it)",))]
+        more = compound_after_pool(ctx, out[0], proposed)
+        return [replace(out[0], effect=more[0]), more[1]] if more else out
     out: list[Suggestion] = []
     mfs = ctx.cfg("mem_fraction_static") or ctx.cfg("arg.mem_fraction_static")
     avail = ctx.cfg("available_gpu_mem_gb")
@@ -93,3 +98,48 @@ def pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion]:
                            "moves memory from the SWA pool to the full-attention pool, so more long requests fit",
                            ("the SWA pool stays below about half full at the new ratio",)))
     return out
+
+
+def compound_after_pool(ctx: RuleContext, first: Suggestion, new_pool: int) -> list[Any]:
+    """Compound limits, in SGLang's order (the slots are tested before the KV): when the larger pool holds
+    more requests than the slot cap admits and the demand wants more, the cap binds next. The pool's change
+    says so, with the combined projection, and the cap's change follows it: [the pool change's effect, the
+    cap's change], or [] when the cap does not bind next."""
+    a = admission(ctx)
+    full = full_length(ctx)
+    if not a.cap or a.cap_inferred or not full:
+        return []
+    fit = new_pool * dp_ranks(ctx) / full
+    dem = a.demand()
+    running = float(np.median(a.running[a.running > 0])) if np.any(a.running > 0) else 0.0
+    if not (a.cap < fit and a.cap < dem):
+        return []
+    both = int(min(fit, dem))
+    cap = next_pow2(both) if both > a.cap else a.cap + 1
+    cap = min(cap, new_pool // 2 * dp_ranks(ctx))
+    effect = (f"running {running:.0f} → {a.cap} (then --max-running-requests {a.cap} binds: SGLang tests the slots before the KV); "
+                    f"with --max-running-requests {cap} too, running → about {both} (the pool holds {fit:,.0f} at {full:,.0f} tokens each, "
+                    f"{dem:,.0f} were in flight)")
+    return [effect, suggest(ctx, "max_running_requests", a.cap, cap,
+                            f"after the pool grows to {new_pool:,} tokens it holds about {fit:,.0f} requests at full length, but the cap admits {a.cap}",
+                    f"together with --max-total-tokens {new_pool:,}: running → about {both}",
+                    ("apply together with the pool change",))]
+
+
+def compound_after_slots(ctx: RuleContext, cap: int, proposed: int) -> list[Suggestion]:
+    """The other order: a larger slot cap that the pool, at the requests' full length, cannot hold; when
+    --max-total-tokens (not memory) sizes the pool, the pool's change that lets the new cap run."""
+    a = admission(ctx)
+    full = a.full_length() if not ctx.memo.get("sizes_estimated") else None  # the finished requests' own sizes only
+    state = server_state_of(ctx)
+    pinned, _ = state.pool_pinned()
+    if not a.pool or not full or not pinned:
+        return []
+    fit = a.pool * dp_ranks(ctx) / full
+    if proposed <= fit:
+        return []
+    pool = next_pow2(proposed * full / 0.9 / dp_ranks(ctx))
+    return [suggest(ctx, "max_total_tokens", state.cap_tokens or a.pool, pool,
+                    f"at {full:,.0f} tokens per request the pool holds about {fit:,.0f}: above that the pool binds after the cap (cap {cap} → {proposed})",
+                    f"together with --max-running-requests {proposed}: running → about {proposed} (both limits raised)",
+                    ("apply together with the cap change", "the device has memory free for the larger pool"))]

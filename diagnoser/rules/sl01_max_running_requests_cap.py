@@ -60,7 +60,7 @@ from typing import Any
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.admission import admission
 from diagnoser.rules.base import Rule, RuleContext, ev, evidence, suggest, tokens_per_request
-from diagnoser.rules.proposals import bounded_slots
+from diagnoser.rules.proposals import bounded_slots, compound_after_slots
 
 
 class MaxRunningRequestsCap(Rule):
@@ -134,6 +134,7 @@ class MaxRunningRequestsCap(Rule):
                                f"up to {proposed / cap:.1f}x the running batch while requests wait",
                                (f"requests keep needing about {tpr:,.0f} KV tokens" if tpr else "the pool holds the larger batch",
                                 "the client keeps enough requests in flight")))
+            out += compound_after_slots(ctx, cap, proposed)
         elif requested and requested > cap:
             out.append(suggest(ctx, "max_running_requests", cap, requested,
                                f"the engine cut the requested {requested} to {cap}; it only honours more slots once the worst-case sizing allows it",

@@ -144,3 +144,28 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
         if c["predicted_move"] and c["realized_move"] is not None:
             assert c["as_predicted"], c
 
+
+
+def test_a_failed_start_up_gets_a_fix_that_starts(engine_factory: Any, tmp_path: Path) -> None:
+    """Issue 25: ``--chunked-prefill-size -1`` makes SGLang's automatic memory fraction negative on a small
+    machine and the start-up fails. diagnoser reads the failed start-up's log and proposes the fraction
+    SGLang's own formula gives with its default chunk; applied, the server must start and serve (the
+    prediction: "the server can allocate a KV pool and start")."""
+    flags = ["--chunked-prefill-size", "-1"]
+    with pytest.raises(RuntimeError):
+        engine_factory(flags, "startup-before")
+    log = tmp_path / "startup-before" / "server.log"
+    p = subprocess.run([diagnose_bin(), "--once", "--log", str(log), "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    top = next(iter(doc["top"].values()), None)
+    seen = [(f["rule"], f["severity"], [(s["flag"], s["proposed"]) for s in f["suggestions"]]) for f in doc["findings"]]
+    assert top is not None and top["suggestion"] is not None and top["suggestion"]["flag"] == "--mem-fraction-static", seen
+    assert not any(s[0] == "--max-total-tokens" for f in seen for s in f[2]), seen  # the cap cannot grow an empty profile
+    s = top["suggestion"]
+    after = applied(flags, s)
+    eng = engine_factory(after, "startup-after")
+    res = support.run_load(eng.url, 20, 4, 16, timeout=120)
+    print(f"\n[startup] {top['rule']}: {s['flag']} {s['current']} → {s['proposed']}; predicted: the server starts; "
+          f"realized: started in {eng.startup_s:.0f} s and served {res.ok} of {res.sent} requests", file=sys.stderr)
+    assert res.ok >= 5, res.errors

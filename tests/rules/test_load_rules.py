@@ -262,3 +262,22 @@ def test_kv_retraction_same_second_events_count_apart_and_requests_add_up() -> N
     ev = [("retraction", 1, {"retracted_reqs": 2}), ("retraction", 1, {"retracted_reqs": 1}), ("retraction", 2, {"retracted_reqs": 1})]
     f = run(KVRetraction, window(step=10.0, token_usage=[0.9] * 4, events=ev))
     assert f is not None and "3 times" in f.summary and "4 requests in all" in f.summary
+
+
+def test_compound_limits_in_order_with_the_combined_projection() -> None:
+    """Issue 25, item 2: a pool of 3,000 tokens (its cap), running 6 of a slot cap of 10, 26 waiting. The pool
+    binds now; after its fix the slot cap binds (SGLang tests the slots before the KV): both changes, in that
+    order, with the combined projection ("running 6 → 10, then --max-running-requests 10 binds; with both → 32")."""
+    cfg = {"max_total_tokens": 3000, "arg.max_total_tokens": 3000, "max_running_requests": 10, "device": "cpu"}
+    tl = window(token_usage=[0.97] * 8, queue_reqs=[26] * 8, running_reqs=[6] * 8, used_tokens=[2900] * 8, config=cfg)
+    f = run(KVSaturation, tl)
+    assert f is not None
+    first, second = f.suggestions[:2]
+    assert first.flag == "--max-total-tokens" and first.current == 3000 and first.proposed == 32768
+    assert "running 6 → 10 (then --max-running-requests 10 binds" in first.effect and "running → about 32" in first.effect
+    assert second.flag == "--max-running-requests" and second.current == 10 and second.proposed == 32
+    # the slot cap alone (a pool that holds the demand): one change
+    tl = window(token_usage=[0.2] * 8, queue_reqs=[26] * 8, running_reqs=[10] * 8, used_tokens=[4830] * 8,
+                config={**cfg, "max_total_tokens": 32768, "arg.max_total_tokens": 32768})
+    g = run(MaxRunningRequestsCap, tl)
+    assert g is not None and [s.flag for s in g.suggestions] == ["--max-running-requests"]
