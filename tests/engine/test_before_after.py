@@ -3,8 +3,9 @@ rerun the same load, and check the bottleneck's finding resolved and the realize
 way diagnoser predicted. Each run is recorded like tests/data/sglang-cpu-real/ and judged with
 ``diagnose compare BEFORE AFTER``; predicted vs realized is printed (``pytest -s`` shows it).
 
-Four bottlenecks (tests/engine/README.md): a full KV pool capped by --max-total-tokens, a slot cap,
-capped prefill chunks, and the radix cache off under prompts that share a long prefix. The loads are
+Five bottlenecks (tests/engine/README.md): a full KV pool capped by --max-total-tokens, a slot cap,
+capped prefill chunks, the radix cache off under prompts that share a long prefix, and a compound limit (the
+pool binds before the slot cap); and a start-up that fails (--chunked-prefill-size -1) whose fix must start. The loads are
 large and end when the diagnosis does, so both windows stay busy; each is heavy enough that requests
 wait for the bottleneck on a quiet machine too (16 clients did not make the radix-off run wait there:
 tests/data/sglang-cpu-before-after/radix-off-quiet).
@@ -53,6 +54,12 @@ SCENARIOS = [
     Scenario("prefill-capped", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--chunked-prefill-size", "128"],
              {"n": 4000, "concurrency": 16, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True},
              "prefill_stall", "--chunked-prefill-size", {"ttft_p95_s": -1}, extra=["--ignore-eos"]),
+    # issue 25, compound limits: the pool (3,000 tokens, about 8 requests of 370 at full length) binds before
+    # the slot cap of 10; after the pool's fix the cap binds, which the first fix's effect says (and the
+    # cap's change follows it)
+    Scenario("compound", ["--max-total-tokens", "3000", "--max-running-requests", "10"],
+             {"n": 4000, "concurrency": 32, "max_new_tokens": 256, "ignore_eos": True},
+             "kv_saturation", "--max-total-tokens", {"running": +1, "queued": -1}, extra=["--ignore-eos"]),
     Scenario("radix-off", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--disable-radix-cache"],
              {"n": 4000, "concurrency": 32, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True, "shared_prefix": True},
              "low_cache_hit", "--disable-radix-cache", {"cache_hit": +1}, extra=["--ignore-eos"]),  # TTFT: judged by compare
@@ -122,6 +129,10 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
     assert top is not None and top["rule"] == sc.rule, seen
     s = top["suggestion"]
     assert s is not None and s["flag"] == sc.flag, seen
+    if sc.name == "compound":  # the pool binds now, the slot cap after its fix: both changes, in that order
+        flags = [x["flag"] for f in doc["findings"] if f["rule"] == sc.rule for x in f["suggestions"]]
+        assert "--max-running-requests" in flags, seen
+        print(f"\n[compound] predicted: {s['effect']}", file=sys.stderr)
     after_flags = applied(sc.flags, s)
     print(f"\n[{sc.name}] top cause {top['rule']}: {s['flag']} {s['current']} → {s['proposed']}; relaunching with {after_flags}",
           file=sys.stderr)
