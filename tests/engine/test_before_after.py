@@ -132,7 +132,8 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
     if sc.name == "compound":  # the pool binds now, the slot cap after its fix: both changes, in that order
         flags = [x["flag"] for f in doc["findings"] if f["rule"] == sc.rule for x in f["suggestions"]]
         assert "--max-running-requests" in flags, seen
-        print(f"\n[compound] predicted: {s['effect']}", file=sys.stderr)
+        effect = next(x["effect"] for f in doc["findings"] if f["rule"] == sc.rule for x in f["suggestions"] if x["flag"] == s["flag"])
+        print(f"\n[compound] {s['flag']} {s['current']} → {s['proposed']}, then {flags[1:]}; predicted: {effect}", file=sys.stderr)
     after_flags = applied(sc.flags, s)
     print(f"\n[{sc.name}] top cause {top['rule']}: {s['flag']} {s['current']} → {s['proposed']}; relaunching with {after_flags}",
           file=sys.stderr)
