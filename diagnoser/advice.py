@@ -67,6 +67,9 @@ def scenario_for(s: Suggestion, planner: Planner) -> Scenario | None:
     return fn() if fn else None
 
 
+_FOLLOW_UPS = {"apply together with the pool change", "apply together with the cap change"}  # rules/proposals.py
+
+
 def quantified(s: Suggestion, sc: Scenario, now: Scenario) -> Suggestion:
     """The suggestion with the what-if's numbers; a worded value ("current + 0.02") becomes the sized one."""
     if _num(s.proposed) is None and sc.proposed is not None and sc.flag == s.flag:
@@ -174,4 +177,5 @@ def _enrich_finding(f: Finding, planner: Planner, notes: list[str]) -> None:
     f.suggestions = out
     if f.rule == "kv_saturation":
         _kv_saturation(f, planner, now, notes)
-    f.suggestions.sort(key=lambda s: -(s.gain if s.gain is not None else -0.5))
+    # by expected gain; a compound limit's follow-up (the limit that binds after the first change) stays after it
+    f.suggestions.sort(key=lambda s: (any(a in _FOLLOW_UPS for a in s.assumptions), -(s.gain if s.gain is not None else -0.5)))

@@ -217,6 +217,14 @@ NONE_CHANGED: list[dict[str, Any]] = [{"flag": "--max-total-tokens", "kind": "se
     # an info finding that is new is no regression; one that stayed does not spoil an applied fix
     ([_row("kv_saturation", True, True)], {"resolved": [_finding("kv_saturation")], "persisting": [_finding("low_batch_occupancy", "info")],
                                             "new": [_finding("client_bound", "info")]}, "improved"),
+    # a compound limit: BEFORE's kv_saturation gave the pool first and the slot cap that binds after it; the
+    # cap's finding appearing after the pool change alone is that projection coming true, not a regression
+    ([_row("kv_saturation", True, True), _row("kv_saturation", None, applied="not applied") | {"flag": "--max-running-requests"}],
+     {"resolved": [_finding("kv_saturation")], "persisting": [],
+      "new": [_finding("max_running_requests_cap") | {"flags": ["--max-running-requests"]}]}, "improved"),
+    # the same new finding with a change BEFORE never named is a regression
+    ([_row("kv_saturation", True, True)], {"resolved": [_finding("kv_saturation")], "persisting": [],
+                                            "new": [_finding("max_running_requests_cap") | {"flags": ["--max-running-requests"]}]}, "regressed"),
     # nothing applied: the findings at warning or above decide
     ([_row("kv_saturation", None, True, applied="not applied")], {"resolved": [_finding("kv_saturation")], "persisting": [], "new": []},
      "improved"),

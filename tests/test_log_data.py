@@ -20,7 +20,7 @@ EXPECT: dict[str, dict[str, Any]] = {
     "sglang/logs/lines_from_issue_threads.txt": dict(
         kinds={"prefill": 5, "decode": 3, "exception": 1},
         first={"cache_hit_rate": 0.8083, "prefill_cached_tokens": 757}, last={"used_tokens": 2642688, "swa_token_usage": 0.06},
-        maxv={"running_reqs": 370, "queue_reqs": 646}),
+        maxv={"prefill_running_reqs": 370, "queue_reqs": 646}),
     "sglang/logs/log_decode_lines_test_log_parser_2025-11.log": dict(
         kinds={"decode": 3}, ver=">=0.5.5,<=0.5.8",
         first={"running_reqs": 317, "gen_throughput_tps": 14806.57}, last={"running_reqs": 78, "token_usage": 0.27},
@@ -59,14 +59,14 @@ EXPECT: dict[str, dict[str, Any]] = {
         counts={"gen_throughput_tps": 10, "queue_reqs": 3}),
     "cases/029-sglang-pr14050-back-to-back-prefills-starve-decode/server.log": dict(
         kinds={"prefill": 6}, ver=">=0.5.5,<=0.5.8",
-        first={"prefill_new_tokens": 34560, "queue_reqs": 17, "running_reqs": 45}, last={"prefill_new_tokens": 32896, "queue_reqs": 4, "running_reqs": 58}),
+        first={"prefill_new_tokens": 34560, "queue_reqs": 17, "prefill_running_reqs": 45}, last={"prefill_new_tokens": 32896, "queue_reqs": 4, "prefill_running_reqs": 58}),
     "cases/035-sglang-30160-max-running-requests-reduced-to-50/server.log": dict(
         kinds={"startup": 2}, cfg={"max_running_requests": 50, "max_running_requests_requested": 128, "req_pool_size": 50}),
     # issue 15: short pastes, startup-only logs, tracebacks, PD, ROCm/NPU, v0.1 (each checked against the file by hand)
     "cases/101-sglang-23177-glm51-prefill-only-queue/server.log": dict(
         kinds={"prefill": 2, "access": 6}, ver=">=0.5.11", status={"200": 6},
-        first={"prefill_new_tokens": 15360, "queue_reqs": 238, "pending_tokens": 595000, "running_reqs": 116, "input_throughput_tps": 25774.75},
-        last={"running_reqs": 122, "token_usage": 0.01}),
+        first={"prefill_new_tokens": 15360, "queue_reqs": 238, "pending_tokens": 595000, "prefill_running_reqs": 116, "input_throughput_tps": 25774.75},
+        last={"prefill_running_reqs": 122, "token_usage": 0.01}),
     "cases/103-sglang-444-v01-fill-batch-seq1-queue/server.log": dict(
         kinds={"prefill": 1}, ver="<=0.2.99",
         first={"prefill_new_tokens": 2172, "prefill_cached_tokens": 330, "queue_reqs": 57, "running_reqs": 9, "cache_hit_rate": 0.6916}),
@@ -112,7 +112,7 @@ EXPECT: dict[str, dict[str, Any]] = {
         maxv={"running_reqs": 2}),
     "sglang-cpu-real/kv-full-retract/server.log": dict(
         kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 101, "access": 186, "decode": 160, "retraction": 9}, ver=">=0.5.13",
-        first={"running_reqs": 0, "used_tokens": 739}, maxv={"token_usage": 0.99, "queue_reqs": 35}, retracted=9),
+        first={"prefill_running_reqs": 0, "used_tokens": 739}, maxv={"token_usage": 0.99, "queue_reqs": 35}, retracted=9),
     "sglang-cpu-real/long-queue/server.log": dict(
         kinds={"startup": 7, "server_args": 1, "exception": 8, "traceback": 20, "prefill": 102, "access": 435, "decode": 317}, ver=">=0.5.13",
         maxv={"running_reqs": 4, "queue_reqs": 36}),

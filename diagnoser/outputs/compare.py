@@ -276,16 +276,24 @@ def judge(rows: list[dict[str, Any]], findings: dict[str, list[dict[str, Any]]],
           heads: list[dict[str, Any]]) -> dict[str, Any]:
     """The verdict on the change, what it rests on, and what moved beside it.
 
-    A new finding at warning or above is a regression. Else the applied suggestions decide: each one's
+    A new finding at warning or above is a regression, unless BEFORE named it as the limit that binds after
+    the applied change (a compound limit whose second change was not applied). Else the applied suggestions decide: each one's
     finding resolved (or not) and each of its checks as predicted (or not); all for → improved, some →
     mixed, none → not improved. With no suggestion applied, the findings at warning or above decide
     (resolved and none left → improved). Headline numbers outside the applied suggestions' checks are
     reported as other movements and never change the verdict."""
-    regressed = [x for x in findings["new"] if _serious(x)]
     applied = [r for r in rows if r["applied"] in APPLIED]
+    # a compound limit: BEFORE's finding gave a first change and the limit that binds after it; a new finding
+    # on that next limit, its change not applied, is the projection coming true, not a regression
+    fixed = {r["rule"] for r in applied}
+    next_flags = {r["flag"] for r in rows if r["rule"] in fixed and r["applied"] not in APPLIED}
+    expected = [x for x in findings["new"] if _serious(x) and set(x.get("flags") or ()) & next_flags]
+    regressed = [x for x in findings["new"] if _serious(x) and x not in expected]
     args = [c["flag"] for c in changed if c["kind"] == "server arg"]
     others = [f for f in args if f not in {r["flag"] for r in applied}]
     reasons: list[str] = [f"new {x['rule']} ({x['severity']})" for x in regressed]
+    reasons += [f"new {x['rule']} ({x['severity']}): the limit BEFORE said binds next "
+                f"({', '.join(sorted(set(x.get('flags') or ()) & next_flags))}, not applied)" for x in expected]
     good: list[str] = []
     bad: list[str] = []
     judged: set[str] = set()
@@ -355,7 +363,7 @@ def compare(before: Side, after: Side) -> dict[str, Any]:
 
     resolved = [brief(f) for r, f in fb.items() if r not in fa or (f.severity >= serious > fa[r].severity)]
     persisting = [brief(fa[r]) for r in fb if r in fa and not (fb[r].severity >= serious > fa[r].severity)]
-    new = [brief(f) for r, f in fa.items() if r not in fb]
+    new = [brief(f) | {"flags": [x.flag for x in f.suggestions]} for r, f in fa.items() if r not in fb]
     top_b, sug_b = top_cause(before.report.findings, before.timeline.target)
     top_a, _ = top_cause(after.report.findings, after.timeline.target)
     top_resolved = top_b is not None and top_b.severity >= serious and not any(x["rule"] == top_b.rule for x in persisting if x["severity"] != "info")

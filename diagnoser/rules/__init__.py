@@ -34,6 +34,7 @@ from diagnoser.rules.pf01_prefill_stall import PrefillStall
 from diagnoser.rules.pf02_prefill_decode_interference import PrefillDecodeInterference
 from diagnoser.rules.qu01_queue_buildup import QueueBuildup
 from diagnoser.rules.rg01_runaway_generation import RunawayGeneration
+from diagnoser.rules.rq01_request_outcomes import RequestOutcomes
 from diagnoser.rules.sl01_max_running_requests_cap import MaxRunningRequestsCap
 from diagnoser.rules.sp01_low_spec_acceptance import LowSpecAcceptance
 
@@ -56,6 +57,7 @@ REGISTRY: list[type[Rule]] = [
     EngineCrash,
     EngineLeak,
     RunawayGeneration,
+    RequestOutcomes,  # after the capacity causes: a queue-full 503 or a timeout is theirs when they are found
     SourceUnreachable,
     MetricsDisabled,
     InsufficientData,

@@ -12,8 +12,15 @@ What it detects:
     or `#pending-token` above `pending_factor` × the cap) in at least half of them and KV usage p95 stays
     below `kv_room` (0.9). One batch is enough to judge (at low confidence); fewer than `few_batches` (3)
     are info unless `deep_queue` (100) requests wait (a long prompt being chunked while a few wait is normal
-    work). (2) Admission stall: requests wait for `stall_seconds` (20 s) or more with no prefill batch at
-    all, KV usage below `kv_room`, fewer running than the slot cap and no retraction.
+    work). The cap is the shared admission model's prefill budget (`diagnoser/rules/admission.py`), and
+    nothing fires when the model says most readings with a queue were held by the slot cap or the KV
+    reservation instead (SGLang tests the slots before the budget, and a batch that admits little because
+    the pool is reserved is not capped by its budget). (2) Admission stall: requests wait for
+    `stall_seconds` (20 s) or more with no prefill batch at all, KV usage below `kv_room`, and every
+    reading of the stretch classified *none* by the admission model — no slot cap, prefill budget, state
+    pool, transfer or KV reservation (computed, or inferred from a running count held below the cap)
+    explains the wait, and no retraction. A server whose running count sits at one value below the cap
+    while requests wait is reservation-bound (`kv_saturation`), not stalled.
 
 Why it matters:
     Time to first token is the queue wait plus the prefill time. A small prefill cap splits each prompt
@@ -49,12 +56,11 @@ References:
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from diagnoser.model import Evidence, Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, slot_cap, suggest
+from diagnoser.rules.admission import admission, per_pass, prefill_budget
+from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
 from diagnoser.rules.columns import aligned, argmax_source, raw_arrays, times_in_order
 
 
@@ -77,94 +83,45 @@ class PrefillStall(Rule):
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
+        a = admission(ctx)
+        if a.share("slots") + a.share("kv") >= 0.5:
+            return None  # the slot cap or the KV reservation holds the queue, not the prefill budget (SGLang tests slots first)
         return self._capped(ctx) or self._stall(ctx)
-
-    def _cap(self, ctx: RuleContext, vals: list[float]) -> tuple[int | None, str, str]:
-        known = []
-        for name in ("chunked_prefill_size", "max_prefill_tokens"):
-            v = ctx.cfg(name, ctx.cfg(f"arg.{name}"))
-            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-                known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
-        if known:
-            return min(known)
-        per = per_pass(ctx)  # tokens of one prefill batch (a scrape's interval: per forward pass)
-        per = per[~np.isnan(per)]
-        if not len(per):
-            return None, "", ""
-        pv = per.astype(int)
-        uniq, counts = np.unique(pv, return_counts=True)
-        common = [(int(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist(), strict=True) if c >= self_share(vals)]
-        pow2 = [u for u, _c in common if u >= 64 and u & (u - 1) == 0]
-        if pow2:  # the largest power of two in half the batches: a chunk budget (smaller batches are chunk tails)
-            return max(pow2), "inferred", "the most common prefill batch size"
-        # a scrape interval's mean per batch sits within 2 % below a power of two (the last chunk of each
-        # prompt is shorter): that power of two, when it holds in half the intervals
-        p2 = np.exp2(np.ceil(np.log2(np.maximum(per, 1.0))))
-        near = per >= 0.98 * p2
-        if near.any():
-            u2, c2 = np.unique(p2[near].astype(int), return_counts=True)
-            k = int(np.argmax(c2))
-            if int(c2[k]) >= self_share(per) and int(u2[k]) >= 64:
-                return int(u2[k]), "inferred", "the most common prefill batch size"
-        # a batch size that repeats exactly in half the batches (at least two) while the next request would not
-        # have fitted a power-of-two budget: the per-batch budget (max_prefill_tokens / chunk) stopped admission
-        seqs = aligned(ctx, "prefill_new_tokens", "prefill_new_seqs")
-        for u, c in sorted(common, key=lambda uc: -uc[1]):
-            if c < 2 or u < 64:
-                continue
-            sel = seqs[raw_arrays(ctx, "prefill_new_tokens")[1] == u] if len(seqs) else seqs
-            sel = sel[~np.isnan(sel)]
-            n = float(np.median(sel)) if len(sel) else np.nan
-            if not n or n != n or n < 2:
-                continue
-            budget = next_pow2(u + 1)
-            if u + u / n > budget:
-                return budget, "budget", f"{u:,} tokens in {c} batches of about {n:.0f} requests: one more would pass {budget:,}"
-        return None, "", ""
 
     def _capped(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         p = ctx.series("prefill_new_tokens")
-        if p is None or len(p) < t["min_batches"]:
-            return None
-        if any(e.fields.get("phase") in ("prefill", "extend") for e in ctx.events_of("oom")):
-            return None  # prefill ran out of memory: a larger prefill budget is the wrong way (see oom)
-        cap, cap_name, cap_src = self._cap(ctx, p.values)
+        if p is None or len(p) < t["min_batches"] or any(e.fields.get("phase") in ("prefill", "extend") for e in ctx.events_of("oom")):
+            return None  # (prefill ran out of memory: a larger prefill budget is the wrong way)
+        cap, cap_name, cap_src = prefill_budget(ctx)
         if not cap:
             return None
         pv = per_pass(ctx)  # tokens of one prefill batch (a scrape's interval: per forward pass)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):
             at_mask = pv >= 0.98 * cap
-        if cap_name == "budget":  # admitted up to the budget: the next request would not have fitted
-            seqs = np.nan_to_num(aligned(ctx, "prefill_new_tokens", "prefill_new_seqs"), nan=1.0)
-            with np.errstate(invalid="ignore", divide="ignore"):
+            if cap_name == "budget":  # admitted up to the budget: the next request would not have fitted
+                seqs = np.nan_to_num(aligned(ctx, "prefill_new_tokens", "prefill_new_seqs"), nan=1.0)
                 at_mask = at_mask | ((seqs >= 2) & (pv + pv / np.maximum(seqs, 1) > cap))
         at_cap = at_mask.nonzero()[0]
         n_batches = int(np.count_nonzero(~np.isnan(pv)))
-        if n_batches < t["min_batches"]:
+        if n_batches < t["min_batches"] or not len(at_cap) or len(at_cap) / n_batches < t["cap_share"]:
             return None
         cshare = len(at_cap) / n_batches
-        if not len(at_cap) or cshare < t["cap_share"]:  # none at the cap is never "capped", even at cap_share 0
-            return None
         usage = ctx.stats("token_usage")
         if usage["p95"] is not None and usage["p95"] >= t["kv_room"]:
-            return None  # no KV room (checked before the joins: the pass has the stats)
-        qa = aligned(ctx, "prefill_new_tokens", "queue_reqs")
-        pa = aligned(ctx, "prefill_new_tokens", "pending_tokens")
-        # a scrape interval whose every pass computed a whole chunk had prompts longer than the chunk:
-        # their remaining chunks were the backlog (what a Prefill line's #pending-token shows)
+            return None  # no KV room
+        qa, pa = aligned(ctx, "prefill_new_tokens", "queue_reqs"), aligned(ctx, "prefill_new_tokens", "pending_tokens")
+        # a scrape interval whose every pass computed a whole chunk had a backlog: the prompts' remaining chunks
         chunked = np.zeros(len(pv), dtype=bool)
         if cap_name in ("chunked_prefill_size", "inferred"):
             labels, lab, _line = p.sources.parts()
             scraped = np.array([lb.startswith(("scrape@", "prometheus@")) for lb in labels], dtype=bool)
             chunked = scraped[lab] & np.isnan(pa) if len(lab) else chunked
         with np.errstate(invalid="ignore"):
-            back = at_mask & ((qa > 0) | (pa > t["pending_factor"] * cap) | chunked)
-        backlog = back.nonzero()[0]
+            backlog = (at_mask & ((qa > 0) | (pa > t["pending_factor"] * cap) | chunked)).nonzero()[0]
         if len(backlog) < 0.5 * len(at_cap):
             return None
-        ps = ctx.stats("pending_tokens")
-        qs = ctx.stats("queue_reqs")
+        ps, qs = ctx.stats("pending_tokens"), ctx.stats("queue_reqs")
         evs = [evidence("prefill_new_tokens at the cap", cap, f"{cap_name}", "", cap_src or p.sources[int(at_cap[0])]),
                evidence("share of prefill batches at the cap", round(cshare, 2), t["cap_share"], ctx.window_text(), p.sources[int(at_cap[0])]),
                Evidence("capped batches with a backlog", len(backlog), f">= half of {len(at_cap)}", ctx.window_text(), p.sources[int(backlog[0])])]
@@ -172,120 +129,75 @@ class PrefillStall(Rule):
             evs.append(evidence("pending_tokens", ps["max"], f"> {t['pending_factor']:.0f} x cap", ctx.window_text(), argmax_source(ctx, "pending_tokens")))
         if usage["n"]:
             evs.append(evidence("token_usage p95", round(usage["p95"], 3), f"< {t['kv_room']}", ctx.window_text(), ""))
+        tail = (f" while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
+                + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
+        mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
+        info = Severity.INFO if len(p) < t["few_batches"] and (qs["max"] or 0) < t["deep_queue"] else None  # a chunked prompt, a short queue: normal work
         if cap_name == "budget":
-            summary = (f"{cshare:.0%} of {n_batches} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} tokens: "
-                       f"{cap_src}) while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
-                       + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
+            sugg = [suggest(ctx, "max_prefill_tokens", mpt, 2 * cap,
+                            f"each prefill batch stopped at about {cap:,} tokens while {qs['max'] or 0:.0f} requests waited"
+                            + ("" if mpt is not None else "; the current value is not in the inputs (default 16384)"),
+                            "more waiting requests admitted per prefill step, so a shorter queue wait",
+                            ("the GPU has activation memory for the larger batch", "--chunked-prefill-size is not the smaller budget"))]
             notes = ["Each prefill step already computes a large batch: a larger budget admits more per step but the gain is modest "
                      "when prefill compute is the limit (more prefill capacity: DP, replicas, or PD disaggregation)."]
-            sugg = []
-            mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
-            sugg.append(suggest(ctx, "max_prefill_tokens", mpt, 2 * cap,
-                                f"each prefill batch stopped at about {cap:,} tokens while {qs['max'] or 0:.0f} requests waited"
-                                + ("" if mpt is not None else "; the current value is not in the inputs (default 16384)"),
-                                "more waiting requests admitted per prefill step, so a shorter queue wait",
-                                ("the GPU has activation memory for the larger batch", "--chunked-prefill-size is not the smaller budget")))
-            few = len(p) < t["few_batches"]
-            return self.finding(ctx, summary, evs, sugg, confidence="medium", notes=notes,
-                                severity=Severity.INFO if few and (qs["max"] or 0) < t["deep_queue"] else None)
-        summary = (f"{cshare:.0%} of {n_batches} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap) "
-                   f"while up to {qs['max'] or 0:.0f} requests waited" + (f" and up to {ps['max']:,.0f} prompt tokens were pending" if ps["n"] else "")
-                   + (f"; KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else "") + ".")
+            return self.finding(ctx, f"{cshare:.0%} of {n_batches} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} "
+                                f"tokens: {cap_src})" + tail, evs, sugg, confidence="medium", notes=notes, severity=info)
         proposed = max(2 * cap, int(t["target_chunk"]))  # the default class, from any input (pending tokens are log-only)
         sugg = []
-        cur_chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
         if cap_name in ("chunked_prefill_size", "inferred"):
-            sugg.append(suggest(ctx, "chunked_prefill_size", cur_chunk if cap_name != "inferred" else None, proposed,
+            cur = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
+            sugg.append(suggest(ctx, "chunked_prefill_size", cur if cap_name != "inferred" else None, proposed,
                                 f"each prompt is computed in {cap:,}-token steps while {qs['max'] or 0:.0f} requests wait",
                                 f"about {proposed // cap}x fewer prefill steps per prompt, so shorter queue time and TTFT",
                                 ("the GPU has activation memory for the larger chunk (it is reserved from the non-static fraction)",)))
-        mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
         if isinstance(mpt, int | float) and mpt < proposed:
-            sugg.append(suggest(ctx, "max_prefill_tokens", mpt, max(proposed, 16384),
-                                "the per-batch prefill budget is below the proposed chunk size", "lets a prefill batch use the larger chunk",
-                                ("16384 is SGLang's default",)))
-        few = len(p) < t["few_batches"]  # one or two batches: a chunked long prompt with a short queue is normal work
-        return self.finding(ctx, summary, evs, sugg, confidence="high" if cap_name != "inferred" else "medium",
-                            severity=Severity.INFO if few and (qs["max"] or 0) < t["deep_queue"] else None)
+            sugg.append(suggest(ctx, "max_prefill_tokens", mpt, max(proposed, 16384), "the per-batch prefill budget is below the proposed chunk size",
+                                "lets a prefill batch use the larger chunk", ("16384 is SGLang's default",)))
+        return self.finding(ctx, f"{cshare:.0%} of {n_batches} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap)" + tail,
+                            evs, sugg, confidence="high" if cap_name != "inferred" else "medium", severity=info)
 
     def _stall(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        if ctx.timeline.untimed:
-            return None
-        q = ctx.series("queue_reqs")
-        if q is None:
+        if ctx.timeline.untimed or ctx.series("queue_reqs") is None:
             return None
         qts, qv = raw_arrays(ctx, "queue_reqs")
         pts, _ = raw_arrays(ctx, "prefill_new_tokens")
         if len(pts) and len(qts) and times_in_order(ctx, pts) and times_in_order(ctx, qts):
-            # a stall lies between two admissions (or before the first / after the last): when no such
-            # gap is stall_seconds long, there is none (checked before the joins)
+            # a stall lies between two admissions (or before the first / after the last): none that long, no stall
             gaps = np.subtract(pts[1:], pts[:-1])
             widest = max(float(np.maximum.reduce(gaps)) if len(gaps) else 0.0, float(pts[0] - qts[0]), float(qts[-1] - pts[-1]))
             if widest < t["stall_seconds"]:
                 return None
         u = aligned(ctx, "queue_reqs", "token_usage")
-        r = aligned(ctx, "queue_reqs", "running_reqs")
-        cap, _ = slot_cap(ctx)
+        a = admission(ctx)
+        held = np.isin(qts, np.asarray(a.ts)[(a.label != "none") & (a.label != "idle")])  # a limit of the admission model held these
         with np.errstate(invalid="ignore"):
-            ok = (qv > 0) & ~(u >= t["kv_room"]) & (~(r >= cap) if cap else True)
+            ok = (qv > 0) & ~(u >= t["kv_room"]) & ~held
         if not ok.any():
             return None
         rts = np.asarray(sorted(e.ts for e in ctx.events_of("retraction")), dtype=float)
-        adm = np.searchsorted(pts, qts, side="right")  # admissions up to each queue reading
-        ret = np.searchsorted(rts, qts, side="right")
+        adm, ret = np.searchsorted(pts, qts, side="right"), np.searchsorted(rts, qts, side="right")
         # a stretch: consecutive ok readings with no admission or retraction after its first reading
         brk = np.ones(len(qts), dtype=bool)
         brk[1:] = ~ok[1:] | ~ok[:-1] | (adm[1:] != adm[:-1]) | (ret[1:] != ret[:-1])
         group = np.cumsum(brk)
-        best: tuple[float, str, str, float] | None = None
-        g = group[ok]  # non-decreasing (a cumsum): dropping repeats gives np.unique's ids without its numpy.ma import (~15 ms at start-up)
+        g = group[ok]
         gids = g[np.r_[True, g[1:] != g[:-1]]] if len(g) else g
-        if len(gids):
-            first = np.searchsorted(group, gids, side="left")
-            last = np.searchsorted(group, gids, side="right") - 1
-            dur = qts[last] - qts[first]
-            k = int(np.argmax(dur))
-            if dur[k] >= t["stall_seconds"]:
-                q = ctx.series("queue_reqs")
-                best = (float(dur[k]), q.sources[first[k]], q.sources[last[k]], float(qv[last[k]]))  # type: ignore[union-attr]
-        if best is None:
+        first, last = np.searchsorted(group, gids, side="left"), np.searchsorted(group, gids, side="right") - 1
+        dur = qts[last] - qts[first]
+        k = int(np.argmax(dur))
+        if dur[k] < t["stall_seconds"]:
             return None
-        dur, s0, s1, v = best
-        evs = [Evidence("seconds waiting without an admission", round(dur, 1), t["stall_seconds"], f"{dur:.0f} s", f"{s0} .. {s1}"),
-               Evidence("queue_reqs", v, "> 0", "", s1)]
+        q = ctx.series("queue_reqs")
+        d, s0, s1, v = float(dur[k]), q.sources[first[k]], q.sources[last[k]], float(qv[last[k]])  # type: ignore[union-attr]
+        evs = [Evidence("seconds waiting without an admission", round(d, 1), t["stall_seconds"], f"{d:.0f} s", f"{s0} .. {s1}"), Evidence("queue_reqs", v, "> 0", "", s1)]
         cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
         sugg = []
         if not isinstance(cur, int | float) or cur > 0.3:
             sugg.append(suggest(ctx, "schedule_conservativeness", cur, 0.3 if not isinstance(cur, int | float) or cur > 0.6 else round(cur / 2, 2),
-                                "requests waited with free KV and free slots: admission reserves too much room for future tokens",
+                                "requests waited with free KV and free slots, and no slot cap, prefill budget or KV reservation the inputs show explains it",
                                 "admits waiting requests sooner; raises token usage and some retraction risk",
-                                ("the stall comes from the future-token reservation (new_token_ratio), not from a grammar or PD transfer wait",)))
-        summary = f"Requests waited {dur:.0f} s with no prefill admission although KV usage stayed below {t['kv_room']} and slots were free (up to {v:.0f} waiting)."
-        return self.finding(ctx, summary, evs, sugg, confidence="medium")
-
-
-def per_pass(ctx: RuleContext) -> np.ndarray:
-    """Tokens of one prefill batch per ``prefill_new_tokens`` point (timeline/derived.py), memoised."""
-    if "prefill_per_pass" not in ctx.memo:
-        from diagnoser.timeline.derived import prefill_per_pass
-
-        got = prefill_per_pass(ctx.timeline)
-        ctx.memo["prefill_per_pass"] = got if got is not None else np.zeros(0)
-    return ctx.memo["prefill_per_pass"]  # type: ignore[no-any-return]
-
-
-def _between(sorted_ts: list[float], lo: float, hi: float) -> bool:
-    i = bisect.bisect_right(sorted_ts, lo)
-    return i < len(sorted_ts) and sorted_ts[i] <= hi
-
-
-def self_share(vals: list[float]) -> float:
-    return 0.5 * len(vals)
-
-
-def _pow2_at_least(n: float) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+                                ("the stall comes from the future-token reservation (new_token_ratio), not from a grammar, LoRA or PD transfer wait",)))
+        return self.finding(ctx, f"Requests waited {d:.0f} s with no prefill admission although KV usage stayed below {t['kv_room']} and slots were free "
+                            f"(up to {v:.0f} waiting).", evs, sugg, confidence="medium")

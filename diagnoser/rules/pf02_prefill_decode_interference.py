@@ -107,7 +107,8 @@ class PrefillDecodeInterference(Rule):
             return None  # no logged batch that large: no run can average min_batch_tokens
         logged = _logged(labels)[lab]  # read from a log line, not a scrape
         # the logged batches with the running count read at the same moment, in log line order (stable)
-        p = pairs(ctx, "prefill_new_tokens", "running_reqs")
+        # a Prefill line's #running-req is the decode batch that waits while it runs (prefill_running_reqs)
+        p = pairs(ctx, "prefill_new_tokens", "prefill_running_reqs" if ctx.series("prefill_running_reqs") is not None else "running_reqs")
         at = np.arange(len(ps)) if p.idx is None else p.idx  # the joined points' positions in the series
         lines = _lines(labels, lab[at], line[at])
         keep = (logged[at] & (lines >= 0)).nonzero()[0]
@@ -195,6 +196,8 @@ class PrefillDecodeInterference(Rule):
                                "running requests keep getting tokens during prefill bursts: lower ITL spikes, steadier generation",
                                ("not with EAGLE speculative decoding, which disables mixed chunks",)))
         queue, running = ctx.stats("queue_reqs"), ctx.stats("running_reqs")
+        if not running["n"]:  # only Prefill lines: their #running-req is the decode batch beside each prefill
+            running = ctx.stats("prefill_running_reqs")
         if (queue["p50"] or 0) > 0 and (queue["p50"] or 0) >= (running["p50"] or 0) and (ctx.stats("token_usage")["p95"] or 0) < 0.9:
             # more requests wait for prefill than run: the queue is prefill-bound, and smaller prefill batches would
             # lengthen it (prefill_stall); mixing decode into the prefill batches helps both sides

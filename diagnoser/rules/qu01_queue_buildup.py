@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from diagnoser.model import Finding, Severity
+from diagnoser.rules.admission import CLASSES, admission
 from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
 from diagnoser.rules.columns import aligned, arrays
 from diagnoser.timeline import summarize
@@ -67,6 +68,11 @@ def slope_per_min(ts: Any, vals: Any) -> float:
     if den == 0:
         return 0.0
     return 60.0 * float(np.add.reduce(tc * (v - np.add.reduce(v) / n))) / den
+
+
+_HELD = {"slots": "the slot cap (running at max_running_requests)", "kv": "the KV pool (the next request did not fit beside the running ones' reservation)",
+         "budget": "the prefill budget (the last batch spent --chunked-prefill-size / --max-prefill-tokens)", "state": "the state pool",
+         "transfer": "the PD prealloc/transfer queues", "none": "nothing (admitted at the next prefill)"}
 
 
 class QueueBuildup(Rule):
@@ -137,29 +143,23 @@ class QueueBuildup(Rule):
 
     @staticmethod
     def _admission(ctx: RuleContext) -> str:
-        """A queue with free KV and the running batch far below the slot cap is admission-limited: the
-        scheduler admits a waiting request only when its prompt fits the batch's prefill budget and the
-        pool holds it plus the reserved room for every running request's remaining output
-        (new_token_ratio x the rest of max_new_tokens). Name what can hold it back."""
-        usage = ctx.stats("token_usage")
-        running = ctx.stats("running_reqs")
-        if usage["n"] == 0 or running["n"] == 0 or (usage["p95"] or 0) >= 0.9:
+        """What held the waiting requests back, from the shared admission model (rules/admission.py): the
+        share of the readings with a queue each limit held, in SGLang's order."""
+        a = admission(ctx)
+        if not a.n_wait:
             return ""
-        cap, _ = slot_cap(ctx)
-        if cap and (running["p50"] or 0) >= 0.8 * cap:
-            return ""  # at the slot cap: max_running_requests_cap names it
-        causes = [
-            "the future-token reservation (new_token_ratio x each running request's remaining max_new_tokens; "
-            "--schedule-conservativeness lowers it)",
-            "the prefill budget per batch (--max-prefill-tokens / --chunked-prefill-size; see prefill_stall)",
-            "prefill compute itself when prompts are long (a backlog of pending tokens)",
-        ]
-        if ctx.series("pd_bootstrap_reqs") is not None:
-            causes.append("the PD bootstrap (see pd_transfer)")
-        if ctx.series("grammar_queue_reqs") is not None:
-            causes.append("grammar compilation (requests wait in the grammar queue)")
-        return (f"Admission-limited queue: KV usage stayed at or below {usage['max']:.2f} and {running['p50']:.0f} ran"
-                + (f" of {cap} slots" if cap else "") + "; candidate causes: " + "; ".join(causes) + ".")
+        shares = [(c, a.share(c)) for c in CLASSES[:-1] if a.share(c) > 0]
+        if not shares:
+            return ""
+        text = ", ".join(f"{_HELD[c]} in {v:.0%}" for c, v in sorted(shares, key=lambda cv: -cv[1]))
+        top, _ = a.top()
+        see = {"slots": "max_running_requests_cap", "kv": "kv_saturation", "budget": "prefill_stall", "transfer": "pd_transfer"}.get(top)
+        if top == "none":
+            return ("Admission-limited queue: no slot cap, prefill budget, state pool or KV reservation the inputs show held the waiting "
+                    "requests; candidate causes: the future-token reservation when the request sizes are not in the inputs (new_token_ratio x "
+                    "each running request's remaining max_new_tokens), prefill compute itself when prompts are long, a grammar, LoRA or PD wait.")
+        return (f"What held the next waiting request back (SGLang's admission order: transfer, state pool, slots, prefill budget, KV), "
+                f"over {a.n_wait} reading(s) with a queue: {text}" + (f"; see {see}." if see else "."))
 
     def _implied(self, ctx: RuleContext) -> Finding | None:
         cap, cap_src = slot_cap(ctx)

@@ -1,15 +1,16 @@
 """The running batch sits at the effective max_running_requests while KV has room and requests wait.
 
 What it detects:
-    Readings with a waiting queue where `running_reqs` equals the effective `max_running_requests`
-    (summary line `max_running_requests=N`, server info `effective_max_running_requests_per_dp` or
-    server args) in at least `at_cap_share` (50 %) of them, with KV usage p95 below `kv_room` (0.9).
-    One reading is enough (at low confidence). Without the cap in the inputs, a running count identical in
-    every reading with a queue (at least `pinned_points`, 3; from twice that many, the count in
-    `at_cap_share` of them that none exceeds) while KV usage stays below `kv_room`
-    implies one (low confidence), unless most prefill batches compute a whole power-of-two token budget
-    (a chunk of a long prompt): admission then waits on the prefill budget, not on slots
-    (`prefill_stall`). Also a cap set at startup below what the operator asked
+    Readings with a waiting queue that the shared admission model ([admission](docs/sglang.md#batching-flags),
+    `diagnoser/rules/admission.py`) classifies as *slots* — the running batch at the effective
+    `max_running_requests` (summary line `max_running_requests=N`, server info
+    `effective_max_running_requests_per_dp` or server args), which SGLang's scheduler tests before the
+    prefill budget and the KV reservation (`get_new_batch_prefill` at v0.5.23) — in at least
+    `at_cap_share` (50 %) of them, with KV usage p95 below `kv_room` (0.9). The running count is read from
+    Decode lines and scrapes only: a Prefill line's `#running-req` is the batch beside that prefill. One
+    reading is enough (at low confidence). Without the cap in the inputs, a running count held at one value
+    in most readings with a queue (at least 3, never exceeded) while KV usage stays low and no prefill
+    budget binds implies one (low confidence). Also a cap set at startup below what the operator asked
     for or what the pool allows — `max_running_requests was reduced from requested A to B`,
     `max_running_requests is capped to N by the mamba state cache (…). To raise it: …` (hybrid
     models), speculative decoding's reset to 48: that is evidence on its own, even without runtime
@@ -26,8 +27,9 @@ Evidence:
     effective value for a startup reduction.
 
 Fix:
-    Raise `--max-running-requests` to what the pool allows at the observed tokens per request (pool ×
-    0.9 / tokens per request). For a cap reduced at startup (hybrid models size slots for the worst
+    Raise `--max-running-requests` to the smallest of: what the pool allows at the observed tokens per
+    request (pool × 0.9 / tokens per request), the demand seen (running + waiting while busy, × 1.25) and
+    SGLang's own bound (pool // 2). For a cap reduced at startup (hybrid models size slots for the worst
     case: every request at the full context), lower `--context-length` to what the workload needs so
     the derived slot count rises, or free memory (`--mem-fraction-static`); for a cap set by the mamba
     state cache, the flags its line names (`--mamba-full-memory-ratio`, `--max-mamba-cache-size`,
@@ -55,21 +57,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import numpy as np
-
 from diagnoser.model import Finding, Severity, Suggestion
-from diagnoser.rules.base import (
-    Rule,
-    RuleContext,
-    ev,
-    evidence,
-    fmt_int,
-    pool_tokens,
-    slot_cap,
-    suggest,
-    tokens_per_request,
-)
-from diagnoser.rules.columns import pairs
+from diagnoser.rules.admission import admission
+from diagnoser.rules.base import Rule, RuleContext, ev, evidence, suggest, tokens_per_request
+from diagnoser.rules.proposals import bounded_slots, compound_after_slots
 
 
 class MaxRunningRequestsCap(Rule):
@@ -79,158 +70,71 @@ class MaxRunningRequestsCap(Rule):
     severity = Severity.WARNING
     reads = ("running_reqs",)
     events = ("max_running_requests_reduced",)
-    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 1, "target_usage": 0.9, "pinned_points": 3}
+    defaults = {"at_cap_share": 0.5, "kv_room": 0.9, "min_points": 1}
     threshold_help = {
-        "at_cap_share": "share of waiting readings with running == cap that counts as capped",
+        "at_cap_share": "share of waiting readings held by the slot cap (the admission model's 'slots') that counts as capped",
         "kv_room": "KV usage p95 below this counts as room",
         "min_points": "fewest waiting readings needed (one reading judges, at low confidence)",
-        "target_usage": "pool usage the proposed cap aims at",
-        "pinned_points": "readings with a queue at one identical running count that imply a cap not in the inputs",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        cap, cap_src = slot_cap(ctx)
-        if not cap:
-            return self._pinned(ctx)
-        red = [e for e in ctx.events_of("max_running_requests_reduced")]
-        p95 = ctx.stats("token_usage")["p95"]
-        if not red and p95 is not None and not p95 < t["kv_room"]:
-            return None  # the pool, not the slot cap, is full (checked before the join: the pass has the stats)
-        p = pairs(ctx, "running_reqs", "queue_reqs")
-        waiting = p.b > 0
-        n_wait = int(np.count_nonzero(waiting))
-        at = (waiting & (p.a >= cap)).nonzero()[0]
+        a = admission(ctx)
+        red = [] if a.cap_inferred else ctx.events_of("max_running_requests_reduced")
         usage = ctx.stats("token_usage")
-        runtime = n_wait >= t["min_points"] and len(at) / n_wait >= t["at_cap_share"] and (usage["p95"] is None or usage["p95"] < t["kv_room"])
+        if not a.cap or (not red and usage["p95"] is not None and not usage["p95"] < t["kv_room"]):
+            return None  # the pool, not the slot cap, is full
+        share = a.share("slots")
+        runtime = a.n_wait >= t["min_points"] and share >= t["at_cap_share"] and share > 0
         if not runtime and not red:
             return None
-        evs = [evidence("max_running_requests (effective)", cap, None, "", cap_src)]
+        cap = a.cap
+        evs = [evidence("max_running_requests (inferred: the running count held while requests waited)" if a.cap_inferred
+                        else "max_running_requests (effective)", cap, None, "", a.cap_src)]
         parts = []
         if runtime:
-            share = len(at) / n_wait
             qs = ctx.stats("queue_reqs")
-            evs.append(evidence("running_reqs == cap while requests waited", round(share, 2), t["at_cap_share"], ctx.window_text(), p.src(at[0])))
-            evs.append(ev(ctx, "queue_reqs", qs["max"], "> 0", at="max"))
+            evs += [evidence("readings with a queue held by the slot cap", round(share, 2), t["at_cap_share"], ctx.window_text(), a.first("slots")),
+                    ev(ctx, "queue_reqs", qs["max"], "> 0", at="max")]
             if usage["n"]:
                 evs.append(ev(ctx, "token_usage", usage["p95"], f"< {t['kv_room']}", at="max"))
-            parts.append(f"{cap} requests ran (the cap) in {share:.0%} of {n_wait} readings with a queue (up to {qs['max']:.0f} waiting)"
+            parts.append(f"{cap} requests ran (the cap{', inferred: it is not in the inputs' if a.cap_inferred else ''}) in {share:.0%} of "
+                         f"{a.n_wait} readings with a queue (up to {qs['max']:.0f} waiting)"
                          + (f", while KV usage stayed at or below {usage['max']:.2f}" if usage["n"] else ""))
         requested = None
         for e in red:
-            requested = e.fields.get("requested")
-            why = e.fields.get("reason")
-            evs.append(evidence("max_running_requests reduced at startup", f"{requested if requested else '?'} -> {e.fields.get('effective')}", None, "", e.source))
-            parts.append(f"the cap was cut at startup from {requested} to {e.fields.get('effective')}" + (f" by the {why}" if why else "") if requested
-                         else f"the cap was set to {e.fields.get('effective')} at startup by the {why}" if why and e.fields.get("levers") is not None
-                         else f"the cap was reset to {e.fields.get('effective')} at startup ({why or 'engine default'})")
-        sugg = self._suggestions(ctx, cap, requested, runtime)
+            requested, why, eff = e.fields.get("requested"), e.fields.get("reason"), e.fields.get("effective")
+            evs.append(evidence("max_running_requests reduced at startup", f"{requested if requested else '?'} -> {eff}", None, "", e.source))
+            parts.append(f"the cap was cut at startup from {requested} to {eff}" + (f" by the {why}" if why else "") if requested
+                         else f"the cap was set to {eff} at startup by the {why}" if why and e.fields.get("levers") is not None
+                         else f"the cap was reset to {eff} at startup ({why or 'engine default'})")
+        sugg = self._suggestions(ctx, cap, requested, a.cap_inferred)
         have = {x.flag for x in sugg}
         for e in red:
-            for x in self._levers(ctx, e.fields, cap, requested):
+            for x in _levers(ctx, e.fields, cap, requested):
                 if x.flag not in have:
                     have.add(x.flag)
                     sugg.append(x)
-        conf = "high" if runtime and red else "medium"
         notes = [] if runtime else ["Only the startup sizing was read; a Decode batch line or scrape would show whether the load reaches the cap."]
-        # speculative decoding's own default (48, no operator asked for more) limits only a load that reaches it
+        if a.cap_inferred:
+            notes.append("Pass the startup log (its summary line prints max_running_requests) or --url for server info to confirm.")
         default_only = not runtime and all(e.fields.get("reason") == "speculative decoding" for e in red)
-        return self.finding(ctx, "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".", evs, sugg, confidence=conf, notes=notes,
+        text = "; ".join(parts)
+        return self.finding(ctx, text[0].upper() + text[1:] + ".", evs, sugg, notes=notes,
+                            confidence="low" if a.cap_inferred else "high" if runtime and red else "medium",
                             basis=None if runtime else {"startup": True}, severity=Severity.INFO if default_only else None)
 
-    def _pinned(self, ctx: RuleContext) -> Finding | None:
-        """No cap in the inputs, but the running batch held at exactly one count in every reading with a
-        queue (at least ``pinned_points``) while KV had room: a count that does not move with the queue is
-        a cap (SGLang admits up to max_running_requests), inferred at low confidence."""
-        t = ctx.thresholds
-        p = pairs(ctx, "running_reqs", "queue_reqs")
-        waiting = (p.b > 0).nonzero()[0]
-        if len(waiting) < t["pinned_points"]:
-            return None
-        run = p.a[waiting]
-        vals, counts = np.unique(run, return_counts=True)
-        k = int(np.argmax(counts))
-        value = float(vals[k])
-        # the count most readings with a queue show, never exceeded: a scrape taken between a completion and
-        # the next admission reads one less, so "every reading" would miss a cap seen through /metrics
-        at = counts[k] / len(run)
-        if value < 1 or at < t["at_cap_share"] or float(run.max()) > value or (len(run) < 2 * t["pinned_points"] and at < 1):
-            return None
-        n_wait = len(run)
-        waiting = waiting[run == value]
-        usage = ctx.stats("token_usage")
-        if usage["n"] == 0 or not (usage["p95"] or 0) < t["kv_room"]:
-            return None  # without a usage reading, a full pool cannot be ruled out
-        if _prefill_budget_binds(ctx, t["at_cap_share"]):
-            return None  # each prefill batch spends a whole token budget: admission waits on prefill (prefill_stall)
-        qs = ctx.stats("queue_reqs")
-        evs = [evidence("running_reqs in every reading with a queue", int(value), f"the same in >= {t['pinned_points']} readings",
-                        ctx.window_text(), p.src(int(waiting[0]))),
-               ev(ctx, "queue_reqs", qs["max"], "> 0", at="max"),
-               ev(ctx, "token_usage", usage["p95"], f"< {t['kv_room']}", at="max")]
-        pool, _ = pool_tokens(ctx)
-        tpr, how = tokens_per_request(ctx)
-        cap = int(value)
-        if pool and tpr:
-            fit = int(t["target_usage"] * pool / tpr)
-            proposed: Any = max(cap + 1, fit - fit % 8 if fit >= 16 else fit)
-            why = f"the pool holds about {fmt_int(fit)} requests at {fmt_int(tpr)} tokens each ({how}); {cap} ran"
-        else:
-            proposed, why = f"higher than {cap} (e.g. {2 * cap})", f"{cap} ran in every reading while requests waited and KV had room"
-        sugg = [suggest(ctx, "max_running_requests", None, proposed, why + "; the cap itself is not in the inputs (inferred)",
-                        "more requests run at once while the queue lasts, until the pool fills",
-                        ("the pinned count is max_running_requests (check the summary line or server info)",))]
-        summary = (f"{cap} requests ran in {'every one' if len(waiting) == n_wait else f'{len(waiting)}'} of {n_wait} readings with a queue (up to {qs['max']:.0f} waiting) while KV usage "
-                   f"stayed at or below {usage['max']:.2f}: a count that does not move with the queue is a cap — max_running_requests, "
-                   "inferred (it is not in the inputs).")
-        return self.finding(ctx, summary, evs, sugg, confidence="low",
-                            notes=["Pass the startup log (its summary line prints max_running_requests) or --url for server info to confirm."])
-
-    @staticmethod
-    def _levers(ctx: RuleContext, fields: dict[str, Any], cap: int, requested: Any) -> list[Suggestion]:
-        """The flags the start-up line itself names (``To raise it: increase --mamba-full-memory-ratio or
-        --max-mamba-cache-size, or … --mamba-ssm-dtype bfloat16``), spelled as the server printed them."""
+    def _suggestions(self, ctx: RuleContext, cap: int, requested: Any, inferred: bool) -> list[Suggestion]:
         out: list[Suggestion] = []
-        detail = str(fields.get("detail") or "")
-        reason = fields.get("reason") or "a start-up limit"
-        known = dict(re.findall(r"(\w+)=(\d+)", detail))
-        per = re.search(r"(\d+) (?:state )?slots? per request", detail)
-        want = requested if isinstance(requested, int) and requested > cap else 2 * cap
-        for flag, value in fields.get("levers") or []:
-            name = flag.lstrip("-").replace("-", "_")
-            cur: Any = ctx.cfg(f"arg.{name}")
-            if value:
-                proposed: Any = value
-                effect = "about halves the memory each request's state takes, so about twice the requests fit"
-            elif name in known:
-                cur = int(known[name]) if cur is None else cur
-                slots = int(per.group(1)) if per else None
-                proposed = slots * want if slots else 2 * int(known[name])
-                effect = (f"room for about {want} requests at {slots} slots each" if slots else "about twice the cap")
-            else:
-                proposed = f"higher than the current{'' if cur is None else f' ({cur})'} (e.g. 2x)"
-                effect = "the cap rises with the memory the state cache gets"
-            if cur is not None and str(cur).lower() == str(proposed).lower():
-                continue
-            out.append(Suggestion(flag=flag, current=cur, proposed=proposed,
-                                  why=f"the server capped max_running_requests to {cap} because of the {reason}, and its start-up line names {flag} as a lever"
-                                  + ("" if cur is not None else "; the current value is not in the inputs"),
-                                  effect=effect, assumptions=("the GPU has memory for the larger state cache (it comes out of the KV pool)",)))
-        return out
-
-    def _suggestions(self, ctx: RuleContext, cap: int, requested: Any, runtime: bool) -> list[Suggestion]:
-        t = ctx.thresholds
-        out: list[Suggestion] = []
-        pool, _ = pool_tokens(ctx)
         tpr, how = tokens_per_request(ctx)
-        if pool and tpr:
-            fit = int(t["target_usage"] * pool / tpr)
-            proposed = max(cap + 1, fit - fit % 8 if fit >= 16 else fit)
-            if proposed > cap:
-                out.append(suggest(ctx, "max_running_requests", cap, proposed,
-                                   f"the pool holds about {fmt_int(fit)} requests at {fmt_int(tpr)} tokens each ({how}); the cap admits {cap}",
-                                   f"up to {proposed / cap:.1f}x the running batch while requests wait, until the pool fills",
-                                   (f"requests keep needing about {fmt_int(tpr)} KV tokens", "the client keeps enough requests in flight")))
+        proposed, why = bounded_slots(ctx, cap, tpr)
+        if proposed:
+            out.append(suggest(ctx, "max_running_requests", None if inferred else cap, proposed,
+                               f"{why} ({how})" if tpr and "pool holds" in why else why,
+                               f"up to {proposed / cap:.1f}x the running batch while requests wait",
+                               (f"requests keep needing about {tpr:,.0f} KV tokens" if tpr else "the pool holds the larger batch",
+                                "the client keeps enough requests in flight")))
+            out += compound_after_slots(ctx, cap, proposed)
         elif requested and requested > cap:
             out.append(suggest(ctx, "max_running_requests", cap, requested,
                                f"the engine cut the requested {requested} to {cap}; it only honours more slots once the worst-case sizing allows it",
@@ -239,34 +143,48 @@ class MaxRunningRequestsCap(Rule):
         if requested and requested > cap:
             ctxlen = ctx.cfg("context_len", ctx.cfg("arg.context_length"))
             factor = cap / requested
-            if isinstance(ctxlen, int | float) and ctxlen > 0:
-                prop: Any = max(1024, int(ctxlen * factor) // 1024 * 1024)
-                why = f"slots are sized for requests of the full context ({int(ctxlen):,} tokens)"
-            else:
-                prop = f"about {factor:.2f} x the current context length (what your longest request needs)"
-                why = "slots are sized for requests of the full context; the current --context-length is not in the inputs"
-            out.append(suggest(ctx, "context_length", ctxlen if isinstance(ctxlen, int | float) else None, prop, why,
+            known = isinstance(ctxlen, int | float) and ctxlen > 0
+            out.append(suggest(ctx, "context_length", ctxlen if known else None,
+                               max(1024, int(ctxlen * factor) // 1024 * 1024) if known else f"about {factor:.2f} x the current context length (what your longest request needs)",
+                               f"slots are sized for requests of the full context ({int(ctxlen):,} tokens)" if known
+                               else "slots are sized for requests of the full context; the current --context-length is not in the inputs",
                                f"the derived slot count rises roughly in proportion (toward the requested {requested})",
                                ("no request needs more than the new context length",)))
             mfs = ctx.cfg("mem_fraction_static", ctx.cfg("arg.mem_fraction_static"))
-            out.append(suggest(ctx, "mem_fraction_static", mfs if isinstance(mfs, int | float) else None,
-                               round(min(mfs + 0.03, 0.95), 2) if isinstance(mfs, int | float) else "current + 0.02 to 0.03",
-                               "more static memory leaves room for more request and state slots",
-                               "a few more slots; the capacity model gives the number",
+            num = isinstance(mfs, int | float)
+            out.append(suggest(ctx, "mem_fraction_static", mfs if num else None, round(min(mfs + 0.03, 0.95), 2) if num else "current + 0.02 to 0.03",
+                               "more static memory leaves room for more request and state slots", "a few more slots; the capacity model gives the number",
                                ("keep 5–8 GB free for activations and graphs",)))
         return out
 
 
-def _prefill_budget_binds(ctx: RuleContext, share: float) -> bool:
-    """Most prefill batches computed a whole power-of-two token budget (a chunk of a long prompt, or
-    --max-prefill-tokens): SGLang admits from the queue only while the batch's prefill budget lasts, so a
-    running count that does not move is then held by prefill, not by a slot cap (see prefill_stall)."""
-    from diagnoser.rules.pf01_prefill_stall import per_pass
-
-    pv = per_pass(ctx)
-    pv = pv[~np.isnan(pv)] if len(pv) else pv
-    if not len(pv):
-        return False
-    p2 = np.exp2(np.ceil(np.log2(np.maximum(pv, 1.0))))
-    full = (pv >= 0.98 * p2) & (p2 >= 64)
-    return bool(np.count_nonzero(full) >= share * len(pv))
+def _levers(ctx: RuleContext, fields: dict[str, Any], cap: int, requested: Any) -> list[Suggestion]:
+    """The flags the start-up line itself names (``To raise it: increase --mamba-full-memory-ratio or
+    --max-mamba-cache-size, or … --mamba-ssm-dtype bfloat16``), spelled as the server printed them."""
+    out: list[Suggestion] = []
+    detail = str(fields.get("detail") or "")
+    reason = fields.get("reason") or "a start-up limit"
+    known = dict(re.findall(r"(\w+)=(\d+)", detail))
+    per = re.search(r"(\d+) (?:state )?slots? per request", detail)
+    want = requested if isinstance(requested, int) and requested > cap else 2 * cap
+    for flag, value in fields.get("levers") or []:
+        name = flag.lstrip("-").replace("-", "_")
+        cur: Any = ctx.cfg(f"arg.{name}")
+        if value:
+            proposed: Any = value
+            effect = "about halves the memory each request's state takes, so about twice the requests fit"
+        elif name in known:
+            cur = int(known[name]) if cur is None else cur
+            slots = int(per.group(1)) if per else None
+            proposed = slots * want if slots else 2 * int(known[name])
+            effect = f"room for about {want} requests at {slots} slots each" if slots else "about twice the cap"
+        else:
+            proposed = f"higher than the current{'' if cur is None else f' ({cur})'} (e.g. 2x)"
+            effect = "the cap rises with the memory the state cache gets"
+        if cur is not None and str(cur).lower() == str(proposed).lower():
+            continue
+        out.append(Suggestion(flag=flag, current=cur, proposed=proposed,
+                              why=f"the server capped max_running_requests to {cap} because of the {reason}, and its start-up line names {flag} as a lever"
+                              + ("" if cur is not None else "; the current value is not in the inputs"),
+                              effect=effect, assumptions=("the GPU has memory for the larger state cache (it comes out of the KV pool)",)))
+    return out

@@ -33,6 +33,8 @@ __all__ = ["SIGNALS", "Series", "Sources", "Timeline", "quantile", "summarize", 
 # Canonical signals: name → (unit, how ranks aggregate, help). Later issues and scripts rely on these names.
 SIGNALS: dict[str, tuple[str, str, str]] = {
     "running_reqs": ("requests", "sum", "requests in the running (decode) batch"),
+    "prefill_running_reqs": ("requests", "sum", "a Prefill batch line's #running-req: the decode batch beside that prefill, "
+                             "before its new requests join (not a running-batch reading; 0 when the batch had just emptied)"),
     "queue_reqs": ("requests", "sum", "requests waiting in the scheduler queue"),
     "token_usage": ("ratio", "max", "KV pool use, 0-1 (worst pool and worst rank)"),
     "used_tokens": ("tokens", "sum", "KV slots held by live requests"),
@@ -66,6 +68,12 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "request_rate": ("requests/s", "sum", "finished requests per second"),
     "requests_completed": ("requests", "sum", "finished requests since start (counter)"),
     "retractions_total": ("requests", "sum", "retracted requests since start (counter)"),
+    "http_responses_total": ("requests", "sum", "POST answers since start (sglang:http_responses_total, counter)"),
+    "http_errors_total": ("requests", "sum", "POST answers with a 4xx/5xx status since start (counter)"),
+    "http_400_total": ("requests", "sum", "POST answers 400 since start: bad requests, prompts longer than the context (counter)"),
+    "http_429_total": ("requests", "sum", "POST answers 429 since start: rate limited (counter)"),
+    "http_503_total": ("requests", "sum", "POST answers 503 since start: the waiting queue full (counter)"),
+    "aborted_total": ("requests", "sum", "aborted requests since start: client disconnects, timeouts, queue-full rejections (counter)"),
     "http_requests_active": ("requests", "sum", "in-flight HTTP requests"),
     "decode_sum_seq_lens": ("tokens", "sum", "sum of sequence lengths in the decode batch"),
     "cache_hit_rate_last_prefill": ("ratio", "mean", "prefix-cache hit rate of the last prefill batch (gauge)"),

@@ -3,8 +3,9 @@ rerun the same load, and check the bottleneck's finding resolved and the realize
 way diagnoser predicted. Each run is recorded like tests/data/sglang-cpu-real/ and judged with
 ``diagnose compare BEFORE AFTER``; predicted vs realized is printed (``pytest -s`` shows it).
 
-Four bottlenecks (tests/engine/README.md): a full KV pool capped by --max-total-tokens, a slot cap,
-capped prefill chunks, and the radix cache off under prompts that share a long prefix. The loads are
+Five bottlenecks (tests/engine/README.md): a full KV pool capped by --max-total-tokens, a slot cap,
+capped prefill chunks, the radix cache off under prompts that share a long prefix, and a compound limit (the
+pool binds before the slot cap); and a start-up that fails (--chunked-prefill-size -1) whose fix must start. The loads are
 large and end when the diagnosis does, so both windows stay busy; each is heavy enough that requests
 wait for the bottleneck on a quiet machine too (16 clients did not make the radix-off run wait there:
 tests/data/sglang-cpu-before-after/radix-off-quiet).
@@ -53,6 +54,12 @@ SCENARIOS = [
     Scenario("prefill-capped", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--chunked-prefill-size", "128"],
              {"n": 4000, "concurrency": 16, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True},
              "prefill_stall", "--chunked-prefill-size", {"ttft_p95_s": -1}, extra=["--ignore-eos"]),
+    # issue 25, compound limits: the pool (3,000 tokens, about 8 requests of 370 at full length) binds before
+    # the slot cap of 10; after the pool's fix the cap binds, which the first fix's effect says (and the
+    # cap's change follows it)
+    Scenario("compound", ["--max-total-tokens", "3000", "--max-running-requests", "10"],
+             {"n": 4000, "concurrency": 32, "max_new_tokens": 256, "ignore_eos": True},
+             "kv_saturation", "--max-total-tokens", {"running": +1, "queued": -1}, extra=["--ignore-eos"]),
     Scenario("radix-off", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--disable-radix-cache"],
              {"n": 4000, "concurrency": 32, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True, "shared_prefix": True},
              "low_cache_hit", "--disable-radix-cache", {"cache_hit": +1}, extra=["--ignore-eos"]),  # TTFT: judged by compare
@@ -122,6 +129,11 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
     assert top is not None and top["rule"] == sc.rule, seen
     s = top["suggestion"]
     assert s is not None and s["flag"] == sc.flag, seen
+    if sc.name == "compound":  # the pool binds now, the slot cap after its fix: both changes, in that order
+        flags = [x["flag"] for f in doc["findings"] if f["rule"] == sc.rule for x in f["suggestions"]]
+        assert "--max-running-requests" in flags, seen
+        effect = next(x["effect"] for f in doc["findings"] if f["rule"] == sc.rule for x in f["suggestions"] if x["flag"] == s["flag"])
+        print(f"\n[compound] {s['flag']} {s['current']} → {s['proposed']}, then {flags[1:]}; predicted: {effect}", file=sys.stderr)
     after_flags = applied(sc.flags, s)
     print(f"\n[{sc.name}] top cause {top['rule']}: {s['flag']} {s['current']} → {s['proposed']}; relaunching with {after_flags}",
           file=sys.stderr)
@@ -148,3 +160,28 @@ def test_top_suggestion_resolves_the_bottleneck(engine_factory: Any, tmp_path: P
         if c["predicted_move"] and c["realized_move"] is not None:
             assert c["as_predicted"], c
 
+
+
+def test_a_failed_start_up_gets_a_fix_that_starts(engine_factory: Any, tmp_path: Path) -> None:
+    """Issue 25: ``--chunked-prefill-size -1`` makes SGLang's automatic memory fraction negative on a small
+    machine and the start-up fails. diagnoser reads the failed start-up's log and proposes the fraction
+    SGLang's own formula gives with its default chunk; applied, the server must start and serve (the
+    prediction: "the server can allocate a KV pool and start")."""
+    flags = ["--chunked-prefill-size", "-1"]
+    with pytest.raises(RuntimeError):
+        engine_factory(flags, "startup-before")
+    log = tmp_path / "startup-before" / "server.log"
+    p = subprocess.run([diagnose_bin(), "--once", "--log", str(log), "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    top = next(iter(doc["top"].values()), None)
+    seen = [(f["rule"], f["severity"], [(s["flag"], s["proposed"]) for s in f["suggestions"]]) for f in doc["findings"]]
+    assert top is not None and top["suggestion"] is not None and top["suggestion"]["flag"] == "--mem-fraction-static", seen
+    assert not any(s[0] == "--max-total-tokens" for f in seen for s in f[2]), seen  # the cap cannot grow an empty profile
+    s = top["suggestion"]
+    after = applied(flags, s)
+    eng = engine_factory(after, "startup-after")
+    res = support.run_load(eng.url, 20, 4, 16, timeout=120)
+    print(f"\n[startup] {top['rule']}: {s['flag']} {s['current']} → {s['proposed']}; predicted: the server starts; "
+          f"realized: started in {eng.startup_s:.0f} s and served {res.ok} of {res.sent} requests", file=sys.stderr)
+    assert res.ok >= 5, res.errors

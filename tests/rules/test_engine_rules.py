@@ -45,16 +45,20 @@ def test_prefill_stall_inferred_cap_without_config() -> None:
 
 
 def test_admission_stall_boundary() -> None:
-    # requests wait with free KV and no prefill batch at all: 19 s vs 21 s
-    def tl(seconds: int) -> object:
+    # requests wait with free KV and no prefill batch at all: 19 s vs 21 s (the running count moves: nothing
+    # the admission model knows holds them)
+    def tl(seconds: int, running: list[int] | None = None) -> object:
         n = seconds + 1
-        return window(step=1.0, queue_reqs=[10] * n, token_usage=[0.3] * n, running_reqs=[5] * n,
+        return window(step=1.0, queue_reqs=[10] * n, token_usage=[0.3] * n, running_reqs=running or [5, 4] * (n // 2) + [5] * (n % 2),
                       config={"max_running_requests": 64, "schedule_conservativeness": 1.0})
     assert run(PrefillStall, tl(19)) is None
     f = run(PrefillStall, tl(21))
     assert f is not None and "21 s" in f.summary
     (s,) = f.suggestions
     assert s.flag == "--schedule-conservativeness" and s.current == 1.0 and s.proposed == 0.3
+    # a running count held at one value below the cap is the KV reservation (kv_saturation), not a stall:
+    # lowering the conservativeness would admit requests the pool then retracts
+    assert run(PrefillStall, tl(21, [5] * 22)) is None
 
 
 def test_admission_with_prefills_is_not_a_stall() -> None:

@@ -144,7 +144,7 @@ def _ref_from_log(rule: Any, ctx: RuleContext) -> Any:
     _, pv = raw_arrays(ctx, "prefill_new_tokens")
     if not any(not ps.sources[i].startswith("scrape@") for i in (pv >= t["min_batch_tokens"]).nonzero()[0].tolist()):
         return None
-    pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "running_reqs") if not p[3].startswith("scrape@")]
+    pre = [(_line(p[3]), p) for p in joint(ctx, "prefill_new_tokens", "prefill_running_reqs" if ctx.series("prefill_running_reqs") is not None else "running_reqs") if not p[3].startswith("scrape@")]
     pre = [x for x in pre if x[0] >= 0]
     if len(pre) < t["min_run"]:
         return None
@@ -286,11 +286,19 @@ def test_pf01_stall_gap_check_changes_nothing(windows: list[Timeline]) -> None:
     check disabled (prefill times hidden from it) it gives the same answers on the real windows and case
     logs, under stall lengths that make it fire."""
     from diagnoser.rules import pf01_prefill_stall as pf01
+    from tests.rules.helpers import window
 
     rule = pf01.PrefillStall()
     fired = pruned = compared = 0
     real = pf01.times_in_order
-    for tl in windows + _case_windows():
+    # the real runs' queues are held by a limit the admission model names (the KV reservation, the slot
+    # cap, the prefill budget), so none of them is a stall; two built windows with a queue nothing explains,
+    # one without prefill batches (a stall) and one with a batch every second (the gap check prunes it)
+    moving = [5, 4] * 20
+    built = [window(step=1.0, queue_reqs=[10] * 40, token_usage=[0.3] * 40, running_reqs=moving, config={"max_running_requests": 64}),
+             window(step=1.0, queue_reqs=[10] * 40, token_usage=[0.3] * 40, running_reqs=moving, prefill_new_tokens=[100] * 40,
+                    config={"max_running_requests": 64})]
+    for tl in windows + _case_windows() + built:
         for stall in (0.5, 2.0, 5.0, 10.0, 20.0, 60.0):
             for kv_room in (0.5, 0.9, 1.01):
                 th = {**rule.defaults, "stall_seconds": stall, "kv_room": kv_room}

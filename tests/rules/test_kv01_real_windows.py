@@ -63,7 +63,7 @@ def _windows(tl: Timeline) -> list[Timeline]:
 
 def _fires(w: Timeline, floor: float | None = None) -> bool:
     # floor given: the rule as it was before the retraction floor and the footprint path existed
-    th = {"kv_saturation": {"retract_usage_floor": floor, "fit_share": 1e9}} if floor is not None else None
+    th = {"kv_saturation": {"retract_usage_floor": floor, "arithmetic": 0}} if floor is not None else None
     return any(f.rule == "kv_saturation" for f in evaluate([w], ADAPTER, th).findings)
 
 

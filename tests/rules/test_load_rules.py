@@ -7,6 +7,7 @@ from diagnoser.rules.kv01_kv_saturation import KVSaturation
 from diagnoser.rules.kv02_kv_retraction import KVRetraction
 from diagnoser.rules.oc01_low_batch_occupancy import LowBatchOccupancy
 from diagnoser.rules.oc02_client_bound import ClientBound
+from diagnoser.rules.pf01_prefill_stall import PrefillStall
 from diagnoser.rules.qu01_queue_buildup import QueueBuildup
 from diagnoser.rules.rg01_runaway_generation import RunawayGeneration
 from diagnoser.rules.sl01_max_running_requests_cap import MaxRunningRequestsCap
@@ -26,7 +27,8 @@ def test_kv_saturation_boundary() -> None:
     assert _kv(0.94) is None  # a short queue at 0.94: the tuning guide's well-used pool
     # with more waiting than the guide's healthy queue (2000) the pool is full from 0.90: admission also
     # reserves room for the running requests' remaining output, so the queue forms before usage reads 1.0
-    deep = {"token_usage": [0.91] * 6, "queue_reqs": [2500] * 6, "running_reqs": [20] * 6, "config": CFG}
+    # (the running count moves, so the admission model's inference from a count held below the cap stays out)
+    deep = {"token_usage": [0.91] * 6, "queue_reqs": [2500] * 6, "running_reqs": [20, 19, 20, 18, 20, 17], "config": CFG}
     f = run(KVSaturation, window(**deep))  # type: ignore[arg-type]
     assert f is not None and "reserves room" in f.summary and f.evidence[0].threshold == 0.9
     assert run(KVSaturation, window(**{**deep, "token_usage": [0.89] * 6})) is None  # type: ignore[arg-type]
@@ -37,6 +39,21 @@ def test_kv_saturation_boundary() -> None:
     flags = {s.flag: s for s in f.suggestions}
     assert flags["--mem-fraction-static"].current == 0.85 and flags["--mem-fraction-static"].proposed == 0.89
     assert flags["--kv-cache-dtype"].proposed == "fp8_e4m3"
+
+
+def test_kv_saturation_reads_the_reservation_when_usage_reads_low() -> None:
+    """The 94M-model case of issue 25: running pinned at 8 below a cap of 64 while 40 wait, usage at most
+    0.6 and no request finished (no sizes): admission reserves room for the running requests' remaining
+    output, so the pool is the limit, not a prefill stall."""
+    cfg = {"max_running_requests": 64, "max_total_tokens": 4096, "arg.max_total_tokens": 4096, "device": "cpu"}
+    tl = window(token_usage=[0.3, 0.4, 0.45, 0.5, 0.55, 0.6] * 2, queue_reqs=[40] * 12, running_reqs=[8] * 12,
+                used_tokens=[1229, 1638, 1843, 2048, 2253, 2458] * 2, config=cfg)
+    f = run(KVSaturation, tl)
+    assert f is not None and "reserves room" in f.summary and f.confidence == "low"
+    assert f.suggestions and f.suggestions[0].flag == "--max-total-tokens" and 8192 <= f.suggestions[0].proposed <= 65536
+    assert run(PrefillStall, tl) is None
+    moving = window(token_usage=[0.3, 0.4, 0.45, 0.5, 0.55, 0.6] * 2, queue_reqs=[40] * 12, running_reqs=[8, 7, 6, 8, 5, 7] * 2, config=cfg)
+    assert run(KVSaturation, moving) is None  # a count that moves is not held by anything
 
 
 def test_kv_saturation_needs_a_queue_or_retraction() -> None:
@@ -151,7 +168,10 @@ def test_max_running_requests_cap_boundary() -> None:
     f = run(MaxRunningRequestsCap, window(running_reqs=run_at, queue_reqs=[30] * 20, token_usage=[0.01] * 20, used_tokens=[800] * 20, config=base))
     assert f is not None
     (s,) = f.suggestions
-    assert s.flag == "--max-running-requests" and s.current == 4 and s.proposed == 288  # 0.9 * 65536 / 200 = 294 → down to a multiple of 8
+    # the pool holds 0.9 * 65536 / 200 = 294, but the demand seen bounds it: 4 running + 30 waiting (median
+    # while busy) x 1.25 = 42.5, down to a multiple of 8
+    assert s.flag == "--max-running-requests" and s.current == 4 and s.proposed == 40
+    assert "in flight" in s.why
     run_at = [4] * 9 + [3] * 11  # 45 %
     assert run(MaxRunningRequestsCap, window(running_reqs=run_at, queue_reqs=[30] * 20, token_usage=[0.01] * 20, config=base)) is None
 
@@ -242,3 +262,22 @@ def test_kv_retraction_same_second_events_count_apart_and_requests_add_up() -> N
     ev = [("retraction", 1, {"retracted_reqs": 2}), ("retraction", 1, {"retracted_reqs": 1}), ("retraction", 2, {"retracted_reqs": 1})]
     f = run(KVRetraction, window(step=10.0, token_usage=[0.9] * 4, events=ev))
     assert f is not None and "3 times" in f.summary and "4 requests in all" in f.summary
+
+
+def test_compound_limits_in_order_with_the_combined_projection() -> None:
+    """Issue 25, item 2: a pool of 3,000 tokens (its cap), running 6 of a slot cap of 10, 26 waiting. The pool
+    binds now; after its fix the slot cap binds (SGLang tests the slots before the KV): both changes, in that
+    order, with the combined projection ("running 6 → 10, then --max-running-requests 10 binds; with both → 32")."""
+    cfg = {"max_total_tokens": 3000, "arg.max_total_tokens": 3000, "max_running_requests": 10, "device": "cpu"}
+    tl = window(token_usage=[0.97] * 8, queue_reqs=[26] * 8, running_reqs=[6] * 8, used_tokens=[2900] * 8, config=cfg)
+    f = run(KVSaturation, tl)
+    assert f is not None
+    first, second = f.suggestions[:2]
+    assert first.flag == "--max-total-tokens" and first.current == 3000 and first.proposed == 32768
+    assert "running 6 → 10 (then --max-running-requests 10 binds" in first.effect and "running → about 32" in first.effect
+    assert second.flag == "--max-running-requests" and second.current == 10 and second.proposed == 32
+    # the slot cap alone (a pool that holds the demand): one change
+    tl = window(token_usage=[0.2] * 8, queue_reqs=[26] * 8, running_reqs=[10] * 8, used_tokens=[4830] * 8,
+                config={**cfg, "max_total_tokens": 32768, "arg.max_total_tokens": 32768})
+    g = run(MaxRunningRequestsCap, tl)
+    assert g is not None and [s.flag for s in g.suggestions] == ["--max-running-requests"]

@@ -96,6 +96,12 @@ CASES: list[tuple[str, str, str, str, bool, str]] = [
     ("queue_buildup", "one line", "log", "new fill batch. #seq: 1. #cached_token: 330. #new_token: 2172. #remaining_req: 0. #running_req: 9. tree_cache_hit_rate: 69.16%", False, ""),
     ("queue_buildup", "one scrape", "metrics", scrape(162, 2826, 0.28), True, "Admission-limited"),
     ("queue_buildup", "one scrape", "metrics", scrape(162, 0, 0.28), False, ""),
+    # request_outcomes: one scrape's answer counters (a third answered 400: longer than the context), or all 200
+    ("request_outcomes", "one scrape", "metrics", scrape(2, 0, 0.01, extra="# TYPE sglang:http_responses_total counter\n"
+     'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="200"} 48.0\n'
+     'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="400"} 24.0\n'), True, "400"),
+    ("request_outcomes", "one scrape", "metrics", scrape(2, 0, 0.01, extra="# TYPE sglang:http_responses_total counter\n"
+     'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="200"} 48.0\n'), False, ""),
     # low_batch_occupancy / client_bound: one request running, nothing waiting, an empty pool
     ("low_batch_occupancy", "one line", "log", dec(run=1, tok=300, use=0.0), True, "low"),
     ("low_batch_occupancy", "one line", "log", dec(run=40, tok=80000, use=0.4), False, ""),

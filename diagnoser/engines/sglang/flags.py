@@ -53,6 +53,7 @@ def flag(concept: str, version: Version | None = None) -> FlagSpelling:
     simple = {
         "mem_fraction_static": "--mem-fraction-static",
         "max_running_requests": "--max-running-requests",
+        "max_queued_requests": "--max-queued-requests",
         "chunked_prefill_size": "--chunked-prefill-size",
         "max_prefill_tokens": "--max-prefill-tokens",
         "schedule_conservativeness": "--schedule-conservativeness",

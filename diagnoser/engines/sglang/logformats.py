@@ -85,7 +85,7 @@ _PREFILL_FIELDS: dict[str, str | None] = {
     "full token usage": "full_token_usage",
     "swa token usage": "swa_token_usage",
     "mamba usage": "mamba_usage",
-    "#running-req": "running_reqs",
+    "#running-req": "prefill_running_reqs",  # the running batch beside this prefill, before its new requests join
     "#queue-req": "queue_reqs",
     "#pending-token": "pending_tokens",
     "input throughput (token/s)": "input_throughput_tps",
@@ -127,7 +127,7 @@ PREFILL_COLS: tuple[tuple[str, str, bool], ...] = (
     ("p_cached", "prefill_cached_tokens", False),
     ("p_hit", "cache_hit_rate", True),
     ("p_use", "token_usage", False),
-    ("p_run", "running_reqs", False),
+    ("p_run", "prefill_running_reqs", False),
     ("p_queue", "queue_reqs", False),
     ("p_pend", "pending_tokens", True),
     ("p_in", "input_throughput_tps", True),

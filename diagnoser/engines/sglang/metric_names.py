@@ -63,6 +63,8 @@ COUNTERS: dict[str, tuple[str | None, str | None]] = {
     "num_requests_total": ("request_rate", "requests_completed"),
     "request_success_total": ("request_rate", "requests_completed"),  # pre-release
     "num_retracted_requests_total": (None, "retractions_total"),
+    "num_aborted_requests_total": (None, "aborted_total"),
+    "http_responses_total": (None, None),  # by endpoint and status_code (0.5.2x): POST responses → http_*_total (metrics.py)  # observability/metrics_collector.py at v0.5.23: aborts and queue-full rejections
     "realtime_tokens_total": (None, None),  # by mode → prefill tokens (below)
     "prefill_effective_tokens_total": (None, None),  # by mode → prefill tokens (below)
     "cuda_graph_passes_total": (None, None),  # by mode → prefill / decode forward passes (0.5.7+)

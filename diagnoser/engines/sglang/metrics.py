@@ -48,7 +48,7 @@ from diagnoser.model import SignalSink
 __all__ = [  # the name tables live in metric_names; re-exported for the other readers (fleet, tests)
     "CONFIG_GAUGES", "COUNTERS", "GAUGES", "HISTOGRAM_QUANTILES", "HISTOGRAMS", "LABEL_HINTS", "PID_SUMMED",
     "PREFILL_MODES", "PRERELEASE_NAMES", "SCHEDULER_PROBE", "TTFT_BUCKETS", "VERSION_HINTS", "WANTED",
-    "MetricsState", "Sample", "detect_version", "fast_samples", "fast_samples_regex", "has_sglang_family", "histogram_quantile",
+    "MetricsState", "Sample", "detect_version", "fast_samples", "fast_samples_regex", "has_sglang_family", "histogram_quantile", "quantile_bucket",
     "foreign_exposition", "ingest_families", "ingest_samples", "ingest_text", "normalise", "rank_key", "samples_from_families",
     "version_from_labels", "window_quantile", "window_quantiles",
 ]
@@ -275,6 +275,7 @@ class MetricsState:
     engine_types: set[str] = field(default_factory=set)
     prerelease: bool = False
     last_ts: float | None = None  # time of the previous scrape (a counter that appears later starts at 0)
+    idle_ts: float | None = None  # the last scrape with nothing running or waiting: no latency observed later can be longer than since
     dropped: int = 0  # samples with impossible values (NaN, ±Inf, negative, bad le): counted, not used
     drop_examples: list[str] = field(default_factory=list)
     ranks: set[str] = field(default_factory=set)  # rank keys seen (at most MAX_RANKS)
@@ -298,24 +299,47 @@ def _rank_ok(state: MetricsState, rk: str) -> bool:
     return True
 
 
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """Prometheus' ``histogram_quantile`` on cumulative (upper bound, count) pairs sorted by bound."""
+def histogram_quantile(q: float, buckets: list[tuple[float, float]], at_most: float | None = None) -> float:
+    """Prometheus' ``histogram_quantile`` on cumulative (upper bound, count) pairs sorted by bound.
+
+    ``at_most`` is the longest value any observation can have (the time elapsed since the server was last
+    seen idle): an interpolation beyond it claims more than the buckets and the clock allow, so the
+    bucket's lower bound is returned instead (the quantile is "more than" it; :func:`quantile_bucket`)."""
+    lo, hi, v = quantile_bucket(q, buckets)
+    if at_most is not None and not math.isnan(v) and v > at_most and hi > at_most:
+        return lo
+    return v
+
+
+def quantile_bucket(q: float, buckets: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(lower bound, upper bound, interpolated value) of the bucket the q-quantile falls in; NaNs when empty."""
     if not buckets:
-        return math.nan
+        return math.nan, math.nan, math.nan
     total = buckets[-1][1]
     if total <= 0:
-        return math.nan
+        return math.nan, math.nan, math.nan
     rank = q * total
     prev_bound, prev_count = 0.0, 0.0
     for bound, count in buckets:
         if count >= rank:
             if math.isinf(bound):
-                return prev_bound
+                return prev_bound, bound, prev_bound
             if count == prev_count:
-                return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+                return prev_bound, bound, bound
+            return prev_bound, bound, prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
         prev_bound, prev_count = bound, count
-    return prev_bound
+    return prev_bound, math.inf, prev_bound
+
+
+def _bounded(q: float, diff: list[tuple[float, float]], elapsed: float | None) -> tuple[float, str]:
+    """The quantile and what to add to its source: when the interpolation passes the time elapsed since the
+    server was last seen idle, the bucket's lower bound and "more than N s (the lo-hi s bucket …)"."""
+    lo, hi, v = quantile_bucket(q, diff)
+    if elapsed is not None and not math.isnan(v) and v > elapsed and hi > elapsed:
+        return lo, f" (> {lo:g} s: in the {lo:g}-{hi:g} s bucket, and only {elapsed:.0f} s passed since the server was last idle)"
+    if math.isinf(hi) and not math.isnan(v):
+        return lo, f" (> {lo:g} s: the last finite bucket)"
+    return v, ""
 
 
 def ingest_families(families: Any, ts: float, sink: SignalSink, state: MetricsState, source: str) -> int:
@@ -337,6 +361,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     gauge_base: dict[str, str] = {}
     counters: dict[tuple[str, str], dict[int, float]] = {}
     hist: dict[str, dict[float, float]] = {}
+    http: dict[str, float] = {}  # status code → POST responses since start
     seen = state.seen_names
     if not state.prerelease:  # decided before the loop: it changes how some gauges read
         state.prerelease = any(s[0] in PRERELEASE_NAMES for s in samples)
@@ -376,6 +401,12 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
                 state.cut_series += 1
                 continue
             b[bound] = b.get(bound, 0.0) + value
+            used += 1
+            continue
+        if name == "http_responses_total":  # the API's answers by status (POST only: not health checks or our scrapes)
+            if labels.get("method") == "POST":
+                code = labels.get("status_code", "")
+                http[code] = http.get(code, 0.0) + value
             used += 1
             continue
         if name in COUNTERS or name == "total_retracted_reqs":
@@ -426,10 +457,19 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
             sig = "cache_hit_rate_last_prefill"  # the windowed hits/all from the counters is the better one
         sink.add(sig, ts, per_tp[min(per_tp)], f"{source} sglang:{gauge_base.get(sig, 'cache_hit_rate')}", rk)
     _counter_rates({k: v[min(v)] for k, v in counters.items()}, ts, sink, state, source)
+    if http:
+        src = f"{source} sglang:http_responses_total{{method=POST}}"
+        sink.add("http_responses_total", ts, sum(http.values()), src, "")
+        sink.add("http_errors_total", ts, sum(v for c, v in http.items() if c[:1] in "45"), src, "")
+        for code in ("400", "429", "503"):
+            sink.add(f"http_{code}_total", ts, http.get(code, 0.0), src, "")
     ttft = hist.get("ttft_seconds")
     if ttft and state.ttft_bounds is None:
         state.ttft_bounds = tuple(sorted(b for b in ttft if not math.isinf(b)))
     _hist_quantiles(hist, ts, sink, state, source)
+    run, queue = gauges.get(("running_reqs", "")), gauges.get(("queue_reqs", ""))
+    if run is not None and queue is not None and max(run.values()) == 0 and max(queue.values()) == 0:
+        state.idle_ts = ts  # after this interval's quantiles: theirs count from the previous idle moment
     detect_version(state)
     state.last_ts = ts
     return used
@@ -557,10 +597,11 @@ def _hist_quantiles(hist: dict[str, dict[float, float]], ts: float, sink: Signal
             diff = sorted((b, c - p.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
         if not diff or diff[-1][1] <= 0:
             continue
+        elapsed = ts - state.idle_ts if state.idle_ts is not None and state.idle_ts < ts else None
         for q in HISTOGRAM_QUANTILES.get(stem, (0.5, 0.95)):
-            v = histogram_quantile(q, diff)
+            v, note = _bounded(q, diff, elapsed)
             if not math.isnan(v):
-                sink.add(f"{stem}_p{int(q * 100)}", ts, v, f"{source} sglang:{stem} histogram", "")
+                sink.add(f"{stem}_p{int(q * 100)}", ts, v, f"{source} sglang:{stem} histogram{note}", "")
 
 
 def window_quantile(state: MetricsState, stem: str, q: float, rank: str = "") -> float:
@@ -574,7 +615,8 @@ def window_quantile(state: MetricsState, stem: str, q: float, rank: str = "") ->
         diff = sorted(cur.buckets.items())
     else:
         diff = sorted((b, c - first.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
-    return histogram_quantile(q, diff)
+    elapsed = last[0] - state.idle_ts if state.idle_ts is not None and state.idle_ts < last[0] else None
+    return histogram_quantile(q, diff, elapsed)
 
 
 def window_quantiles(state: MetricsState) -> dict[str, float]:

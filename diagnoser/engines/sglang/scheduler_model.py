@@ -98,6 +98,10 @@ BEHAVIOURS: dict[str, Behaviour] = {b.key: b for b in (
               "model_executor/model_runner_kv_cache_mixin.py at v0.5.10; managers/tp_worker.py at v0.5.2"),
     Behaviour("graphs_cpu", "a CPU server captures no CUDA graph and reads no CUDA-graph flag; only --enable-torch-compile captures CPU graphs",
               f"python/sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py at {TAG}"),
+    Behaviour("auto_fraction", "with --mem-fraction-static unset, fraction = (memory - reserved) / memory, reserved (MB) = 512 + "
+              "1.5 x max(--chunked-prefill-size, 2048) (--max-prefill-tokens when chunking is off) + tp x pp / 8 x 1024 + the graph reserve; "
+              "it can come out negative, and then no KV pool fits",
+              f"python/sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings at {TAG}"),
     Behaviour("radix", "--disable-radix-cache frees each request's KV at its end, so no prefix is ever reused (#cached-token stays 0)",
               f"python/sglang/srt/mem_cache/radix_cache.py and schedule_policy.py at {TAG}"),
 )}
@@ -194,6 +198,22 @@ def prefill_chunk(chunked_prefill_size: int | None) -> int | None:
     if chunked_prefill_size is None or chunked_prefill_size <= 0:
         return None
     return int(chunked_prefill_size)
+
+
+DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (server_args at v0.5.23)
+CPU_DEFAULT_CHUNK = 4096  # the chunk handle_gpu_memory_settings picks when no GPU class applies (CPU)
+
+
+def auto_mem_fraction(memory_mb: float, chunked_prefill_size: int | None, max_prefill_tokens: int | None = None,
+                      tp: int = 1, pp: int = 1, graph_reserve_mb: float = 0.0) -> float:
+    """SGLang's automatic --mem-fraction-static (unset) at v0.5.23: (memory - reserved) / memory, where
+    reserved = 512 + 1.5 x activation tokens + tp x pp / 8 x 1024 + the graph reserve (MB), and the
+    activation tokens are max(chunk, 2048), or max(--max-prefill-tokens, 2048) with chunking off (<= 0).
+    It is negative when the reserve passes the memory (``--chunked-prefill-size -1`` on a small machine)."""
+    chunk = CPU_DEFAULT_CHUNK if chunked_prefill_size is None else chunked_prefill_size
+    act = max(chunk, 2048) if chunk > 0 else max(max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS, 2048)
+    reserved = 512 + act * 1.5 + tp * pp / 8 * 1024 + graph_reserve_mb
+    return round((memory_mb - reserved) / memory_mb, 3)
 
 
 # -- the server as the model sees it -----------------------------------------------------------------
@@ -491,8 +511,9 @@ def _vet_chunk(current: Any, proposed: Any, state: ServerState) -> Verdict:
 
 
 def _vet_context(current: Any, proposed: Any, state: ServerState) -> Verdict:
-    """A smaller --context-length raises the request slots only where the slot estimate bounds them."""
-    if state.max_running_requests_arg is None or not state.args_known:
+    """A smaller --context-length raises the request slots only where the slot estimate bounds them (a
+    larger one, to admit longer prompts, is not a slot lever)."""
+    if state.max_running_requests_arg is None or not state.args_known or _up(current, proposed):
         return OK
     if _range(state.version) == "clamp":
         return OK
@@ -501,6 +522,6 @@ def _vet_context(current: Any, proposed: Any, state: ServerState) -> Verdict:
                    "not by the context length: a smaller --context-length adds no slot", cites=cite("max_running"))
 
 
-__all__ = ["BEHAVIOURS", "Behaviour", "CLIP_MAX_NEW_TOKENS", "RatioSchedule", "ServerState", "Verdict", "admission_need", "cite",
+__all__ = ["BEHAVIOURS", "Behaviour", "CLIP_MAX_NEW_TOKENS", "auto_mem_fraction", "RatioSchedule", "ServerState", "Verdict", "admission_need", "cite",
            "effective_max_running_requests", "effective_pool", "new_token_ratio", "prefill_chunk", "ratio_after_retraction",
            "reserved_tokens", "vet"]

@@ -1,0 +1,464 @@
+"""What held the next waiting request back, per reading: one admission model every admission rule reads.
+
+SGLang admits from the waiting queue in ``Scheduler.get_new_batch_prefill`` with a ``PrefillAdder``
+(``python/sglang/srt/managers/scheduler.py`` and ``managers/schedule_policy.py`` at v0.5.23). For each
+waiting request, in this order, it stops when:
+
+* the pass's prefill budget is spent (``adder.budget_state() == OTHER``: ``--max-prefill-tokens``, or the
+  chunk of ``--chunked-prefill-size``) -- **budget**;
+* the running batch holds the effective ``max_running_requests`` (``get_num_allocatable_reqs``, which
+  also counts the request-slot and Mamba state pools) -- **slots**, or **state** when the Mamba/SWA
+  state pool is what is full;
+* ``add_one_req`` finds that the request's uncached prompt + min(max_new_tokens, 4096) + a page is more
+  than free + evictable KV minus what every running request still reserves (its remaining
+  min(max_new_tokens - generated, 4096) x ``new_token_ratio``; ``NO_TOKEN``) -- **kv**;
+* on a PD decode server, the request waits in the prealloc or transfer queue -- **transfer**.
+
+Otherwise the request is admitted at the next prefill: a reading with a queue and none of those is
+**none** (requests that just arrived, or prefill compute itself), and a reading without a queue is
+**idle** (the client sends too little to wait).
+
+A reading is a Decode batch line or a scrape where both the running count and the queue were read (a
+Prefill line's ``#running-req`` is the batch beside that prefill, not the running batch: it is
+``prefill_running_reqs``). The KV test uses the scheduler's own arithmetic when the inputs give the
+sizes: pool, usage, running, the mean prompt and output of the finished requests and the ratio
+(``new_token_ratio`` when read, else its start min(0.7 x ``--schedule-conservativeness``, 1)). Without
+finished requests the sizes are estimated from the readings: a running count held at one value below
+the cap while requests keep waiting and no prefill budget binds is the reservation (inferred). The
+fixed thresholds (usage >= 0.95, or >= 0.9 beyond 2,000 waiting) are the fallback for inputs without the
+numbers, never the first test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from diagnoser.capacity.pool import pool_count
+from diagnoser.capacity.serverstate import server_state
+from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
+from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
+
+if TYPE_CHECKING:
+    from diagnoser.rules.base import RuleContext
+
+CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")  # (and "report": not a running reading)
+CLIP = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
+FIT_SHARE = 0.8  # running at this share of what the pool holds at full length fills it
+
+
+@dataclass
+class Admission:
+    """The per-reading classification and the numbers it used; ``label`` is aligned with ``running``."""
+
+    ts: Any
+    running: Any
+    queue: Any
+    usage: Any
+    label: Any
+    sources: Any
+    cap: int | None = None
+    cap_src: str = ""
+    cap_inferred: bool = False
+    pool: int | None = None
+    pool_src: str = ""
+    budget: int | None = None
+    budget_name: str = ""
+    budget_src: str = ""
+    prompt: float | None = None  # mean prompt (uncached share) of the finished requests
+    output: float | None = None  # mean output of the finished requests
+    ratio: float | None = None
+    kv_how: str = ""  # "arithmetic" | "inferred" | "usage"
+    open: Any = None  # readings with a queue that no earlier limit (transfer, state, slots, budget) held
+    kv_arith: Any = None  # readings where the reservation arithmetic (or the inference) says the next request does not fit
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_wait(self) -> int:
+        return int(np.count_nonzero((self.queue > 0) & (self.label != "report")))
+
+    def share(self, cls: str) -> float:
+        n = self.n_wait
+        return float(np.count_nonzero(self.label == cls)) / n if n and cls != "idle" else 0.0
+
+    def top(self) -> tuple[str, float]:
+        """The class that held most readings with a queue, and its share ("" when none waited)."""
+        if not self.n_wait:
+            return "", 0.0
+        best = max(CLASSES[:-1], key=self.share)
+        return best, self.share(best)
+
+    def first(self, cls: str) -> str:
+        k = (self.label == cls).nonzero()[0]
+        return str(self.sources[int(k[0])]) if len(k) else ""
+
+    def full_length(self) -> float | None:
+        return None if self.prompt is None or self.output is None else self.prompt + self.output
+
+    def demand(self) -> float:
+        """Median running + waiting over the readings with work (idle stretches left out)."""
+        busy = ((self.running > 0) | (self.queue > 0)) & (self.label != "report")
+        if not np.any(busy):
+            return 0.0
+        return float(np.median(self.running[busy]) + np.median(self.queue[busy]))
+
+
+def admission(ctx: RuleContext) -> Admission:
+    """The model for this pass (memoised)."""
+    hit = ctx.memo.get("admission")
+    if hit is None:
+        hit = ctx.memo["admission"] = _build(ctx)
+    return hit  # type: ignore[no-any-return]
+
+
+def _build(ctx: RuleContext) -> Admission:
+    p = pairs(ctx, "running_reqs", "queue_reqs")
+    run, q = np.asarray(p.a, dtype=float), np.asarray(p.b, dtype=float)
+    u = _along(ctx, p, "token_usage")
+    a = Admission(ts=p.ts, running=run, queue=q, usage=u, label=np.full(len(p), "idle", dtype=object),
+                  sources=[p.src(k) for k in range(len(p))] if len(p) < 4096 else _Lazy(p))
+    a.cap, a.cap_src = slot_cap(ctx)
+    a.pool, a.pool_src = pool_tokens(ctx)
+    a.budget, a.budget_name, a.budget_src = prefill_budget(ctx)
+    a.prompt, a.output = finished_sizes(ctx)
+    a.ratio = _ratio(ctx)
+    wait = q > 0
+    a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
+    if not len(p):
+        return a
+    lab = a.label
+    lab[wait] = "none"
+    # a scrape's num_running_reqs holds the last batch report, and after a prefill report that is the batch
+    # beside the prefill (metrics_reporter.py at v0.5.23, as a Prefill line's #running-req): a reading with
+    # requests waiting and KV in use but nothing, or far fewer than the tokens held, running is such a report
+    with np.errstate(invalid="ignore", divide="ignore"):
+        snap = wait & (np.nan_to_num(u) > 0) & (run == 0)
+        full = (a.prompt or 0) + (a.output or 0)
+        if a.pool and full > 0:
+            snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+    lab[snap] = "report"
+    wait = wait & ~snap
+    # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
+    # (batch_is_full), the pass's prefill budget (budget_state), then the KV test of add_one_req
+    for sig in ("pd_prealloc_reqs", "pd_transfer_reqs"):
+        lab[wait & (np.nan_to_num(_along(ctx, p, sig)) > 0)] = "transfer"
+    lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
+    if a.cap:
+        lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
+    if a.budget:
+        lab[wait & (lab == "none") & _budget_spent(ctx, a)] = "budget"
+    a.open = wait & (lab == "none")
+    a.kv_arith = np.zeros(len(p), dtype=bool)
+    arith = _reservation_full(a, _ratio_at(ctx, a))
+    if arith is not None:
+        a.kv_arith |= a.open & arith
+    with np.errstate(invalid="ignore"):
+        by_usage = np.nan_to_num((u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))).astype(bool)
+    if arith is not None and np.any(wait & (lab == "none") & arith):
+        a.kv_how = "arithmetic"
+        lab[wait & (lab == "none") & arith] = "kv"
+    if np.any(wait & (lab == "none") & by_usage):
+        a.kv_how = a.kv_how or "usage"
+        lab[wait & (lab == "none") & by_usage] = "kv"
+    # sizes unknown: a running count held at one value while requests keep waiting is a limit; below a known
+    # cap (and no budget binding) it is the reservation; with no cap in the inputs it is an implied cap
+    held = _held(a) if not a.cap else _held(a, 0.8)
+    if held is not None:
+        at = wait & (lab == "none") & (run == held)
+        if a.cap and held < a.cap and arith is None and not _usage_high(a):
+            a.kv_how = a.kv_how or "inferred"
+            lab[at] = "kv"
+            a.kv_arith |= at
+        elif not a.cap and not _usage_high(a):
+            a.cap, a.cap_inferred, a.cap_src = int(held), True, a.sources[int(at.nonzero()[0][0])]
+            lab[at] = "slots"
+            a.open &= ~at
+    return a
+
+
+class _Lazy:
+    """Sources of a long join, formatted on demand."""
+
+    def __init__(self, p: Any) -> None:
+        self.p = p
+
+    def __getitem__(self, k: int) -> str:
+        return str(self.p.src(k))
+
+
+def _along(ctx: RuleContext, p: Any, signal: str) -> Any:
+    """``signal`` at the joined readings (NaN where it was not read at that moment)."""
+    if ctx.series(signal) is None:
+        return np.full(len(p), np.nan)
+    col = aligned(ctx, "running_reqs", signal)
+    return np.asarray(col if p.idx is None else col[p.idx], dtype=float)
+
+
+def _usage_high(a: Admission) -> bool:
+    u = a.usage[(a.queue > 0) & (a.label != "report")]
+    u = u[~np.isnan(u)]
+    return bool(len(u)) and float(np.percentile(u, 95)) >= USAGE_DEEP
+
+
+def _held(a: Admission, share: float = 0.5) -> float | None:
+    """The running count most readings with a queue show, never exceeded, in at least half of them and in
+    at least 3 readings (a scrape between a completion and the next admission reads one less); ``share``
+    is the least share of the readings with a queue it must hold in."""
+    run = a.running[(a.queue > 0) & (a.label == "none")]
+    allq = a.running[(a.queue > 0) & (a.label != "report")]
+    if len(run) < 3:
+        return None
+    vals, counts = np.unique(run, return_counts=True)
+    k = int(np.argmax(counts))
+    v = float(vals[k])
+    if v < 1 or counts[k] < share * len(allq) or float(allq.max()) > v or (len(allq) < 6 and counts[k] < len(allq)):
+        return None
+    return v
+
+
+def _ratio_at(ctx: RuleContext, a: Admission) -> Any:
+    """new_token_ratio at each reading: the latest reading of it at or before (the first one before any),
+    else the window's value (:func:`_ratio`)."""
+    s = ctx.series("new_token_ratio")
+    if s is None or not len(s) or not len(a.ts):
+        return a.ratio
+    ts, vs = raw_arrays(ctx, "new_token_ratio")
+    ok = ~np.isnan(vs)
+    ts, vs = ts[ok], vs[ok]
+    if not len(ts):
+        return a.ratio
+    order = np.argsort(ts, kind="stable")
+    k = np.searchsorted(ts[order], a.ts, side="right") - 1
+    return vs[order][np.maximum(k, 0)]
+
+
+def _ratio(ctx: RuleContext) -> float | None:
+    r = ctx.stats("new_token_ratio")
+    if r["n"]:
+        return float(r["p50"])
+    c = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
+    st = server_state_of(ctx)
+    if isinstance(c, int | float) and not isinstance(c, bool):
+        return min(0.7 * float(c), 1.0)
+    return 0.7 if st.args_known else None
+
+
+def _reservation_full(a: Admission, ratio: Any) -> Any:
+    """Per reading, whether free + evictable KV is below the next request's need after the running
+    requests' reservations (``PrefillAdder.add_one_req`` -> ``NO_TOKEN``); None without the sizes."""
+    if not a.pool or a.prompt is None or a.output is None or a.ratio is None or not len(a.usage):
+        return None
+    free = a.pool * (1.0 - np.nan_to_num(a.usage, nan=0.0))
+    held = a.pool * np.nan_to_num(a.usage, nan=0.0) / np.maximum(a.running, 1.0)  # tokens per running request
+    generated = np.clip(held - a.prompt, 0.0, a.output)
+    reserved = a.running * np.minimum(a.output - generated, CLIP) * ratio
+    need = a.prompt + min(a.output, CLIP) + 1
+    # or the running batch already fills the pool at its full length: the ratio has decayed (it falls each
+    # decode step), and these requests are retracted when they grow (the footprint test)
+    full = a.running >= FIT_SHARE * a.pool / max(a.prompt + a.output, 1.0)
+    return ((free - reserved) < need) | full
+
+
+def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
+    """Per reading: the last prefill batch at or before it computed the whole budget."""
+    pts, _ = raw_arrays(ctx, "prefill_new_tokens")
+    pv = per_pass(ctx)
+    if not len(pts) or len(pv) != len(pts) or not a.budget:
+        return np.zeros(len(a.ts), dtype=bool)
+    order = np.argsort(pts, kind="stable")
+    k = np.searchsorted(pts[order], a.ts, side="right") - 1
+    with np.errstate(invalid="ignore"):
+        at = pv[order] >= 0.98 * a.budget
+    return (k >= 0) & at[np.maximum(k, 0)]
+
+
+# -- the sizes ---------------------------------------------------------------------------------------
+def finished_sizes(ctx: RuleContext) -> tuple[float | None, float | None]:
+    """(mean uncached prompt, mean output) of the requests that finished in the window, from the token and
+    request counters (a cached prefix sits in the pool once, shared); (None, None) when none finished."""
+    from diagnoser.timeline.derived import window_rate
+
+    tl = ctx.timeline
+    rate = window_rate(tl, "request_rate").value
+    out_tps, in_tps = window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "prompt_tps").value
+    if not rate or out_tps is None or in_tps is None:
+        return _estimated_sizes(ctx)
+    hit = ctx.stats("cache_hit_rate")["mean"]
+    shared = min(max(float(hit), 0.0), 1.0) if hit is not None else 0.0
+    return in_tps * (1.0 - shared) / rate, out_tps / rate
+
+
+def _estimated_sizes(ctx: RuleContext) -> tuple[float | None, float | None]:
+    """No request finished: the prompt from the Prefill lines (uncached tokens per admitted request, when no
+    batch computed a whole chunk), the output from the tokens a running request holds at the decode
+    readings (on average halfway through its output: output = 2 x (held - prompt))."""
+    new, seqs = ctx.series("prefill_new_tokens"), ctx.series("prefill_new_seqs")
+    tpr, _ = tokens_per_request(ctx)
+    budget = prefill_budget(ctx)[0]
+    if new is None or seqs is None or not tpr or not len(new):
+        return None, None
+    if budget and float(np.nanmax(new.values)) >= 0.98 * budget:
+        return None, None  # a prompt longer than the chunk is admitted once per chunk: the lines do not tell its length
+    n = float(np.nansum(seqs.values))
+    prompt = float(np.nansum(new.values)) / n if n > 0 else 0.0
+    if not 0 < prompt < tpr:
+        return None, None
+    ctx.memo["sizes_estimated"] = True
+    return prompt, 2.0 * (tpr - prompt)
+
+
+def fit_at_full_length(ctx: RuleContext) -> tuple[float | None, float | None]:
+    """(mean tokens per request at full length, requests the pool holds at that length, all DP ranks)."""
+    a = admission(ctx)
+    foot = a.full_length()
+    if not foot or foot <= 0 or not a.pool:
+        return None, None
+    return foot, a.pool * dp_ranks(ctx) / foot
+
+
+def full_length(ctx: RuleContext) -> float | None:
+    """Tokens a request holds at its full length: the finished requests' prompt + output, else from the
+    decode lines' held tokens per running request (halfway through its output on average: 2 x held -
+    prompt), else the held tokens."""
+    foot, _ = fit_at_full_length(ctx)
+    if foot:
+        return foot
+    tpr, _ = tokens_per_request(ctx)
+    if not tpr:
+        return None
+    prompt = server_state_of(ctx).prompt_tokens
+    return 2 * tpr - prompt if prompt and 0 < prompt < tpr else tpr
+
+
+def dp_ranks(ctx: RuleContext) -> int:
+    """Independent pools of ``max_total_tokens`` (one per DP rank under DP), memoised."""
+    if "pools" not in ctx.memo:
+        ctx.memo["pools"] = pool_count(ctx.timeline)
+    return ctx.memo["pools"]  # type: ignore[no-any-return]
+
+
+def server_state_of(ctx: RuleContext) -> Any:
+    """SGLang's scheduler/memory model of this target (capacity/serverstate.py), memoised."""
+    if "server_state" not in ctx.memo:
+        ctx.memo["server_state"] = server_state(ctx.timeline, ctx.extras)
+    return ctx.memo["server_state"]
+
+
+# -- the prefill budget ------------------------------------------------------------------------------
+def per_pass(ctx: RuleContext) -> np.ndarray:
+    """Tokens of one prefill batch per ``prefill_new_tokens`` point (timeline/derived.py), memoised."""
+    if "prefill_per_pass" not in ctx.memo:
+        from diagnoser.timeline.derived import prefill_per_pass
+
+        got = prefill_per_pass(ctx.timeline)
+        ctx.memo["prefill_per_pass"] = got if got is not None else np.zeros(0)
+    return ctx.memo["prefill_per_pass"]  # type: ignore[no-any-return]
+
+
+def prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
+    """(tokens, name, source) of one prefill batch's budget: the smaller of --chunked-prefill-size and
+    --max-prefill-tokens when set (a chunk <= 0 turns chunking off); else the largest power of two (>= 64)
+    in half the batches (smaller ones are chunk tails), or that a scrape interval's mean per batch sits
+    within 2 % below; else a batch size repeating exactly in half the batches while one more request of
+    that size would have passed the power of two above it ("budget")."""
+    hit = ctx.memo.get("prefill_budget")
+    if hit is None:
+        hit = ctx.memo["prefill_budget"] = _prefill_budget(ctx)
+    return hit  # type: ignore[no-any-return]
+
+
+def _prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
+    known = []
+    for name in ("chunked_prefill_size", "max_prefill_tokens"):
+        v = ctx.cfg(name, ctx.cfg(f"arg.{name}"))
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            known.append((int(v), name, ctx.timeline.cfg_source(name) or ctx.timeline.cfg_source(f"arg.{name}")))
+    if known:
+        return min(known)
+    per = per_pass(ctx)
+    per = per[~np.isnan(per)] if len(per) else per
+    if not len(per):
+        return None, "", ""
+    half = 0.5 * len(per)
+    uniq, counts = np.unique(per.astype(int), return_counts=True)
+    common = [(int(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist(), strict=True) if c >= half]
+    pow2 = [u for u, _c in common if u >= 64 and u & (u - 1) == 0]
+    if pow2:
+        return max(pow2), "inferred", "the most common prefill batch size"
+    p2 = np.exp2(np.ceil(np.log2(np.maximum(per, 1.0))))
+    near = per >= 0.98 * p2
+    if near.any():
+        u2, c2 = np.unique(p2[near].astype(int), return_counts=True)
+        k = int(np.argmax(c2))
+        if int(c2[k]) >= half and int(u2[k]) >= 64:
+            return int(u2[k]), "inferred", "the most common prefill batch size"
+    seqs = aligned(ctx, "prefill_new_tokens", "prefill_new_seqs")
+    vals = raw_arrays(ctx, "prefill_new_tokens")[1]
+    for u, c in sorted(common, key=lambda uc: -uc[1]):
+        if c < 2 or u < 64 or not len(seqs):
+            continue
+        sel = seqs[vals == u]
+        sel = sel[~np.isnan(sel)]
+        n = float(np.median(sel)) if len(sel) else 0.0
+        budget = next_pow2(u + 1)
+        if n >= 2 and u + u / n > budget:
+            return budget, "budget", f"{u:,} tokens in {c} batches of about {n:.0f} requests: one more would pass {budget:,}"
+    return None, "", ""
+
+
+def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: list[Any]) -> str:
+    """kv_saturation's sentence for readings the reservation arithmetic (or the inference) calls full, with
+    its evidence appended to ``evs``."""
+    foot, fit = fit_at_full_length(ctx)
+    if foot and fit:
+        evs.append(evidence("tokens per request at full length (mean prompt + output)", round(foot), None, ctx.window_text(),
+                            "prompt and generation token counters / finished requests" if not ctx.memo.get("sizes_estimated")
+                            else "Prefill lines' tokens per request and Decode lines' tokens per running request (estimated)"))
+        evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
+        return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "
+                f"{wshare:.0%} of the {n_wait} readings with a queue the next request did not fit beside what the running ones still reserve "
+                f"(remaining output x new_token_ratio {a.ratio:.2f}, docs/sglang.md#batching-flags), although usage reads lower")
+    return (f"the running batch held at one count below the slot cap in {wshare:.0%} of the {n_wait} readings with a queue, with no prefill "
+            "budget binding: admission reserves room for the running requests' remaining output (new_token_ratio), so no more fit "
+            "although usage reads lower (inferred: the request sizes are not in the inputs)")
+
+
+# -- retractions -------------------------------------------------------------------------------------
+def retractions(ctx: RuleContext) -> tuple[int, int, str]:
+    """(retraction events, retracted requests, source of the first event); memoised for the pass. The
+    parser's events (copies that TP ranks of one DP group print are already dropped; later pipeline stages
+    repeat stage 0's), else the counter's increase, else the points of the retracted-requests gauge."""
+    hit = ctx.memo.get("retractions")
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    evs = ctx.events_of("retraction")
+    if evs and any("pp" not in e.rank for e in evs):
+        evs = [e for e in evs if "pp" not in e.rank]
+    reqs = sum(int(e.fields.get("retracted_reqs", 1) or 1) for e in evs)
+    tot = ctx.series("retractions_total")
+    counted = int(float(tot.values[-1]) - float(tot.values[0])) if tot is not None and len(tot) >= 2 and tot.values[-1] > tot.values[0] else 0
+    out: tuple[int, int, str] = (0, 0, "")
+    if evs and reqs >= counted:
+        out = (len(evs), reqs, evs[0].source)
+    elif counted:
+        out = (counted, counted, tot.sources[-1])  # type: ignore[union-attr]  # the counter counts requests
+    else:
+        rr = ctx.series("retracted_reqs")
+        pos = [v for v in rr.values.tolist() if v > 0] if rr is not None else []
+        if pos:
+            out = (len(pos), int(sum(pos)), argmax_source(ctx, "retracted_reqs"))
+    ctx.memo["retractions"] = out
+    return out
+
+
+def retraction_count(ctx: RuleContext) -> tuple[int, str]:
+    """Retraction events and the source of the first (:func:`retractions`)."""
+    n, _reqs, src = retractions(ctx)
+    return n, src
+
+
+__all__ = ["Admission", "CLASSES", "admission", "dp_ranks", "finished_sizes", "fit_at_full_length",
+           "full_length", "kv_reason", "per_pass", "prefill_budget", "retraction_count", "retractions", "server_state_of"]
