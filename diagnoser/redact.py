@@ -99,6 +99,7 @@ def redact_text(text: str) -> str:
     return _redact_text(text)
 
 
+@lru_cache(maxsize=1 << 15)  # pure: a fleet report repeats each evidence source ("prometheus@T q") per target
 def _redact_text(text: str) -> str:
     text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     if "@" in text:
