@@ -109,7 +109,13 @@ def main() -> int:
     if a.child:
         child(a.child[0], float(a.child[1]), a.child[2])
         return 0
-    from tests.fleet_fixtures import FleetSpec, backfill, scrape_config, start_prometheus, write_fleet_openmetrics
+    from tests.fleet_fixtures import (
+        FleetSpec,
+        backfill,
+        scrape_config,
+        start_prometheus,
+        write_fleet_openmetrics,
+    )
 
     sizes = [int(x) for x in a.sizes.split(",")]
     work = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="diagnoser-bench-fleet-"))
@@ -143,7 +149,9 @@ def main() -> int:
     base_pass = base_rss = None
     ok = True
     for n, raw, passes in rows:
-        med = lambda k: statistics.median(float(p[k]) for p in passes)  # noqa: E731
+        def med(k: str, passes: list[dict[str, object]] = passes) -> float:
+            return statistics.median(float(p[k]) for p in passes)  # type: ignore[arg-type]
+
         ps, rss = med("pass"), max(float(p["rss"]) for p in passes)
         base_pass = base_pass or ps
         base_rss = base_rss or rss
