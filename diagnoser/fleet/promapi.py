@@ -148,6 +148,7 @@ class PromAPI:
     client: httpx.Client | None = None
     pass_deadline: float | None = None  # time.monotonic() past which no answer is waited for (the pass's end)
     max_bytes: int = MAX_ANSWER_BYTES
+    cut: int = 0  # queries cut (or never sent) at the pass deadline
     calls: int = 0
     seconds: float = 0.0
     bytes_read: int = 0
@@ -237,9 +238,14 @@ class PromAPI:
         t0 = time.perf_counter()
         deadline = self.deadline()
         allowed = max(0.0, deadline - time.monotonic())
+        by_pass = self.pass_deadline is not None and deadline >= self.pass_deadline
         try:
             status, body = self._send(method, self.url + path, form, deadline)
         except AnswerTooSlow:
+            if by_pass:  # the pass's time ran out, not this query's own
+                self.cut += 1
+                raise PromError(f"Prometheus at {self.shown} had not answered {path} for `{shown_q}` when the pass's time ran out "
+                                f"(the earlier queries took it); raise --timeout or narrow --range/--selector.", timeout=True) from None
             raise PromError(f"Prometheus at {self.shown} did not finish answering {path} for `{shown_q}` within {allowed:.1f} s "
                             f"(overloaded, hung or sending very slowly); raise --timeout or narrow --range/--selector.",
                             timeout=True) from None

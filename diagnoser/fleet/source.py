@@ -298,6 +298,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     targets = _Targets()
     # the pass's deadline: a few queries' worth; past it no answer is waited for (the sockets still open are shut)
     api.pass_deadline = time.monotonic() + PASS_QUERIES * (api.timeout + DEADLINE_GRACE_S)
+    api.cut = 0
     try:
         found = _label_sets(api.series(Q.discovery_match(matchers), win.start, win.end), targets)
     except PromError as e:
@@ -413,11 +414,13 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                                 "before the pass's deadline.")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    if late:
-        col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late)} of {len(futures)} queries before the "
+    if late or api.cut:
+        col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 1} queries before the "
                                     f"pass's deadline ({PASS_QUERIES} x {api.timeout + DEADLINE_GRACE_S:g} s); their signals are missing.")
         rep.messages.append(col.fleet["pass_failed"])
     failed = {s: e for s, e in failed.items() if s not in ok}
+    if failed and not ok and "pass_failed" not in col.fleet:
+        col.fleet["pass_failed"] = f"every query failed ({len(failed)} signals), e.g. {next(iter(failed.values()))}"
     _ingest_config(config, targets)
     said = _dropped_message(targets.dropped)
     if said:
