@@ -291,3 +291,17 @@ def test_serve_prometheus_healthz_says_a_pass_that_failed(hostile: Any, monkeypa
     finally:
         stop.set()
         mon.close()
+
+
+def test_series_on_one_grid_share_times_and_sources_and_copy_on_write() -> None:
+    from diagnoser.timeline import Series
+
+    grid = Series([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], ["prometheus@a q", "prometheus@b q", "prometheus@c q"])
+    a, b = grid.with_values([1.0, 2.0, 3.0]), grid.with_values([7.0, 8.0, 9.0])
+    assert list(a.values) == [1, 2, 3] and list(b.values) == [7, 8, 9] and list(b.sources) == list(grid.sources)
+    a.append(4.0, 4.0, "server.log:12")
+    assert list(a.ts) == [1, 2, 3, 4] and list(a.sources)[-1] == "server.log:12"
+    assert list(b.ts) == [1, 2, 3] and list(grid.ts) == [1, 2, 3] and list(b.sources) == list(grid.sources)
+    assert list(b.values) == [7, 8, 9] and list(grid.values) == [0, 0, 0]
+    with pytest.raises(ValueError):
+        grid.with_values([1.0])

@@ -223,6 +223,9 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
         if int(bad.sum()) - nan:
             targets.drop("inf", int(bad.sum()) - nan)
         ts, vs = ts[good], vs[good]
+    if len(ts) > 1 and bool((ts[1:] < ts[:-1]).any()):  # Prometheus answers in time order; anything else is put in it
+        order = np.argsort(ts, kind="stable")
+        ts, vs = ts[order], vs[order]
     return ts, vs
 
 
@@ -348,12 +351,15 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     failed: dict[str, str] = {}
     plan = Q.plan(matchers, win.step, win.rate_window)
 
-    def run(q: Q.SignalQuery) -> tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]:
+    del found  # (the discovery answer: the targets hold what they need of it)
+
+    def run(q: Q.SignalQuery) -> list[Any]:
+        # a list, emptied once ingested: the future keeps its result, the answer is not kept with it
         try:
             step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
-            return q, api.query_range(q.promql, win.start, win.end, step), ""
+            return [q, api.query_range(q.promql, win.start, win.end, step), ""]
         except PromError as e:
-            return q, None, str(e)
+            return [q, None, str(e)]
 
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
         return "cache_hit_rate" if q.signal in ("cache_hit_rate", Q.PREFILL) else q.signal
@@ -396,7 +402,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         try:  # every call ends by the pass deadline (its socket is shut then): the extra time is a safety net
             for fut in as_completed(futures, timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0):
                 done_futs.add(fut)
-                handle(*fut.result())
+                box = fut.result()
+                handle(*box)
+                box.clear()
         except FuturesTimeout:
             pass
         late = [f for f in futures if f not in done_futs]
@@ -565,16 +573,16 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             s = cache[t] = f"prometheus@{iso(t)} {shown}"
         return s
 
-    src_lists: dict[tuple[float, float, int], Any] = {}
+    grids: dict[bytes, Series] = {}
 
-    def sources(ts: list[float]) -> Any:
-        # range results sit on the step grid: most series share one grid, whose sources are encoded once
-        # (a Series takes another's Sources without reading each text again)
-        key = (ts[0], ts[-1], len(ts))
-        got = src_lists.get(key)
-        if got is None:
-            got = src_lists[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts]).sources
-        return got
+    def on_grid(ts: np.ndarray, vals: Any) -> Series:
+        # range results sit on the step grid: the series of one grid share its times and sources (encoded
+        # once), each holding only its values (Series.with_values)
+        key = ts.tobytes()
+        grid = grids.get(key)
+        if grid is None:
+            grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
+        return grid.with_values(vals)
 
     for (tid, rank), (tl, by_tp) in groups.items():
         low = min(tp for tp, _m in by_tp)
@@ -586,21 +594,19 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         lists = [v for vals in parts.values() for v in vals]
         if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
             t_arr, v_arr = lists[0]
-            ts, vals = t_arr.tolist(), v_arr.tolist()
         else:
             merged = _points(lists, q.how)
-            ts = sorted(merged)
-            vals = [merged[t] for t in ts]
-        if not ts:
+            t_arr = np.array(sorted(merged))
+            v_arr = np.array([merged[t] for t in t_arr.tolist()])
+        if not len(t_arr):
             continue
-        srcs = sources(ts)
         if q.kind == "delta":
             if q.total:
-                tl.series[(q.total, rank)] = Series(ts, vals, srcs)
-            ts, vals, srcs = ts[1:], deltas(vals), srcs[1:]
-            if not ts:
+                tl.series[(q.total, rank)] = on_grid(t_arr, v_arr)
+            if len(t_arr) < 2:
                 continue
-        tl.series[(q.signal, rank)] = Series(ts, vals, srcs)
+            t_arr, v_arr = t_arr[1:], np.array(deltas(v_arr.tolist()))
+        tl.series[(q.signal, rank)] = on_grid(t_arr, v_arr)
         fresh.add(tid)
         used += sum(len(v) for v in parts.values())
     done.update(fresh)
