@@ -94,12 +94,23 @@ REDACT_CANDIDATE = re.compile(
 def redact_text(text: str) -> str:
     """Redact URL credentials, ``--api-key X`` pairs, bearer tokens and ``api_key='x'`` assignments (also
     inside JSON held in the text) in free text."""
+    if len(text) <= _SHORT:
+        return _redact_short(text)
+    if "@" not in text and not _HINT_RE.search(text):
+        return text
+    return _redact_text(text)
+
+
+_SHORT = 400  # texts this short are redacted once each (remembered): a report repeats its keys and sources
+
+
+@lru_cache(maxsize=1 << 15)  # pure: a fleet report holds each key and evidence source ("prometheus@T q") per target
+def _redact_short(text: str) -> str:
     if not text or ("@" not in text and not _HINT_RE.search(text)):
         return text
     return _redact_text(text)
 
 
-@lru_cache(maxsize=1 << 15)  # pure: a fleet report repeats each evidence source ("prometheus@T q") per target
 def _redact_text(text: str) -> str:
     text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     if "@" in text:
@@ -160,6 +171,8 @@ def _json_in_string(text: str) -> Any:
 
 def redact_string(text: str) -> str:
     """A string value: JSON held in it is redacted as JSON (any depth), the rest as free text."""
+    if len(text) <= _SHORT and text.lstrip()[:1] not in ("{", "["):
+        return _redact_short(text)  # (no JSON in it: the same as redact_text)
     if "@" not in text and not _HINT_RE.search(text):
         return text
     inner = _json_in_string(text)
