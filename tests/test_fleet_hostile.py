@@ -305,3 +305,54 @@ def test_series_on_one_grid_share_times_and_sources_and_copy_on_write() -> None:
     assert list(b.values) == [7, 8, 9] and list(grid.values) == [0, 0, 0]
     with pytest.raises(ValueError):
         grid.with_values([1.0])
+
+
+CHILD = """
+import argparse, json, resource, sys
+from diagnoser.engines import get_adapter
+from diagnoser.fleet import collect_prometheus
+ns = argparse.Namespace(prometheus=sys.argv[1], selector="", range=600.0, step=15.0, rate_window=60.0, end=%r, timeout=30.0,
+                        bearer_token=None, basic_auth=None, header=[])
+col = collect_prometheus(ns, get_adapter())
+print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "targets": len(col.timelines),
+                  "messages": col.inputs[0].messages}))
+"""
+
+
+def test_answers_just_under_the_cap_on_every_worker_stay_under_1_gb(hostile: Any) -> None:
+    """Eight range answers of nearly MAX_ANSWER_BYTES each (valid matrices, 4 read at once): the pass holds
+    them as bytes and parses one at a time; peak RSS of the whole process stays under 1 GB."""
+    import subprocess
+    import sys
+
+    rng = random.Random(26)
+    one = {"metric": {"__name__": "sglang:num_running_reqs", "job": "sglang", "instance": "x:1", "model_name": "m", "dp_rank": "0"},
+           "values": [[END - 600 + 15 * i, str(rng.randint(0, 99))] for i in range(40)]}
+    piece = json.dumps(one)
+    n = int(MAX_ANSWER_BYTES * 0.97) // (len(piece) + 6)  # (+ up to 5 digits of instance and a comma)
+    items = []
+    for i in range(n):  # distinct instances: targets discovery never saw (ignored after the parse)
+        items.append(piece.replace('"x:1"', f'"x:{i}"', 1))
+    big = ('{"status":"success","data":{"resultType":"matrix","result":[' + ",".join(items) + "]}}").encode()
+    assert MAX_ANSWER_BYTES * 0.9 < len(big) <= MAX_ANSWER_BYTES
+    sent = {"n": 0}
+    lock = threading.Lock()
+
+    def answer(path: str, conn: socket.socket) -> None:
+        if path == "/api/v1/series":
+            _series_ok(conn)
+            return
+        with lock:
+            sent["n"] += 1
+            mine = sent["n"] <= 8
+        body = big if mine else json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                     % len(body) + body)
+
+    srv = hostile(answer)
+    p = subprocess.run([sys.executable, "-c", CHILD % END, srv.url], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert sent["n"] >= 8 and out["targets"] == 2, out
+    print(f"peak RSS {out['rss'] / 2**20:.0f} MiB for 8 answers of {len(big) / 2**20:.1f} MiB")
+    assert out["rss"] < 1e9, out["rss"] / 2**20

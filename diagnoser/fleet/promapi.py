@@ -29,8 +29,21 @@ from diagnoser.sources.http import REAPER, make_client, tls_context
 
 MAX_SHOWN_QUERY = 160
 # One answer, as sent (after decompression). A 10,000-target pass's largest answer (series discovery)
-# is about 20 MB (bench/bench_fleet.py); parsed, an answer takes about 6x its size.
-MAX_ANSWER_BYTES = 96 * 2**20
+# is 11.5 MB (bench/bench_fleet.py's fleet); parsed, an answer takes 3.5-8x its size. A fleet pass parses
+# its answers in one thread, one at a time (``query_range(raw=True)`` and :meth:`PromAPI.finish`): parsed
+# in the worker threads, each thread's malloc arena kept its own peak and RSS grew past 1 GB.
+MAX_ANSWER_BYTES = 32 * 2**20
+
+
+@dataclass(slots=True)
+class Raw:
+    """An answer read but not parsed yet (:meth:`PromAPI.finish` parses it)."""
+
+    status: int
+    body: bytes
+    path: str
+    shown_q: str
+    want: str
 DEADLINE_GRACE_S = 5.0  # the store enforces `timeout` itself (and answers 503 timeout); the socket waits this much longer
 
 
@@ -178,9 +191,10 @@ class PromAPI:
             self.client.close()
 
     # -- API calls -------------------------------------------------------------------------------
-    def query_range(self, query: str, start: float, end: float, step: float) -> list[Any]:
+    def query_range(self, query: str, start: float, end: float, step: float, raw: bool = False) -> Any:
+        """The result list; with ``raw`` the answer unparsed (:class:`Raw`, for :meth:`finish`)."""
         form = {"query": query, "start": _t(start), "end": _t(end), "step": _t(step), "timeout": f"{self.timeout:g}s"}
-        return self._call("/api/v1/query_range", form, query, want="matrix")
+        return self._call("/api/v1/query_range", form, query, want="matrix", raw=raw)
 
     def query(self, query: str, at: float) -> list[Any]:
         return self._call("/api/v1/query", {"query": query, "time": _t(at), "timeout": f"{self.timeout:g}s"}, query, want="vector")
@@ -233,7 +247,8 @@ class PromAPI:
         finally:
             REAPER.disarm(entry)
 
-    def _call(self, path: str, form: dict[str, str] | None, what: str, method: str = "POST", want: str = "") -> Any:
+    def _call(self, path: str, form: dict[str, str] | None, what: str, method: str = "POST", want: str = "",
+              raw: bool = False) -> Any:
         shown_q = shorten(what)
         t0 = time.perf_counter()
         deadline = self.deadline()
@@ -267,6 +282,16 @@ class PromAPI:
             self.seconds += time.perf_counter() - t0
             self.calls += 1
         self.bytes_read += len(body)
+        answer = Raw(status, body, path, shown_q, want)
+        del body
+        return answer if raw else self.finish(answer)
+
+    def finish(self, answer: Raw) -> Any:
+        """Parse an answer read with ``raw=True`` (PromError for an error answer or a wrong shape)."""
+        body, answer.body = answer.body, b""
+        return self._parse(answer.status, body, answer.path, answer.shown_q, answer.want)
+
+    def _parse(self, status: int, body: bytes, path: str, shown_q: str, want: str) -> Any:
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):
@@ -274,6 +299,7 @@ class PromAPI:
         if status >= 400 or not isinstance(doc, dict) or doc.get("status") != "success":
             raise PromError(self._explain(status, doc, body, path, shown_q), status=status,
                             timeout=isinstance(doc, dict) and doc.get("errorType") == "timeout")
+        del body  # (the parsed answer is what is kept from here)
         warnings = doc.get("warnings")
         for w in warnings if isinstance(warnings, list) else []:
             msg = f"Prometheus warned on `{shown_q}`: {redact_text(_line(w))}"

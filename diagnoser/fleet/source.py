@@ -12,6 +12,7 @@ collection lists, per target, which signals are missing and why.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -35,6 +36,7 @@ MAX_TARGETS = 20000  # targets per pass (more are named as cut); one holds about
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
+HELD_ANSWERS = WORKERS  # answers in flight or read and waiting to be parsed (each at most MAX_ANSWER_BYTES)
 PASS_QUERIES = 3  # a pass may take as long as this many queries' deadlines, whatever is left then is missing and said
 
 
@@ -353,13 +355,20 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
 
     del found  # (the discovery answer: the targets hold what they need of it)
 
+    # answers read and not yet parsed and ingested (this thread parses them, one at a time): a worker
+    # waits for a slot before it sends its query
+    gate = threading.Semaphore(HELD_ANSWERS)
+
     def run(q: Q.SignalQuery) -> list[Any]:
         # a list, emptied once ingested: the future keeps its result, the answer is not kept with it
+        if not gate.acquire(timeout=max(0.0, api.pass_deadline - time.monotonic())):
+            return [q, None, f"its query was not sent before the pass's deadline ({PASS_QUERIES} query timeouts)", False]
         try:
             step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
-            return [q, api.query_range(q.promql, win.start, win.end, step), ""]
+            return [q, api.query_range(q.promql, win.start, win.end, step, raw=True), "", True]
         except PromError as e:
-            return [q, None, str(e)]
+            gate.release()
+            return [q, None, str(e), False]
 
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
         return "cache_hit_rate" if q.signal in ("cache_hit_rate", Q.PREFILL) else q.signal
@@ -403,8 +412,19 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             for fut in as_completed(futures, timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0):
                 done_futs.add(fut)
                 box = fut.result()
-                handle(*box)
+                q, answer, err, held = box
                 box.clear()
+                try:
+                    if answer is not None:
+                        try:
+                            answer = api.finish(answer)
+                        except PromError as e:
+                            answer, err = None, str(e)
+                    handle(q, answer, err)
+                finally:
+                    del answer
+                    if held:
+                        gate.release()
         except FuturesTimeout:
             pass
         late = [f for f in futures if f not in done_futs]
