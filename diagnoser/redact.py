@@ -119,8 +119,21 @@ def redact_text(text: str) -> str:
     inside JSON held in the text) in free text."""
     if not text:
         return text
+    if len(text) <= _SHORT:
+        return _redact_short(text)
     text = no_surrogates(text)
     if "@" not in text and not _HINT_RE.search(text):
+        return text
+    return _redact_text(text)
+
+
+_SHORT = 400  # texts this short are redacted once each (remembered): a report repeats its keys and sources
+
+
+@lru_cache(maxsize=1 << 15)  # pure: a fleet report holds each key and evidence source ("prometheus@T q") per target
+def _redact_short(text: str) -> str:
+    text = no_surrogates(text)
+    if not text or ("@" not in text and not _HINT_RE.search(text)):
         return text
     return _redact_text(text)
 
@@ -189,6 +202,8 @@ def _json_in_string(text: str) -> Any:
 
 def redact_string(text: str, depth: int = 0) -> str:
     """A string value: JSON held in it is redacted as JSON (any depth), the rest as free text."""
+    if len(text) <= _SHORT and text.lstrip()[:1] not in ("{", "["):
+        return _redact_short(text)  # (no JSON in it: the same as redact_text)
     text = no_surrogates(text)
     if "@" not in text and not _HINT_RE.search(text):
         return text

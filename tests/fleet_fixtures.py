@@ -102,6 +102,9 @@ class FleetSpec:
     old_version: frozenset[int] = frozenset({610, 611})  # 0.4.4-0.4.9 label generation in model qwen-7b
     odd_page: int = 5  # page_size 16 while every other llama replica runs 1
     evil: str = ""  # when set, the last target's instance label carries this text (markup-escaping tests)
+    # (first index past the group, job) in order: nested fleets in one backfill (bench_fleet: job=~"f1" is the
+    # first 1,000, job=~"f1|f3" the first 3,000 …); empty: every target is job="sglang"
+    jobs: tuple[tuple[int, str], ...] = ()
     targets: list[dict[str, object]] = field(default_factory=list)
 
     def model(self, i: int) -> str:
@@ -111,6 +114,12 @@ class FleetSpec:
         if self.evil and i == self.n - 1:
             return f"{self.evil}:30000"
         return f"10.0.{i // 250}.{i % 250}:30000"
+
+    def job(self, i: int) -> str:
+        for upto, name in self.jobs:
+            if i < upto:
+                return name
+        return "sglang"
 
     def spelling(self, i: int) -> str:
         return "sglang_" if i % 2 else "sglang:"
@@ -136,7 +145,7 @@ def write_fleet_openmetrics(path: Path, spec: FleetSpec) -> FleetSpec:
     spec.targets = []
     base_labels = {}
     for i in range(spec.n):
-        common = f'instance="{spec.instance(i)}",job="sglang",model_name="{spec.model(i)}"'
+        common = f'instance="{spec.instance(i)}",job="{spec.job(i)}",model_name="{spec.model(i)}"'
         if i in spec.old_version:
             sched = common + ',engine_type="unified"'
         else:
@@ -201,9 +210,10 @@ def backfill(om_path: Path, data_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-def fleet_prometheus(workdir: Path, n: int = 1000, evil: str = "") -> tuple[Prom, FleetSpec]:
+def fleet_prometheus(workdir: Path, n: int = 1000, evil: str = "",
+                     jobs: tuple[tuple[int, str], ...] = ()) -> tuple[Prom, FleetSpec]:
     """A real Prometheus serving a backfilled ``n``-target fleet (ends 60 s ago, 10 minutes long)."""
-    spec = FleetSpec(n=n, end=float(int(time.time()) - 60), evil=evil)
+    spec = FleetSpec(n=n, end=float(int(time.time()) - 60), evil=evil, jobs=jobs)
     om = workdir / "fleet.om"
     write_fleet_openmetrics(om, spec)
     t = backfill(om, workdir / "data")

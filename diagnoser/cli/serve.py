@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import os
 import sys
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None,
                    help="how long a condition must hold before a finding fires (default: each rule's own, about 60s)")
     p.add_argument("--token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or env {TOKEN_ENV})")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; '*' for any). By default only "
+                        "the loopback names and the --host address are answered (a foreign Host is refused: DNS rebinding)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections served at once (default: from the open-file limit); past it the oldest one "
+                        "still sending its request head is closed")
     p.add_argument("--insecure", action="store_true",
                    help="allow binding a non-loopback --host without --token (only on a network that is yours alone)")
     p.add_argument("--job-requests", type=int, default=None, help="total requests in the batch job, for the ETA")
@@ -175,15 +182,38 @@ def main(cmd: str, argv: list[str]) -> int:
     import uvicorn
 
     from diagnoser.web import create_app
+    from diagnoser.web.door import (
+        BACKLOG,
+        Door,
+        HostCheck,
+        default_max_connections,
+        protocol,
+        quick_accept_retry,
+    )
 
     monitor.client_run = client_run  # the target page's "What the client saw" panel (web/views.py)
-    app = create_app(monitor, token=token, job_requests=args.job_requests)
+    if args.max_connections is not None and args.max_connections < 1:
+        raise UsageError("--max-connections must be at least 1")
+    door = Door(args.max_connections or default_max_connections(len(getattr(monitor, "targets", []) or [])))
+    app = HostCheck(create_app(monitor, token=token, job_requests=args.job_requests), args.host, args.allow_host)
     monitor.tick(scrape=False)
     monitor.start()
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"diagnose serve: http://{shown}:{args.port}/ ({len(monitor.targets)} target(s), every {args.interval:g} s; /metrics for Prometheus)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False, http=protocol(door),
+                            timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024, backlog=BACKLOG)
+    server = uvicorn.Server(config)
+
+    quick_accept_retry()
+
+    async def serve() -> None:
+        asyncio.get_running_loop().set_exception_handler(door.loop_exception)
+        await server.serve()
+
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        asyncio.run(serve())
+    except KeyboardInterrupt:  # as uvicorn.run: Ctrl-C ends it quietly
+        pass
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}); pick another --port") from None
     finally:

@@ -12,26 +12,32 @@ collection lists, per target, which signals are missing and why.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
-from diagnoser.fleet.promapi import PromAPI, PromError
+from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
 _first = itemgetter(0)
 _second = itemgetter(1)
 QUERY_TIMEOUT_MIN = 30.0
-MAX_TARGETS = 5000  # one pass holds about 90 KiB per target (bench/bench_fleet.py)
+MAX_TARGETS = 20000  # targets per pass (more are named as cut); one holds about 60 KiB (bench/bench_fleet.py)
 MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/--step say
 AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
+HELD_ANSWERS = WORKERS  # answers in flight or read and waiting to be parsed (each at most MAX_ANSWER_BYTES)
+PASS_QUERIES = 3  # a pass may take as long as this many queries' deadlines, whatever is left then is missing and said
 
 
 @dataclass(slots=True)
@@ -122,10 +128,16 @@ class _Targets:
         self.sched: dict[tuple[str, str, str], set[str]] = {}
         self.frozen = False  # past MAX_TARGETS: series of other targets are ignored
         self.engine_types: dict[tuple[str, str, str], set[str]] = {}
+        # values and results dropped, by kind: nan, inf (±Inf, 1e309), junk (not a number), shape (a result
+        # that is not {"metric": {…}, "values": […]})
+        self.dropped: dict[str, int] = {}
+
+    def drop(self, kind: str, n: int = 1) -> None:
+        self.dropped[kind] = self.dropped.get(kind, 0) + n
 
     @staticmethod
     def key_of(metric: dict[str, str]) -> tuple[str, str, str]:
-        return (metric.get("job", ""), metric.get("instance", ""), metric.get("model_name", "") or metric.get("name", ""))
+        return (_label(metric, "job"), _label(metric, "instance"), _label(metric, "model_name") or _label(metric, "name"))
 
     def add(self, key: tuple[str, str, str]) -> Timeline:
         tl = self.keys.get(key)
@@ -136,6 +148,8 @@ class _Targets:
         return tl
 
     def resolve(self, metric: dict[str, str]) -> Timeline | None:
+        if not isinstance(metric, dict):
+            return None
         key = self.key_of(metric)
         tl = self.keys.get(key)
         if tl is not None:
@@ -159,6 +173,76 @@ class _Targets:
             if len(self.by_instance.get((job, inst), [])) > 1 and model:
                 name = f"{name} {model}"
             tl.target = name
+
+
+def _label(metric: dict[str, Any], name: str) -> str:
+    v = metric.get(name, "")
+    return v if isinstance(v, str) else ""
+
+
+def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
+    """A ``series`` answer's label sets, each a dict of strings (anything else is dropped and counted)."""
+    out: list[dict[str, str]] = []
+    for m in found:
+        if isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
+            out.append(m)
+        else:
+            targets.drop("shape")
+    return out
+
+
+_EMPTY = np.zeros(0)
+
+
+def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
+    """``[[t, "v"], …]`` → (times, values), float64, finite values only. Values that are NaN, ±Inf (also
+    ``1e309``) or not a number, and malformed pairs, are dropped and counted, as in an exposition."""
+    if not isinstance(values, list) or not values:
+        if values not in (None, []):
+            targets.drop("shape")
+        return _EMPTY, _EMPTY
+    try:
+        ts = np.array([float(p[0]) for p in values])
+        vs = np.array([float(p[1]) for p in values])
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        t_ok: list[float] = []
+        v_ok: list[float] = []
+        for p in values:
+            try:
+                t, v = float(p[0]), float(p[1])
+            except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+                targets.drop("junk" if isinstance(p, list | tuple) and len(p) == 2 else "shape")
+                continue
+            t_ok.append(t)
+            v_ok.append(v)
+        ts, vs = np.array(t_ok), np.array(v_ok)
+    good = np.isfinite(vs) & np.isfinite(ts)
+    if not good.all():
+        bad = ~good
+        nan = int(np.isnan(vs[bad]).sum())
+        if nan:
+            targets.drop("nan", nan)
+        if int(bad.sum()) - nan:
+            targets.drop("inf", int(bad.sum()) - nan)
+        ts, vs = ts[good], vs[good]
+    if len(ts) > 1 and bool((ts[1:] < ts[:-1]).any()):  # Prometheus answers in time order; anything else is put in it
+        order = np.argsort(ts, kind="stable")
+        ts, vs = ts[order], vs[order]
+    return ts, vs
+
+
+def _dropped_message(dropped: dict[str, int]) -> str:
+    """One sentence for what was dropped (NaN alone is not said: an empty histogram's quantile is NaN)."""
+    parts = []
+    if dropped.get("inf"):
+        parts.append(f"{dropped['inf']:,} infinite (+Inf, -Inf or out of range)")
+    if dropped.get("junk"):
+        parts.append(f"{dropped['junk']:,} not a number")
+    if dropped.get("shape"):
+        parts.append(f"{dropped['shape']:,} malformed result(s) or point(s)")
+    if not parts:
+        return ""
+    return f"Prometheus answered values diagnoser cannot use, dropped: {', '.join(parts)}."
 
 
 def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> FleetCollection:
@@ -217,11 +301,15 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
 
 def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetCollection, rep: InputReport) -> None:
     targets = _Targets()
+    # the pass's deadline: a few queries' worth; past it no answer is waited for (the sockets still open are shut)
+    api.pass_deadline = time.monotonic() + PASS_QUERIES * (api.timeout + DEADLINE_GRACE_S)
+    api.cut = 0
     try:
-        found = api.series(Q.discovery_match(matchers), win.start, win.end)
+        found = _label_sets(api.series(Q.discovery_match(matchers), win.start, win.end), targets)
     except PromError as e:
         rep.errors += 1
         rep.messages.append(str(e))
+        col.fleet["pass_failed"] = str(e)
         return
     # series with a model label first: a model-less one (radix-cache, HTTP collectors) then joins its
     # instance's only model instead of making a target of its own
@@ -265,12 +353,22 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     failed: dict[str, str] = {}
     plan = Q.plan(matchers, win.step, win.rate_window)
 
-    def run(q: Q.SignalQuery) -> tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]:
+    del found  # (the discovery answer: the targets hold what they need of it)
+
+    # answers read and not yet parsed and ingested (this thread parses them, one at a time): a worker
+    # waits for a slot before it sends its query
+    gate = threading.Semaphore(HELD_ANSWERS)
+
+    def run(q: Q.SignalQuery) -> list[Any]:
+        # a list, emptied once ingested: the future keeps its result, the answer is not kept with it
+        if not gate.acquire(timeout=max(0.0, api.pass_deadline - time.monotonic())):
+            return [q, None, f"its query was not sent before the pass's deadline ({PASS_QUERIES} query timeouts)", False]
         try:
             step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
-            return q, api.query_range(q.promql, win.start, win.end, step), ""
+            return [q, api.query_range(q.promql, win.start, win.end, step, raw=True), "", True]
         except PromError as e:
-            return q, None, str(e)
+            gate.release()
+            return [q, None, str(e), False]
 
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
         return "cache_hit_rate" if q.signal in ("cache_hit_rate", Q.PREFILL) else q.signal
@@ -285,19 +383,22 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     config: list[dict[str, Any]] = []
     # the slow bucket queries go first; each signal is ingested as soon as its queries are in, while
     # Prometheus still works on the others
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        futures = [pool.submit(run, q) for q in sorted(plan, key=lambda q: q.kind != "quantile")]
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    try:
+        ordered = sorted(plan, key=lambda q: q.kind != "quantile")
+        futures = [pool.submit(run, q) for q in ordered]
+        plan_of = dict(zip(futures, ordered, strict=True))
         # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
         # (a step of the whole range could evaluate at the start alone: Prometheus rounds the times to ms,
         # and start + step may land past the end)
         cfg_step = min(max((win.end - win.start) / 4, 1.0), 240.0)
         cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
-        for fut in as_completed(futures):
-            q, res, err = fut.result()
+        def handle(q: Q.SignalQuery, res: list[Any] | None, err: str) -> None:
+            nonlocal used
             g = group(q)
             waiting.setdefault(g, []).append((q, res, err))
             if len(waiting[g]) < size[g]:
-                continue
+                return
             for q, res, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
                 if res is None:
                     failed.setdefault(q.signal, err)
@@ -305,13 +406,54 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                     continue
                 ok.add(q.signal)
                 used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+
+        done_futs: set[Any] = set()
+        try:  # every call ends by the pass deadline (its socket is shut then): the extra time is a safety net
+            for fut in as_completed(futures, timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0):
+                done_futs.add(fut)
+                box = fut.result()
+                q, answer, err, held = box
+                box.clear()
+                try:
+                    if answer is not None:
+                        try:
+                            answer = api.finish(answer)
+                        except PromError as e:
+                            answer, err = None, str(e)
+                    handle(q, answer, err)
+                finally:
+                    del answer
+                    if held:
+                        gate.release()
+        except FuturesTimeout:
+            pass
+        late = [f for f in futures if f not in done_futs]
+        for fut in late:
+            fut.cancel()
+            handle(plan_of[fut], None, f"its query was not answered before the pass's deadline ({PASS_QUERIES} query timeouts)")
         try:
-            config = cfg_future.result()
+            config = cfg_future.result(timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0)
         except PromError as e:
             rep.errors += 1
             rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {e}")
+        except FuturesTimeout:
+            rep.errors += 1
+            rep.messages.append("Config gauges (pool size, page size, context length) are missing: their query was not answered "
+                                "before the pass's deadline.")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if late or api.cut:
+        col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 1} queries before the "
+                                    f"pass's deadline ({PASS_QUERIES} x {api.timeout + DEADLINE_GRACE_S:g} s); their signals are missing.")
+        rep.messages.append(col.fleet["pass_failed"])
     failed = {s: e for s, e in failed.items() if s not in ok}
+    if failed and not ok and "pass_failed" not in col.fleet:
+        col.fleet["pass_failed"] = f"every query failed ({len(failed)} signals), e.g. {next(iter(failed.values()))}"
     _ingest_config(config, targets)
+    said = _dropped_message(targets.dropped)
+    if said:
+        rep.messages.append(said)
+    col.fleet["dropped"] = dict(targets.dropped)
     targets.name_all()
     for key, tl in targets.keys.items():
         if key[2]:
@@ -362,7 +504,10 @@ def _probe(api: PromAPI, found: list[dict[str, str]], win: Window) -> tuple[floa
     gaps: list[float] = []
     first: float | None = None
     for r in res:
-        ts = sorted(float(v[0]) for v in r.get("values") or [])
+        if not isinstance(r, dict):
+            continue
+        t_arr, _v = _values(r.get("values"), _Targets())
+        ts = sorted(t_arr.tolist())
         if ts:
             first = ts[0] if first is None else min(first, ts[0])
         gaps.extend(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
@@ -379,14 +524,10 @@ def _rx(text: str) -> str:
     return _re.escape(text).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _points(value_lists: list[list[Any]], how: str) -> dict[float, float]:
+def _points(value_lists: list[tuple[np.ndarray, np.ndarray]], how: str) -> dict[float, float]:
     merged: dict[float, float] = {}
-    for values in value_lists:
-        for t, v in values:
-            x = float(v)
-            if math.isnan(x):
-                continue
-            t = float(t)
+    for ts_arr, vs_arr in value_lists:
+        for t, x in zip(ts_arr.tolist(), vs_arr.tolist(), strict=True):
             if t in merged:
                 merged[t] = merged[t] + x if how == "sum" else max(merged[t], x)
             else:
@@ -425,15 +566,24 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
     lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
     exports the same numbers)."""
     cache: dict[float, str] = {}
-    groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[list[Any]]]]] = {}
+    groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]]]] = {}
     for r in result:
-        metric = r.get("metric", {})
+        if not isinstance(r, dict):
+            targets.drop("shape")
+            continue
+        metric = r.get("metric")
+        if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
+            targets.drop("shape")
+            continue
         tl = targets.resolve(metric)
         if tl is None or id(tl) in done:
             continue
+        pts = _values(r.get("values"), targets)
+        if not len(pts[0]):
+            continue
         rank = M.rank_key(metric) if q.per_rank else ""
         g = groups.setdefault((id(tl), rank), (tl, {}))
-        g[1].setdefault((_tp(metric), metric.get("mode", "")), []).append(r.get("values") or [])
+        g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(pts)
     used = 0
     fresh: set[int] = set()
 
@@ -443,15 +593,16 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             s = cache[t] = f"prometheus@{iso(t)} {shown}"
         return s
 
-    src_lists: dict[tuple[float, float, int], list[str]] = {}
+    grids: dict[bytes, Series] = {}
 
-    def sources(ts: list[float]) -> list[str]:
-        # range results sit on the step grid: most series share one list of sources (copied, not shared)
-        key = (ts[0], ts[-1], len(ts))
-        got = src_lists.get(key)
-        if got is None:
-            got = src_lists[key] = [source(t) for t in ts]
-        return list(got)
+    def on_grid(ts: np.ndarray, vals: Any) -> Series:
+        # range results sit on the step grid: the series of one grid share its times and sources (encoded
+        # once), each holding only its values (Series.with_values)
+        key = ts.tobytes()
+        grid = grids.get(key)
+        if grid is None:
+            grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
+        return grid.with_values(vals)
 
     for (tid, rank), (tl, by_tp) in groups.items():
         low = min(tp for tp, _m in by_tp)
@@ -462,36 +613,27 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             continue
         lists = [v for vals in parts.values() for v in vals]
         if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
-            pts = lists[0]
-            vals = list(map(float, map(_second, pts)))
-            total = sum(vals)
-            if total != total:  # a NaN (or +Inf and -Inf) somewhere: drop the NaNs
-                keep = [i for i, x in enumerate(vals) if x == x]
-                vals = [vals[i] for i in keep]
-                ts = [float(pts[i][0]) for i in keep]
-            else:
-                ts = list(map(float, map(_first, pts)))
+            t_arr, v_arr = lists[0]
         else:
             merged = _points(lists, q.how)
-            ts = sorted(merged)
-            vals = [merged[t] for t in ts]
-        if not ts:
+            t_arr = np.array(sorted(merged))
+            v_arr = np.array([merged[t] for t in t_arr.tolist()])
+        if not len(t_arr):
             continue
-        srcs = sources(ts)
         if q.kind == "delta":
             if q.total:
-                tl.series[(q.total, rank)] = Series(ts, vals, srcs)
-            ts, vals, srcs = ts[1:], deltas(vals), srcs[1:]
-            if not ts:
+                tl.series[(q.total, rank)] = on_grid(t_arr, v_arr)
+            if len(t_arr) < 2:
                 continue
-        tl.series[(q.signal, rank)] = Series(ts, vals, srcs)
+            t_arr, v_arr = t_arr[1:], np.array(deltas(v_arr.tolist()))
+        tl.series[(q.signal, rank)] = on_grid(t_arr, v_arr)
         fresh.add(tid)
         used += sum(len(v) for v in parts.values())
     done.update(fresh)
     return used
 
 
-def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[list[Any]]], source: Any) -> int:
+def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[tuple[np.ndarray, np.ndarray]]], source: Any) -> int:
     """Prefill tokens per step from a by-mode counter family → new / cached tokens and hit rate."""
     fam = "prefill_effective_tokens_total" if "prefill_effective" in q.shown else "realtime_tokens_total"
     new_modes, hit_modes = M.PREFILL_MODES[fam]
@@ -517,18 +659,20 @@ def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[
 
 def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
     for r in result:
-        metric = r.get("metric", {})
+        if not isinstance(r, dict) or not isinstance(r.get("metric"), dict):
+            targets.drop("shape")
+            continue
+        metric = r["metric"]
         tl = targets.resolve(metric)
-        base = M.normalise(metric.get("__name__", ""))
+        base = M.normalise(_label(metric, "__name__"))
         if tl is None or base not in M.CONFIG_GAUGES or M.rank_key(metric) not in ("", "dp0"):
             continue
-        pts = [p for p in (r.get("values") or ([r["value"]] if "value" in r else [])) if not math.isnan(float(p[1]))]
-        if not pts:
+        t_arr, v_arr = _values(r.get("values") or ([r["value"]] if "value" in r else []), targets)
+        if not len(t_arr):
             continue
-        ts, v = pts[-1]
-        x = float(v)
+        ts, x = float(t_arr[-1]), float(v_arr[-1])
         val: Any = int(x) if x.is_integer() else x
-        tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(float(ts))} sglang:{base}")
+        tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(ts)} sglang:{base}")
 
 
 def _missing(targets: _Targets, failed: dict[str, str]) -> list[str]:

@@ -51,8 +51,11 @@ def top_causes(report: Any, targets: list[str]) -> dict[str, dict[str, Any]]:
     from diagnoser.evaluate import top_cause
 
     out: dict[str, dict[str, Any]] = {}
+    mine: dict[str, list[Any]] = {}  # findings by target, once (a fleet report has 10,000 targets)
+    for f in report.findings:
+        mine.setdefault(f.target, []).append(f)
     for t in targets:
-        f, s = top_cause(report.findings, t)
+        f, s = top_cause(mine.get(t, []), t)
         if f is None:
             continue
         out[t] = {"rule": f.rule, "severity": f.severity.label, "confidence": f.confidence, "summary": f.summary,

@@ -236,6 +236,30 @@ class Series:
             self._settle()
         return self._t[self._lo + lo:self._lo + hi].tolist()  # type: ignore[no-any-return]
 
+    def with_values(self, values: Any) -> Series:
+        """A series of these times and sources with other ``values`` (as many): the times and sources are
+        shared read-only, like a :meth:`slice`'s, and copied on the first write. Many series on one time
+        grid (a fleet's range query: one per target) then cost one values column each."""
+        v = np.asarray(values, dtype=_FLOAT)
+        lo, hi = self._lo, self._hi
+        if v.shape != (hi - lo,):
+            raise ValueError(f"a series needs as many values as times (got {v.size} and {hi - lo})")
+        if self._unsorted:
+            self._settle()
+            lo, hi = self._lo, self._hi
+        out = Series.__new__(Series)
+        out._t, out._lab, out._line = self._t, self._lab, self._line
+        out._v = np.empty(len(self._t), _FLOAT)
+        out._v[lo:hi] = v
+        out._lo, out._hi = lo, hi
+        out._labels, out._ids = self._labels, self._ids
+        out._owner = False  # writing to it first copies (it must never write into the shared buffers)
+        out._views = None
+        out._exposed = True
+        out._live_labels = self._live_labels
+        out._unsorted = False
+        return out
+
     @classmethod
     def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
         """A series owning these columns (``lab`` indexes ``labels``)."""

@@ -90,6 +90,14 @@ def target_index(tid: str) -> int | None:
     return int(raw)
 
 
+def local_path(path: str) -> str:
+    """A path of this server for a redirect: ``//other.host/x`` (or ``/\\other.host``), which a browser
+    reads as another site, becomes ``/other.host/x``; anything not starting with ``/`` becomes ``/``."""
+    if not path.startswith("/"):
+        return "/"
+    return "/" + path.lstrip("/\\")
+
+
 class _Guard:
     """The bearer token (header, cookie, or ``?token=`` once to set the cookie) and the security headers,
     as a plain ASGI wrapper. The token is compared as bytes in constant time, so a header or query value
@@ -119,7 +127,7 @@ class _Guard:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         q = query.get("token", [""])[0]
         if q and hmac.compare_digest(q.encode("utf-8", "surrogateescape"), self.token):
-            resp = RedirectResponse(scope["path"], status_code=303)  # log in once from a browser; the cookie keeps it
+            resp = RedirectResponse(local_path(scope["path"]), status_code=303)  # log in once from a browser; the cookie keeps it
             resp.set_cookie(TOKEN_COOKIE, self.token.decode("utf-8"), httponly=True, samesite="strict")
             return resp
         supplied = b""
@@ -402,4 +410,4 @@ def create_app(monitor: Any, *, token: str | None = None, job_requests: int | No
     return guard
 
 
-__all__ = ["TOKEN_COOKIE", "create_app", "target_index", "wants_json"]
+__all__ = ["TOKEN_COOKIE", "create_app", "local_path", "target_index", "wants_json"]

@@ -172,6 +172,13 @@ class FleetMonitor(LiveMonitor):
         self.by_name: dict[str, LiveTarget] = {}
         self.fleet_messages: list[str] = []
         self.capacity: dict[str, Any] | None = None
+        self.pass_problem = ""  # the last pass failed as a whole (Prometheus unreachable, hung, past its deadline)
+
+    def health(self) -> tuple[bool, str]:
+        ok, problem = super().health()
+        if ok and self.pass_problem:
+            return False, f"Reading Prometheus failed on the last poll: {self.pass_problem} It is retried every interval."
+        return ok, problem
 
     def poll(self) -> None:
         args = copy.copy(self.prom_args)
@@ -182,7 +189,9 @@ class FleetMonitor(LiveMonitor):
             col = collect_prometheus(args, self.adapter)
         except Exception as e:  # a bug must not stop the polling loop: shown on /fleet, retried next tick
             self.fleet_messages = [f"Reading {args.prometheus} failed unexpectedly ({type(e).__name__}: {e}); retrying."]
+            self.pass_problem = self.fleet_messages[0]
             return
+        self.pass_problem = str(col.fleet.get("pass_failed") or "")
         self.fleet_messages = [m for i in col.inputs for m in i.messages]
         self.capacity = summarize(loads(col.timelines)) if col.timelines else None
         seen = set()
