@@ -304,7 +304,7 @@ def run_once(args: argparse.Namespace) -> int:
     import diagnoser.outputs.report  # noqa: F401
     from diagnoser.engines import get_adapter
 
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     resume_gc()
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)

@@ -137,7 +137,7 @@ def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from diagnoser.engines import get_adapter
 
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     if args.replay:
         monitor = replay_monitor(args, adapter)
     elif args.prometheus:
