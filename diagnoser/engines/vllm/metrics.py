@@ -307,7 +307,7 @@ def detect_version(state: MetricsState) -> VersionRange:
     if state.seen_names:
         vr.at_least((0, 2, 0), "vllm metrics exist")
     if "engine" in state.label_names:
-        vr.at_least((0, 8, 0), "label engine (the V1 engine's loggers)")
+        vr.at_least((0, 7, 0), "label engine (the V1 engine's loggers; 0.6.6 has none)")
     for name, low, high in VERSION_HINTS:
         if name in state.seen_names:
             if low:
