@@ -378,7 +378,7 @@ class VLLMLogParser:
         if "Application startup complete" in msg:
             self.emit_event(LogEvent("ready", ts, line_no, src, {"text": msg[:200]}))
             return True
-        if any(t in msg for t in logevents.TRIGGERS):
+        if "Traceback (most recent" in msg or any(t in msg for t in logevents.TRIGGERS):
             got = logevents.read(self, msg, ts, "", src, line_no) or got
         if got:
             return True
