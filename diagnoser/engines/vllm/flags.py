@@ -38,7 +38,7 @@ SINCE: dict[str, Version] = {
     "num_gpu_blocks_override": (0, 4, 3),
     "cpu_offload_gb": (0, 6, 6),
     "dp_size": (0, 8, 5),
-    "cuda_graph_max_bs": (0, 11, 0),
+    "cuda_graph_max_bs": (0, 32, 0),  # not in 0.11.0
 }
 
 

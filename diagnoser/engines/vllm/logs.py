@@ -15,7 +15,8 @@ Periodic stats line, every shape (``vllm/engine/metrics.py`` LoggingStatLogger f
   hit rate: GPU: H%, CPU: H%`` in 0.5–0.6)
 * V1: ``[Engine 000: ]Avg prompt throughput: X tokens/s, Avg generation throughput: Y tokens/s, Running: N
   reqs, Waiting: M reqs, GPU KV cache usage: U%, Prefix cache hit rate: H%`` (``CPU KV cache usage`` on
-  the CPU build; later releases append more hit rates)
+  the CPU build); 0.32.0 adds, when non-zero, ``Deferred: D reqs``, ``KV fetch: …`` and ``Preemptions: P``
+  (preemptions in the interval) before the KV usage, and more hit rates after it
 
 Also: V0's preemption warning (``Sequence group … is preempted by PreemptionMode.RECOMPUTE mode because
 there is not enough KV cache space … total_num_cumulative_preemption=N``), startup lines (``# GPU blocks:
@@ -54,7 +55,9 @@ _STAT_FIELDS = (
     ("running_reqs", re.compile(r"Running: (\d+) reqs")),
     ("swapped_reqs", re.compile(r"Swapped: (\d+) reqs")),
     ("queue_reqs", re.compile(r"(?:Pending|Waiting): (\d+) reqs")),
+    ("deferred_reqs", re.compile(r"Deferred: (\d+) reqs")),  # 0.32: waiting requests skipped this step (in Waiting too)
 )
+_PREEMPTIONS_RE = re.compile(r"Preemptions: (\d+)")  # 0.32 V1: preemptions in the interval (shown when > 0)
 _KV_USAGE_RE = re.compile(r"(?:(GPU|CPU|XPU|NPU|TPU|HPU) )?KV cache usage: ([\d.]+)%")
 _HIT_RE = re.compile(r"(?<!External )(?<!MM )Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
 _ENGINE_RE = re.compile(r"Engine (\d+):")
@@ -407,6 +410,12 @@ class VLLMLogParser:
         hm = _HIT_RE.search(msg)
         if hm:
             sink.add("cache_hit_rate", ts, float(hm.group(1)) / 100.0, src, rank)
+        pm = _PREEMPTIONS_RE.search(msg)
+        if pm and int(pm.group(1)) > 0:
+            n = int(pm.group(1))
+            self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, {"requests": n, "mode": "recompute"}, rank))
+            sink.add("retracted_reqs", ts, float(n), src, rank)
+            self.kinds["retraction"] += 1
         shape = "v0" if v0 else "v1"
         if shape not in self._shapes:
             self._shapes.add(shape)
