@@ -240,5 +240,32 @@ def test_v032_stats_line_with_preemptions_and_deferred(tmp_path: Path) -> None:
             "GPU KV cache usage: 100.0%, Prefix cache hit rate: 64.6%, MM cache hit rate: 0.0%\n")
     tl = _log(tmp_path, line)
     assert _vals(tl, "retracted_reqs", "dp0") == [3.0] and _vals(tl, "deferred_reqs", "dp0") == [2.0]
-    assert _vals(tl, "queue_reqs", "dp0") == [10.0] and _vals(tl, "cache_hit_rate", "dp0") == [0.646]
+    assert _vals(tl, "queue_reqs", "dp0") == [10.0] and _vals(tl, "cache_hit_rate", "dp0") == pytest.approx([0.646])
     assert tl.cfg("device") is None  # a GPU server
+
+
+def test_mixed_fleet_is_read_target_by_target() -> None:
+    """One SGLang and one vLLM server in one run: each is read, judged and reported as its own engine."""
+    sglang_text = SGLANG_PROM.read_text()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "10.0.0.1":
+            return httpx.Response(200, text=sglang_text) if request.url.path == "/metrics" else httpx.Response(404)
+        return _vllm_server(request)
+
+    with make_client(timeout=2.0, transport=httpx.MockTransport(handler)) as c:
+        col = collect_once(get_adapter("auto"), ["http://10.0.0.1:30000", "http://10.0.0.9:8000"], [], duration=0, client=c)
+    engines = {tl.target: tl.engine for tl in col.timelines}
+    assert sorted(engines.values()) == ["sglang", "vllm"] and not col.unreachable
+    from diagnoser.evaluate import evaluate
+    from diagnoser.outputs.report import build
+
+    auto = get_adapter("auto")
+    report = evaluate(col.timelines, auto)
+    assert not report.errors
+    doc = build(col, report)
+    assert doc["engine"] == "sglang+vllm" and doc["engines"] == engines
+    vllm_target = next(t for t, e in engines.items() if e == "vllm")
+    for f in report.findings:
+        if f.target == vllm_target:
+            assert all(s.flag.startswith("--") and "max-running-requests" not in s.flag for s in f.suggestions)
