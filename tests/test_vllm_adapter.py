@@ -58,6 +58,7 @@ def test_real_exposition_maps_to_canonical_signals() -> None:
     assert _vals(tl, "retractions_total", "dp0") == [7.0]  # vllm:num_preemptions_total
     assert tl.cfg("block_size") == 128 and tl.cfg("kv_pool_tokens") == 1024  # cache_config_info labels
     assert tl.cfg("gpu_memory_utilization") == 0.92
+    assert tl.cfg("max_total_tokens") == 1024 and _vals(tl, "used_tokens", "dp0") == [1024.0]  # usage × the pool
     assert "medium-llama" in state.model_names
     assert state.version.low >= (0, 8, 6)  # kv_cache_usage_perc, inter_token_latency_seconds, prefix_cache_queries
 

@@ -146,6 +146,7 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     gauge_name: dict[str, str] = {}
     counters: dict[tuple[str, str], float] = {}
     hist: dict[tuple[str, str], dict[float, float]] = {}
+    pool: float | None = None  # KV tokens (cache_config_info): usage × pool is the tokens the running requests hold
     for name, labels, value in samples:
         state.seen_names.add(name)
         if labels:
@@ -159,6 +160,9 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
                     v = labels.get(lab)
                     if v not in (None, "", "None"):
                         sink.set_config(fact, _intish(v), f"{source} vllm:cache_config_info{{{lab}}}")
+                pool = _pool(labels)
+                if pool:
+                    sink.set_config("max_total_tokens", int(pool), f"{source} vllm:cache_config_info (num_gpu_blocks × block_size)")
             used += 1
             continue
         if not (0.0 <= value < math.inf):
@@ -197,11 +201,29 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
         if sig == "gen_throughput_tps" and has_v1_counter:
             continue
         sink.add(sig, ts, v, f"{source} vllm:{gauge_name[sig]}", rk)
+        if sig == "token_usage" and pool:  # KV blocks in use × block size (block-granular, like SGLang's #token by pages)
+            sink.add("used_tokens", ts, round(v * pool), f"{source} vllm:{gauge_name[sig]} × pool {int(pool)}", rk)
     _counter_rates(counters, ts, sink, state, source, emit_gen="gen_throughput_tps" not in gauge_name)
     _hist_quantiles(hist, ts, sink, state, source)
     detect_version(state)
     state.last_ts = ts
     return used
+
+
+def _pool(labels: dict[str, str]) -> float | None:
+    """The KV pool in tokens from cache_config_info's labels: num_gpu_blocks × block_size (kv_cache_size_tokens when given)."""
+    for key in ("kv_cache_size_tokens",):
+        try:
+            v = float(labels[key])
+            if v > 0 and math.isfinite(v):
+                return v
+        except (KeyError, ValueError):
+            pass
+    try:
+        v = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    return v if v > 0 and math.isfinite(v) else None
 
 
 def _delta(state: MetricsState, key: tuple[str, str], ts: float, value: float) -> tuple[float, float] | None:
