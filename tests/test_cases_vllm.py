@@ -153,3 +153,35 @@ def test_real_cpu_slot_cap_log() -> None:
     # no --max-num-seqs proposal yet: SL01 sizes it from the tokens a request holds (SGLang's #token), which
     # vLLM's stats line lacks and a 2M-token pool at 0.0% usage cannot give (phase 2: vLLM's admission model)
     assert found["max_running_requests_cap"]["suggestions"] == []
+
+
+REAL_RUNS = DATA / "vllm-cpu-real"
+
+
+def test_recorded_kv_full_preemption() -> None:
+    """8 KV blocks for 16 clients: the pool full while requests wait, preemptions counted by the engine."""
+    doc = run(["--replay", str(REAL_RUNS / "kv-full-preemption")])
+    common_checks(doc, REAL_RUNS / "kv-full-preemption" / "server.log")
+    found = {f["rule"]: f for f in doc["findings"]}
+    assert Severity.parse(found["kv_saturation"]["severity"]) >= Severity.WARNING
+    assert "kv_retraction" in found and "max_running_requests_cap" not in found
+    assert doc["version"] == "0.32.0"
+
+
+def test_recorded_max_num_seqs_cap() -> None:
+    """--max-num-seqs 2 under 16 clients with an empty pool: the cap binds, and --max-num-seqs is the fix."""
+    doc = run(["--replay", str(REAL_RUNS / "max-num-seqs-cap")])
+    common_checks(doc, REAL_RUNS / "max-num-seqs-cap" / "server.log")
+    found = {f["rule"]: f for f in doc["findings"]}
+    assert Severity.parse(found["max_running_requests_cap"]["severity"]) >= Severity.WARNING and "kv_saturation" not in found
+    sugg = found["max_running_requests_cap"]["suggestions"]
+    assert sugg and sugg[0]["flag"] == "--max-num-seqs" and sugg[0]["current"] == 2 and sugg[0]["proposed"] > 2
+
+
+def test_recorded_client_bound_is_healthy() -> None:
+    """2 clients against 16 slots: nothing at warning or above; the client is named as the limit."""
+    doc = run(["--replay", str(REAL_RUNS / "client-bound")])
+    common_checks(doc, REAL_RUNS / "client-bound" / "server.log")
+    loud = [(f["rule"], f["severity"]) for f in doc["findings"] if Severity.parse(f["severity"]) >= Severity.WARNING]
+    assert not loud and "client_bound" in {f["rule"] for f in doc["findings"]}
+    assert doc["_rc"] == 0
