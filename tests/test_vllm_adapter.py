@@ -270,3 +270,64 @@ def test_mixed_fleet_is_read_target_by_target() -> None:
     for f in report.findings:
         if f.target == vllm_target:
             assert all(s.flag.startswith("--") and "max-running-requests" not in s.flag for s in f.suggestions)
+
+
+# --- the catalogue (scripts/vllm_catalogue.py over the released wheels) --------------------------------
+
+CATALOGUE = json.loads((VDATA / "catalogue.json").read_text())
+
+
+def _ver(text: str) -> tuple[int, int, int]:
+    a, b, c = (int(x) for x in text.split(".")[:3])
+    return a, b, c
+
+
+def _declared(entry: dict, name: str) -> bool:
+    """A name as exposed (``x_total``, ``x_count``, ``x_bucket``) against the names vLLM declares (V1 declares
+    counters without ``_total``; prometheus_client adds it)."""
+    base = name
+    for suffix in ("_bucket", "_count", "_total"):
+        base = base.removesuffix(suffix)
+    return any(f"vllm:{n}" in entry["metrics"] for n in (name, base, base + "_total"))
+
+
+def test_version_hints_agree_with_the_catalogue() -> None:
+    from diagnoser.engines.vllm.metric_names import VERSION_HINTS
+
+    for name, low, high in VERSION_HINTS:
+        present = [_ver(e["version"]) for e in CATALOGUE if _declared(e, name)]
+        absent = [_ver(e["version"]) for e in CATALOGUE if not _declared(e, name)]
+        assert present, f"{name} is in no release checked"
+        for v in present:
+            assert (low is None or v >= low) and (high is None or v <= high), f"{name} is in {v}, outside {low}..{high}"
+        if low is not None:  # the bound is earned: the last release checked below it lacks the name
+            below = [v for v in absent if v < low]
+            assert below and max(below) < low, name
+        if high is not None:
+            above = [v for v in absent if v > high]
+            assert above, f"{name}: no checked release above {high} lacks it"
+
+
+def test_every_mapped_name_is_one_vllm_declares() -> None:
+    from diagnoser.engines.vllm.metric_names import COUNTERS, GAUGES, HISTOGRAMS
+
+    for name in [*GAUGES, *COUNTERS, *HISTOGRAMS, "cache_config_info"]:
+        assert any(_declared(e, name) for e in CATALOGUE), f"vllm:{name} is declared by no release checked"
+
+
+def test_flags_suggested_exist_at_their_release() -> None:
+    from diagnoser.engines.vllm.flags import SIMPLE, available
+
+    for concept, flag in SIMPLE.items():
+        for e in CATALOGUE:
+            v = _ver(e["version"])
+            if available(concept, v) and v >= (0, 4, 3):  # 0.2.7's arg_utils spells flags differently
+                assert flag in e["flags"], f"{flag} shown for {e['version']}, which lacks it"
+
+
+def test_log_formats_read_are_vllms() -> None:
+    by_version = {e["version"]: e["log_formats"] for e in CATALOGUE}
+    assert "Pending: %d reqs" in by_version["0.4.3"] and "Waiting: %d reqs" in by_version["0.8.5"]
+    assert "is preempted by" in by_version["0.10.2"] and "is preempted by" not in by_version["0.11.0"]  # V0's scheduler is gone
+    assert "Preemptions: %d" in by_version["0.32.0"] and "Deferred: %d reqs" in by_version["0.32.0"]
+    assert "non-default args" in by_version["0.10.2"] and "non-default args" not in by_version["0.8.5"]

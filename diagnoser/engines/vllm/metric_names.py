@@ -76,13 +76,13 @@ CACHE_INFO_FACTS: dict[str, str] = {
 }
 # (sample name, first release with it, last release with it): version evidence from names alone
 VERSION_HINTS: list[tuple[str, tuple[int, int, int] | None, tuple[int, int, int] | None]] = [
-    # checked against the wheels' vllm/engine/metrics.py and vllm/v1/metrics/loggers.py at 0.2.7, 0.4.3,
-    # 0.6.6, 0.8.5, 0.10.2 (and the 0.32.0 exposition): a bound is the release before the first one
-    # checked that lacks the name
-    ("num_requests_swapped", None, (0, 10, 2)),  # V0 only; the V0 engine is still in 0.10.2
+    # from the catalogue of vllm/engine/metrics.py and vllm/v1/metrics/loggers.py at 0.2.7, 0.4.3, 0.6.6,
+    # 0.8.5, 0.10.2, 0.11.0 and 0.32.0 (scripts/vllm_catalogue.py; tests/data/vllm/catalogue.json): a bound
+    # is just past the last checked release that lacks the name, or just before the first one that lacks it
+    ("num_requests_swapped", None, (0, 10, 1)),  # V0 only: in 0.8.5, not in 0.10.2
     ("avg_prompt_throughput_toks_per_s", None, (0, 8, 4)),  # in 0.6.6's V0 metrics, gone by 0.8.5
     ("gpu_prefix_cache_hit_rate", (0, 4, 4), (0, 10, 1)),  # not in 0.4.3, in 0.6.6 and 0.8.5, not in 0.10.2
-    ("num_preemptions_total", (0, 4, 0), None),  # in 0.4.3, not in 0.2.7
+    ("num_preemptions_total", (0, 2, 8), None),  # in 0.4.3, not in 0.2.7
     ("prompt_tokens_total", (0, 2, 8), None),  # 0.2.7 exports gauges only
     ("inter_token_latency_seconds_count", (0, 8, 6), None),  # in 0.10.2, not in 0.8.5
     ("kv_cache_usage_perc", (0, 8, 6), None),  # in 0.10.2 (beside the old name), not in 0.8.5
