@@ -331,3 +331,21 @@ def test_log_formats_read_are_vllms() -> None:
     assert "is preempted by" in by_version["0.10.2"] and "is preempted by" not in by_version["0.11.0"]  # V0's scheduler is gone
     assert "Preemptions: %d" in by_version["0.32.0"] and "Deferred: %d reqs" in by_version["0.32.0"]
     assert "non-default args" in by_version["0.10.2"] and "non-default args" not in by_version["0.8.5"]
+
+
+def test_watch_and_serve_poll_a_vllm_target() -> None:
+    """The live monitor (watch mode, serve) with the engine picked per target: a vLLM server is polled,
+    named by its model and judged with vLLM's flags."""
+    from diagnoser.live import LiveMonitor
+
+    with make_client(timeout=2.0, transport=httpx.MockTransport(_vllm_server)) as c:
+        mon = LiveMonitor(get_adapter("auto"), ["http://10.0.0.9:8000"], [], client=c, interval=1.0, for_seconds=0)
+        mon.tick()
+        snap = mon.tick()
+    t = mon.targets[0]
+    assert t.timeline.engine == "vllm" and t.metrics is not None and t.metrics.state.model_names == {"medium-llama"}
+    assert not snap.errors, snap.errors
+    rules = {f.rule for f in snap.findings}
+    assert "source_unreachable" not in rules and "kv_saturation" in rules  # the real scrape: 13 waiting on a full pool
+    for f in snap.findings:
+        assert all(s.flag.startswith("--") and s.flag != "--max-running-requests" for s in f.suggestions)

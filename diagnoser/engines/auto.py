@@ -66,6 +66,10 @@ class AutoState:
         return self.inner.version
 
     @property
+    def model_names(self) -> set[str]:
+        return set(getattr(self.inner, "model_names", set()))
+
+    @property
     def dropped(self) -> int:
         return int(getattr(self.inner, "dropped", 0))
 
