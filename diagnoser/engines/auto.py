@@ -93,6 +93,11 @@ class AutoAdapter:
         self.version_path = vl.version_path
         self.expected_log_formats = (*sgl.expected_log_formats, *("vLLM: " + f for f in vl.expected_log_formats))
 
+    def __getattr__(self, name: str) -> Any:  # anything else an SGLang-only caller asks: SGLang's, as before
+        if name in ("default", "adapters") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.default, name)
+
     def get(self, engine: str | None) -> Any:
         return self.adapters.get(engine or DEFAULT, self.default)
 
