@@ -349,3 +349,12 @@ def test_watch_and_serve_poll_a_vllm_target() -> None:
     assert "source_unreachable" not in rules and "kv_saturation" in rules  # the real scrape: 13 waiting on a full pool
     for f in snap.findings:
         assert all(s.flag.startswith("--") and s.flag != "--max-running-requests" for s in f.suggestions)
+
+
+def test_stdin_log_is_told_apart() -> None:
+    """``--log -``: the engine is told from the stream's first bytes without consuming them."""
+    raw = (CASES / "013-vllm-43295-mtp-slow-actually-kv-bound" / "server.log").read_bytes()
+    col = collect_logs(get_adapter("auto"), ["-"], stdin=io.BytesIO(raw))
+    tl = col.timelines[0]
+    assert tl.engine == "vllm" and col.inputs[0].lines_recognized == col.inputs[0].lines_read == 9
+    assert max(_vals(tl, "queue_reqs")) == 56.0
