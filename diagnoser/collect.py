@@ -116,7 +116,7 @@ def log_facts(tl: Timeline, parser: Any) -> None:
 def date_bound(tl: Timeline, version: VersionRange) -> None:
     """The earliest time read bounds the version from above: a release published after it cannot have
     printed it (a development build is at most the next release)."""
-    if tl.untimed or version.exact:
+    if tl.untimed or version.exact or tl.engine != "sglang":  # the release dates are SGLang's
         return
     from diagnoser.engines.sglang.versions import newest_on
     from diagnoser.model import iso

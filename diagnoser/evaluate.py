@@ -78,7 +78,9 @@ def evaluate(
     for tl in timelines:
         # one context for the timeline's rules: they share its memo (joins, stats); each rule gets its
         # own copy of its thresholds
-        ctx = RuleContext(tl, {}, adapter, version_tuple(tl), dict(extras or {}), {})
+        pick = getattr(adapter, "for_timeline", None)  # an adapter choosing per input: this target's engine
+        tl_adapter = pick(tl) if pick is not None else adapter
+        ctx = RuleContext(tl, {}, tl_adapter, version_tuple(tl), dict(extras or {}), {})
         for rule, defaults, override in target_rules:
             ctx.thresholds = {**defaults, **override} if override else defaults.copy()
             try:
@@ -92,6 +94,8 @@ def evaluate(
                 continue
             report.checked.append(_checked(rule, tl.target, "fired", "see its finding"))
             for f in out if isinstance(out, list) else [out]:
+                if tl_adapter is not adapter:  # a concept the engine has no flag for is spelled "(no … flag: …)": not shown
+                    f.suggestions = [s for s in f.suggestions if str(s.flag).startswith("--")]
                 rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
                 findings.append(f)
     fleet_rules = [r for r in instances if r.scope == "fleet"]

@@ -74,7 +74,7 @@ def main(cmd: str, argv: list[str]) -> int:
     from diagnoser.model import Severity
     from diagnoser.outputs import compare as C
 
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     before, after = _side(args.before, args, adapter), _side(args.after, args, adapter)
     doc = C.compare(before, after)
     if args.format == "json":

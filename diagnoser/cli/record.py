@@ -338,7 +338,7 @@ def main(cmd: str, argv: list[str]) -> int:
         raise UsageError(f"cannot create {args.output} ({e.strerror}); pick a writable path") from None
     from diagnoser.engines import get_adapter
 
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     client = make_client(timeout=args.timeout, headers=headers)
     rec = Recorder(adapter, args.url, args.log, writer, client, args.interval, args.duration)
     tty = sys.stderr.isatty()

@@ -333,7 +333,7 @@ def run_once(args: argparse.Namespace) -> int:
     import diagnoser.outputs.report  # noqa: F401
     from diagnoser.engines import get_adapter
 
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     resume_gc()
     if args.client_results:  # a bad file is one sentence before any sampling starts
         from diagnoser.sources.client_results import ClientResultsError, read_client_results

@@ -155,7 +155,7 @@ def main(cmd: str, argv: list[str]) -> int:
             client_run = read_client_results(args.client_results)
         except ClientResultsError as e:
             raise UsageError(str(e)) from None
-    adapter = get_adapter("sglang")
+    adapter = get_adapter("auto")
     if args.replay:
         monitor = replay_monitor(args, adapter)
     elif args.prometheus:

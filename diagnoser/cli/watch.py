@@ -161,7 +161,7 @@ def main(args: argparse.Namespace, out: IO[str] | None = None, max_ticks: int | 
         kw["window_s"] = args.last or getattr(args, "range", None) or 600.0
         monitor: Any = fleet_monitor(args, get_adapter("sglang"), **kw)
     else:
-        monitor = LiveMonitor(get_adapter("sglang"), args.url, args.log, headers=api_key_headers(args), **kw)
+        monitor = LiveMonitor(get_adapter("auto"), args.url, args.log, headers=api_key_headers(args), **kw)
     _catch_signals()
     tty = out.isatty()
     plain = PlainPrinter(out)

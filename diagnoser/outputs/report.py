@@ -77,6 +77,9 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
     problems = any(f.severity >= fail_on and f.rule not in notes for f in report.findings)
     status = "error" if not usable else ("problems" if problems else "ok")
     untimed = any(tl.untimed for tl in tls)
+    engines = {tl.target: getattr(tl, "engine", "sglang") for tl in tls}
+    if engine == "sglang" and engines and set(engines.values()) != {"sglang"}:  # detected per input
+        engine = "+".join(sorted(set(engines.values())))
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "status": status,
@@ -89,6 +92,8 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         "findings": findings,
         "errors": [e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors],
     }
+    if set(engines.values()) != {"sglang"} and engines:
+        doc["engines"] = engines  # each target's engine, when one is not SGLang
     doc["top"] = top_causes(report, [tl.target for tl in tls])
     doc["checked"] = list(getattr(report, "checked", []))
     if getattr(collection, "fleet", None) is not None:  # fleet mode (--prometheus)

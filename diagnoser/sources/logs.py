@@ -477,10 +477,43 @@ def _release(mm: Any, start: int, stop: int) -> None:
         pass
 
 
-def open_log_reader(adapter: Any, sink: SignalSink, source: str) -> LogReader:
+def open_log_reader(adapter: Any, sink: SignalSink, source: str, head: bytes | None = None) -> LogReader:
+    """A reader with the adapter's parser; an adapter that picks the engine per input (``for_log``) is
+    shown the log's first bytes (``head``, else read from the file) and answers the engine's adapter."""
     name = "stdin" if source == "-" else os.path.basename(source)
     report = InputReport(kind="log", source=source)
+    pick = getattr(adapter, "for_log", None)
+    if pick is not None:
+        if head is None and source != "-":
+            head = _head(source)
+        adapter = pick(head, sink)
     return LogReader(adapter.log_parser(sink, name), report)
+
+
+HEAD = 256 * 1024  # the bytes of a log an engine is told from
+
+
+def _peek(stream: Any) -> bytes | None:
+    """A stream's first bytes without consuming them (a buffered stream's peek, or read and seek back)."""
+    try:
+        if hasattr(stream, "peek"):
+            return bytes(stream.peek(HEAD)[:HEAD])
+        if stream.seekable():
+            pos = stream.tell()
+            got = stream.read(HEAD)
+            stream.seek(pos)
+            return bytes(got)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _head(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(HEAD)
+    except OSError:
+        return None
 
 
 def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | None = None,
@@ -488,10 +521,11 @@ def read_log(adapter: Any, sink: SignalSink, source: str, stream: IO[bytes] | No
     """Read a whole log (file path, or ``-`` for stdin) and return the reader with its counts.
     ``observer(reader)`` is called after each chunk of the bulk path (files over 1 MB) and once after
     the last line, before the parser's end-of-log summary."""
-    reader = open_log_reader(adapter, sink, source)
-    reader.observer = observer
     if stream is None and source == "-":
         stream = sys.stdin.buffer
+    head = _peek(stream) if stream is not None and hasattr(adapter, "for_log") else None
+    reader = open_log_reader(adapter, sink, source, head)
+    reader.observer = observer
     if stream is not None:
         reader.feed_stream(stream)
     else:

@@ -71,6 +71,15 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
             raw[models_path] = redact(data)
             adapter.ingest_models(raw[models_path], sink, models_path.lstrip("/"))
             report.scrapes += 1
+    version_path = getattr(adapter, "version_path", None)  # vLLM's /version (SGLang's version is in its server info)
+    if version_path and not any(p in raw for p in getattr(adapter, "server_info_paths", ()) if p != "/server_info") \
+            and not (isinstance(raw.get("/server_info"), dict) and "version" in raw["/server_info"]):
+        f = fetch(client, base + version_path, 64 * 1024, "version")
+        data = _json(f.text) if f.ok else None
+        if isinstance(data, dict) and isinstance(data.get("version"), str):
+            raw[version_path] = redact(data)
+            adapter.ingest_version(raw[version_path], sink, version_path.lstrip("/"), version)
+            report.scrapes += 1
     f = fetch(client, base + adapter.loads_path, 4 * 1024 * 1024, "loads")
     if f.ok:
         data = _json(f.text)

@@ -1,0 +1,471 @@
+"""vLLM server logs → canonical signals, config facts and events (docs/vllm.md#logs).
+
+Line head (``vllm/logger.py``): ``LEVEL MM-DD HH:MM:SS file.py:N] msg`` (0.2.x–0.6.x) and
+``LEVEL MM-DD HH:MM:SS [file.py:N] msg`` (later), optionally after the multiprocess tag
+``(APIServer pid=N)`` / ``(EngineCore_DP0 pid=N)`` / ``(VllmWorkerProcess pid=N)`` and after whatever an
+outer collector put in front (a ``[YYYY-MM-DD HH:MM:SS]`` stamp, a docker-compose name). vLLM's stamp has
+no year: the outer stamp's year is used when there is one, else the current year (the earlier one when
+the day would be in the future), and the timeline says so (config fact ``log_year``).
+
+Periodic stats line, every shape (``vllm/engine/metrics.py`` LoggingStatLogger for V0,
+``vllm/v1/metrics/loggers.py`` LoggingStatLogger for V1):
+
+* V0: ``Avg prompt throughput: X tokens/s, Avg generation throughput: Y tokens/s, Running: N reqs,
+  Swapped: S reqs, Pending: M reqs, GPU KV cache usage: U%, CPU KV cache usage: C%`` (+ ``Prefix cache
+  hit rate: GPU: H%, CPU: H%`` in 0.5–0.6)
+* V1: ``[Engine 000: ]Avg prompt throughput: X tokens/s, Avg generation throughput: Y tokens/s, Running: N
+  reqs, Waiting: M reqs, GPU KV cache usage: U%, Prefix cache hit rate: H%`` (``CPU KV cache usage`` on
+  the CPU build); 0.32.0 adds, when non-zero, ``Deferred: D reqs``, ``KV fetch: …`` and ``Preemptions: P``
+  (preemptions in the interval) before the KV usage, and more hit rates after it
+
+Also: V0's preemption warning (``Sequence group … is preempted by PreemptionMode.RECOMPUTE mode because
+there is not enough KV cache space … total_num_cumulative_preemption=N``), startup lines (``# GPU blocks:
+N, # CPU blocks: M``, ``KV cache size: N tokens``, ``Maximum concurrency for L tokens per request: Xx``,
+``Overriding num_gpu_blocks=…``, ``Using max model len L``, the ``non-default args: {…}`` line and the
+older ``args: Namespace(…)``, ``Initializing a[n] [V1] LLM engine (vX) with config: …`` with its
+CUDA-graph capture sizes, ``Model loading took X GiB``), speculative-decoding metrics lines, tracebacks
+and exceptions (Python's own format, read by the same reader as SGLang's), and uvicorn access lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import calendar
+import re
+import time
+from collections import Counter
+from typing import Any
+
+from diagnoser.engines.sglang import logevents
+from diagnoser.engines.vllm.versions import VersionRange, parse_version
+from diagnoser.model import BadLine, LogEvent, SignalSink
+
+_HEAD_RE = re.compile(
+    r"(?:\((?P<proc>[A-Za-z_][\w.-]*) pid=(?P<pid>\d+)\)\s+)?"
+    r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+)?"
+    r"(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d+))?\s+"
+    r"\[?(?P<file>[\w.-]+\.py):(?P<lineno>\d+)\]\s?")
+_OUTER_YEAR_RE = re.compile(r"(?<!\d)(\d{4})-\d\d-\d\d[T ]")
+_PROC_ONLY_RE = re.compile(r"^\s*\((?P<proc>[A-Za-z_][\w.-]*) pid=\d+\)\s+")
+_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+ - "(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (\S+) HTTP/[\d.]+" (\d{3})')
+
+_STAT_FIELDS = (
+    ("prompt_tps", re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")),
+    ("gen_throughput_tps", re.compile(r"Avg generation throughput: ([\d.]+) tokens/s")),
+    ("running_reqs", re.compile(r"Running: (\d+) reqs")),
+    ("swapped_reqs", re.compile(r"Swapped: (\d+) reqs")),
+    ("queue_reqs", re.compile(r"(?:Pending|Waiting): (\d+) reqs")),
+    ("deferred_reqs", re.compile(r"Deferred: (\d+) reqs")),  # 0.32: waiting requests skipped this step (in Waiting too)
+)
+_PREEMPTIONS_RE = re.compile(r"Preemptions: (\d+)")  # 0.32 V1: preemptions in the interval (shown when > 0)
+_KV_USAGE_RE = re.compile(r"(?:(GPU|CPU|XPU|NPU|TPU|HPU) )?KV cache usage: ([\d.]+)%")
+_HIT_RE = re.compile(r"(?<!External )(?<!MM )Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
+_ENGINE_RE = re.compile(r"Engine (\d+):")
+_PREEMPT_RE = re.compile(r"is preempted by (?:PreemptionMode\.)?(\w+) mode because there is not enough KV cache space"
+                         r"(?:.*?total_num_cumulative_preemption=(\d+))?")
+_BLOCKS_RE = re.compile(r"# (?:GPU|gpu) blocks: (\d+), # (?:CPU|cpu) blocks: (\d+)|# (?:CPU|cpu) blocks: (\d+)")
+_KV_SIZE_RE = re.compile(r"(?:(GPU|CPU|XPU|NPU|TPU|HPU) )?KV cache size: ([\d,]+) tokens")
+_CONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+_MAXLEN_RE = re.compile(r"Using max model len (\d+)")
+_INIT_RE = re.compile(r"Initializing an? (?:(V\d) )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
+_BANNER_RE = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)")
+_WEIGHTS_RE = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
+_GRAPH_DONE_RE = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took ([\d.]+) GiB)?")
+_CAPTURE_SIZES_RE = re.compile(r"['\"]?cudagraph_capture_sizes['\"]?: \[([\d, ]*)\]")
+_SPEC_V1_RE = re.compile(r"SpecDecoding metrics: .*?Mean acceptance length: ([\d.]+).*?(?:Avg Draft acceptance rate: ([\d.]+)%)?$")
+_SPEC_V0_RE = re.compile(r"Speculative metrics: Draft acceptance rate: ([\d.]+)")
+_TOO_LONG_RE = re.compile(r"Input prompt \((\d+) tokens\) is too long and exceeds (?:the capacity of block_manager|limit of (\d+))")
+_CTX_RE = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens")
+_KV_TOO_SMALL_RE = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_FATAL = (("EngineDeadError", "the engine core died (EngineDeadError)"),
+          ("Engine core initialization failed", "the engine core failed to start"),
+          ("EngineCore encountered a fatal error", "the engine core hit a fatal error"),
+          ("AsyncEngineDeadError", "the engine loop died (AsyncEngineDeadError)"))
+
+# server arg (non-default args / Namespace / engine config) → config fact; the names the rules share
+# with SGLang's adapter where the meaning is the same, vLLM's own name otherwise (docs/vllm.md#flags)
+ARG_FACTS: dict[str, str] = {
+    "max_num_seqs": "max_running_requests",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "context_len",
+    "max_seq_len": "context_len",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "tensor_parallel_size": "tp_size",
+    "pipeline_parallel_size": "pp_size",
+    "data_parallel_size": "dp_size",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "enforce_eager": "enforce_eager",
+    "block_size": "block_size",
+    "num_gpu_blocks_override": "num_gpu_blocks_override",
+    "swap_space": "swap_space_gb",
+    "cpu_offload_gb": "cpu_offload_gb",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "quantization": "quantization",
+    "speculative_config": "speculative",
+    "model": "model_path",
+    "served_model_name": "served_model_name",
+    "preemption_mode": "preemption_mode",
+    "max_cudagraph_capture_size": "max_cudagraph_capture_size",
+}
+_NS_PAIR_RE = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|[^,()]+)")
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _value(text: str) -> Any:
+    t = text.strip()
+    try:
+        return ast.literal_eval(t)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return t
+
+
+class VLLMLogParser:
+    """Reads one vLLM log, line by line (:meth:`feed`)."""
+
+    def __init__(self, sink: SignalSink, source_name: str) -> None:
+        self.sink = sink
+        self.source_name = source_name
+        self.version = VersionRange()
+        self.kinds: Counter[str] = Counter()
+        self.untimed_lines = 0
+        self.saw_date = False
+        self.first_stamp: str | None = None  # not set: vLLM stamps carry no year (no date bound on the version)
+        self.graph_labels: set[str] = set()
+        self.dropped_values = 0
+        self.status_codes: Counter[str] = Counter()
+        self.access_paths: Counter[str] = Counter()
+        self.access_last: tuple[float, int] | None = None
+        self.last_ts: float | None = None
+        self.year: int | None = None
+        self.year_from = ""
+        self._pending: list[LogEvent] = []
+        self._finished = False
+        self._shapes: set[str] = set()
+        self._preempt_cum = 0  # the last total_num_cumulative_preemption read
+        self._shutdown = False  # the server began to shut down ([shutdown] lines, uvicorn's Shutting down)
+
+    # events before the first stamped line get the first stamp (at finish)
+    def emit_event(self, e: LogEvent) -> None:
+        if self.last_ts is None:
+            self._pending.append(e)
+        else:
+            self.sink.add_event(e)
+
+    def _ts(self, line: str, m: re.Match[str]) -> float:
+        if self.year is None:
+            om = _OUTER_YEAR_RE.search(line, 0, m.start() + 1)
+            if om:
+                self.year, self.year_from = int(om.group(1)), "the collector's stamp in front of vLLM's"
+            else:
+                now = time.gmtime()
+                y = now.tm_year
+                if (int(m.group("mo")), int(m.group("d"))) > (now.tm_mon, now.tm_mday):
+                    y -= 1
+                self.year, self.year_from = y, "vLLM's stamps carry no year: the latest year the first stamp fits"
+        mo, d, hh, mi, ss = (int(m.group(k)) for k in ("mo", "d", "h", "mi", "s"))
+        if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(2024, mo)[1] and hh < 24 and mi < 60 and ss < 61):
+            raise BadLine("timestamp")
+        y = self.year
+        if mo == 2 and d == 29 and not calendar.isleap(y):
+            y -= (y % 4) or 4  # a 29 February: the leap year before
+        ts = float(calendar.timegm((y, mo, d, hh, mi, ss, 0, 0, 0)))
+        if m.group("frac"):
+            ts += float("0." + m.group("frac"))
+        return ts
+
+    def feed(self, line: str, line_no: int) -> bool:
+        line = line.rstrip("\r\n")
+        m = _HEAD_RE.search(line)
+        if m is not None:
+            ts = self._ts(line, m)
+            if not self.saw_date:
+                self.saw_date = True
+                self.sink.set_config("log_year", self.year, f"{self.source_name}:{line_no} ({self.year_from})")
+            first = self.last_ts is None
+            self.last_ts = ts
+            if first and self._pending:
+                for e in self._pending:
+                    self.sink.add_event(LogEvent(e.kind, ts, e.line_no, e.source, e.fields, e.rank))
+                self._pending = []
+            msg = line[m.end():]
+            proc = m.group("proc") or ""
+        else:
+            ts = self.last_ts if self.last_ts is not None else 0.0
+            pm = _PROC_ONLY_RE.match(line)
+            msg = line[pm.end():] if pm else line.strip()
+            proc = pm.group("proc") if pm else ""
+            self.untimed_lines += 1
+        return self._message(msg, ts, line_no, proc, timed=m is not None)
+
+    def _message(self, msg: str, ts: float, line_no: int, proc: str, timed: bool) -> bool:
+        src = f"{self.source_name}:{line_no}"
+        sink = self.sink
+        if "Avg prompt throughput" in msg or "Avg generation throughput" in msg:
+            return self._stats(msg, ts, src)
+        if msg.startswith("Prefix cache hit rate: GPU:"):  # V0 0.5–0.10: its own line after the stats line
+            hm = _HIT_RE.search(msg)
+            if hm:
+                sink.add("cache_hit_rate", ts, float(hm.group(1)) / 100.0, src, "")
+                return True
+        if "INFO:" in msg and " HTTP/" in msg:
+            am = _ACCESS_RE.search(msg)
+            if am:
+                self.status_codes[am.group(2)] += 1
+                self.access_paths[am.group(1).split("?", 1)[0]] += 1
+                self.access_last = (ts, line_no)
+                return True
+        if "is preempted by" in msg:
+            pm = _PREEMPT_RE.search(msg)
+            if pm:
+                # V0 warns on the 1st, 51st, 101st… preemption (num_cumulative_preemption % 50 == 0 in
+                # vllm/core/scheduler.py): the cumulative count says how many happened since the last warning
+                cum = int(pm.group(2)) if pm.group(2) else None
+                n = 1 if cum is None else max(1, cum - self._preempt_cum) if cum > self._preempt_cum else 1
+                if cum is not None:
+                    self._preempt_cum = cum
+                fields: dict[str, Any] = {"requests": n, "mode": pm.group(1).lower()}
+                if cum is not None:
+                    fields["cumulative"] = cum
+                self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, fields, ""))
+                sink.add("retracted_reqs", ts, float(n), src, "")
+                if cum is not None:
+                    sink.add("retractions_total", ts, float(cum), src, "")
+                self.kinds["retraction"] += 1
+                self.version.at_most((0, 10, 2), "the V0 scheduler's preemption warning (V1 logs none)")
+                return True
+        line_no = int(src.rsplit(":", 1)[1])
+        if "blocks:" in msg:
+            bm = _BLOCKS_RE.search(msg)
+            if bm:
+                if bm.group(1):
+                    sink.set_config("num_gpu_blocks", int(bm.group(1)), src)
+                    sink.set_config("num_cpu_blocks", int(bm.group(2)), src)
+                else:
+                    sink.set_config("num_cpu_blocks", int(bm.group(3)), src)
+                self._pool_from_blocks(src)
+                return True
+        found = False
+        if "KV cache size:" in msg:
+            km = _KV_SIZE_RE.search(msg)
+            if km:
+                tokens = int(_num(km.group(2)))
+                sink.set_config("kv_pool_tokens_log", tokens, src)
+                sink.set_config("max_total_tokens", tokens, src)
+                if km.group(1) == "CPU":
+                    sink.set_config("device", "cpu", f"{src} (CPU KV cache size)", override=False)
+                found = True
+        if "Maximum concurrency for" in msg:
+            cm = _CONC_RE.search(msg)
+            if cm:
+                sink.set_config("context_len", int(_num(cm.group(1))), src, override=False)
+                sink.set_config("kv_max_concurrency", float(cm.group(2)), src)
+                found = True
+        if found:
+            return True
+        if "Overriding num_gpu_blocks" in msg:
+            om = _OVERRIDE_RE.search(msg)
+            if om:
+                sink.set_config("num_gpu_blocks_profiled", int(om.group(1)), src)
+                sink.set_config("num_gpu_blocks", int(om.group(2)), src)
+                sink.set_config("num_gpu_blocks_override", int(om.group(2)), src)
+                return True
+        if "Using max model len" in msg:
+            mm = _MAXLEN_RE.search(msg)
+            if mm:
+                sink.set_config("context_len", int(mm.group(1)), src)
+                return True
+        if "non-default args:" in msg:
+            raw = msg.split("non-default args:", 1)[1].strip()
+            args = _value(raw)
+            if isinstance(args, dict):
+                self._args(args, src)
+                self.version.at_least((0, 8, 6), "the 'non-default args' startup line (0.8.5 logs 'args: Namespace(…)')")
+                self.emit_event(LogEvent("server_args", ts, line_no, src, {"args": {k: v for k, v in args.items() if isinstance(k, str)}}))
+                return True
+        if msg.startswith("args: Namespace(") or "args: Namespace(" in msg[:40]:
+            body = msg.split("Namespace(", 1)[1].rsplit(")", 1)[0]
+            self._args({k: _value(v) for k, v in _NS_PAIR_RE.findall(body)}, src)
+            return True
+        if "LLM engine (v" in msg:
+            im = _INIT_RE.search(msg)
+            if im:
+                self._version(im.group(2), src)
+                self._shapes.add("v1" if im.group(1) == "V1" else "v0")
+                cfg = im.group(3)
+                pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
+                self._args(pairs, src, override=False)
+                cs = _CAPTURE_SIZES_RE.search(cfg)
+                if cs:
+                    sizes = [int(x) for x in cs.group(1).replace(" ", "").split(",") if x]
+                    sink.set_config("cuda_graph_bs", sizes, src)
+                    if sizes:
+                        sink.set_config("cuda_graph_max_bs_captured", max(sizes), src)
+                    elif pairs.get("enforce_eager") is not True:
+                        sink.set_config("cuda_graph_disabled_reason", "no CUDA-graph capture sizes (cudagraph_capture_sizes: [])", src)
+                if pairs.get("enforce_eager") is True:
+                    sink.set_config("disable_cuda_graph", True, f"{src} (enforce_eager=True)")
+                return True
+        if "version" in msg:
+            vm = _BANNER_RE.search(msg)
+            if vm:
+                self._version(vm.group(1), src)
+                return True
+        if "took" in msg:
+            wm = _WEIGHTS_RE.search(msg)
+            if wm:
+                sink.set_config("weight_mem_gb", float(wm.group(1)) * (1.073741824 if wm.group(2) == "GiB" else 1.0), src)
+                return True
+            gm = _GRAPH_DONE_RE.search(msg)
+            if gm:
+                if gm.group(2):
+                    sink.set_config("graph_mem_gb", float(gm.group(2)) * 1.073741824, src)
+                return True
+            if "init engine (profile, create kv cache" in msg:
+                self.emit_event(LogEvent("ready", ts, line_no, src, {"text": msg[:200]}))
+                return True
+        if "SpecDecoding metrics" in msg:
+            sm = _SPEC_V1_RE.search(msg)
+            if sm:
+                sink.add("spec_accept_len", ts, float(sm.group(1)), src, "")
+                if sm.group(2):
+                    sink.add("spec_accept_rate", ts, float(sm.group(2)) / 100.0, src, "")
+                return True
+        if "Speculative metrics" in msg:
+            sm = _SPEC_V0_RE.search(msg)
+            if sm:
+                sink.add("spec_accept_rate", ts, float(sm.group(1)), src, "")
+                return True
+        if "too long and exceeds" in msg:
+            tm = _TOO_LONG_RE.search(msg)
+            if tm:
+                self.emit_event(LogEvent("request_too_long", ts, line_no, src, {
+                    "input_tokens": int(tm.group(1)), "allowed_tokens": int(tm.group(2)) if tm.group(2) else None,
+                    "limit": "context" if tm.group(2) else "pool_or_context", "auto_truncate_hint": False}))
+                self.kinds["request_too_long"] += 1
+                return True
+        if "maximum context length is" in msg:
+            xm = _CTX_RE.search(msg)
+            if xm:
+                self.emit_event(LogEvent("request_too_long", ts, line_no, src, {
+                    "input_tokens": int(xm.group(2)), "allowed_tokens": int(xm.group(1)), "limit": "context", "auto_truncate_hint": False}))
+                self.kinds["request_too_long"] += 1
+                return True
+        if "[shutdown]" in msg or msg.startswith("Shutting down") or msg.startswith("Waiting for application shutdown"):
+            if not self._shutdown:
+                self._shutdown = True
+                self.emit_event(LogEvent("shutdown", ts, line_no, src, {"text": msg[:200]}))
+            return True
+        if self._shutdown and (msg.lstrip().startswith(("Traceback", "File \"", "^")) or "Error" in msg or "Exception" in msg
+                               or not timed):
+            return True  # the shutdown's own traceback (the engine core stopped first): not a crash
+        got = False
+        if "stored in KV cache" in msg:
+            km2 = _KV_TOO_SMALL_RE.search(msg)
+            if km2:
+                sink.set_config("context_len", int(km2.group(1)), src)
+                sink.set_config("kv_pool_tokens_log", int(km2.group(2)), src)
+                sink.set_config("max_total_tokens", int(km2.group(2)), src)
+                got = True
+        for needle, what in _FATAL:
+            if needle in msg:
+                self.emit_event(LogEvent("fatal", ts, line_no, src, {"what": what, "text": msg[:200]}))
+                self.kinds["fatal"] += 1
+                got = True
+                break
+        if "Application startup complete" in msg:
+            self.emit_event(LogEvent("ready", ts, line_no, src, {"text": msg[:200]}))
+            return True
+        if "Traceback (most recent" in msg or any(t in msg for t in logevents.TRIGGERS):
+            got = logevents.read(self, msg, ts, "", src, line_no) or got
+        if got:
+            return True
+        return timed  # any other line with vLLM's head is vLLM's (recognised, nothing to read)
+
+    def _stats(self, msg: str, ts: float, src: str) -> bool:
+        sink = self.sink
+        em = _ENGINE_RE.search(msg)
+        rank = f"dp{int(em.group(1))}" if em else ""
+        got = False
+        for sig, pat in _STAT_FIELDS:
+            fm = pat.search(msg)
+            if fm:
+                sink.add(sig, ts, float(fm.group(1)), src, rank)
+                got = True
+        v0 = "Swapped:" in msg or "Pending:" in msg
+        usages = _KV_USAGE_RE.findall(msg)
+        if usages:
+            dev, pct = usages[0]
+            sink.add("token_usage", ts, float(pct) / 100.0, src, rank)
+            if v0 and len(usages) > 1:
+                sink.add("cpu_cache_usage", ts, float(usages[1][1]) / 100.0, src, rank)
+            if dev == "CPU" and not v0:
+                sink.set_config("device", "cpu", f"{src} (CPU KV cache usage)", override=False)
+            got = True
+        hm = _HIT_RE.search(msg)
+        if hm:
+            sink.add("cache_hit_rate", ts, float(hm.group(1)) / 100.0, src, rank)
+        pm = _PREEMPTIONS_RE.search(msg)
+        if pm and int(pm.group(1)) > 0:
+            n = int(pm.group(1))
+            self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, {"requests": n, "mode": "recompute"}, rank))
+            sink.add("retracted_reqs", ts, float(n), src, rank)
+            self.kinds["retraction"] += 1
+        shape = "v0" if v0 else "v1"
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            if v0:
+                self.version.at_most((0, 10, 2), "the V0 stats line (Running / Swapped / Pending)")
+            else:
+                self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
+        self.kinds["stats"] += 1
+        return got
+
+    def _version(self, text: str, src: str) -> None:
+        pv = parse_version(text)
+        if pv:
+            self.version.set_exact(pv, f"{src}")
+            self.sink.set_config("version", text.lstrip("v"), src, override=False)
+
+    def _args(self, args: dict[str, Any], src: str, override: bool = True) -> None:
+        for k, fact in ARG_FACTS.items():
+            if k not in args:
+                continue
+            v = args[k]
+            if isinstance(v, list) and k == "served_model_name":
+                v = v[0] if v else None
+            if v is None or v == "None":
+                continue
+            self.sink.set_config(fact, v, src, override=override)
+        if "block_size" in args:
+            self._pool_from_blocks(src)
+
+    def _pool_from_blocks(self, src: str) -> None:
+        cfg = getattr(self.sink, "config", {})
+        blocks, bs = cfg.get("num_gpu_blocks"), cfg.get("block_size")
+        if blocks is not None and bs is not None and "kv_pool_tokens_log" not in cfg:
+            try:
+                tokens = int(blocks.value) * int(bs.value)
+            except (TypeError, ValueError):
+                return
+            self.sink.set_config("kv_pool_tokens_log", tokens, f"{blocks.source} × block_size {bs.value} ({bs.source})")
+
+    def access_summary(self) -> dict[str, Any]:
+        return {"requests": sum(self.status_codes.values()), "status": dict(sorted(self.status_codes.items())),
+                "paths": dict(self.access_paths.most_common(10))}
+
+    def finish(self) -> None:
+        if self._pending:
+            t0 = 0.0
+            for e in self._pending:
+                self.sink.add_event(LogEvent(e.kind, t0, e.line_no, e.source, e.fields, e.rank))
+            self._pending = []
+        if self.access_last is not None and not self._finished:
+            self._finished = True
+            ts, line_no = self.access_last
+            self.sink.add_event(LogEvent("access_summary", ts, line_no, f"{self.source_name}:{line_no}", self.access_summary()))
