@@ -54,6 +54,15 @@ from diagnoser.jsonout import dumps
 from diagnoser.outputs.term import columns
 
 WIDTH = min(100, columns(default=100))  # the terminal's width (outputs/term), at most 100; 100 into a pipe
+
+
+def _tw_wrap(text: str, width: int, **kw: object) -> list[str]:
+    """textwrap.wrap between words only: a long word or path is never split (outputs/term's rule)."""
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False, **kw)  # type: ignore[arg-type]
+
+
+def _tw_fill(text: str, width: int, **kw: object) -> str:
+    return "\n".join(_tw_wrap(text, width, **kw))
 TP_STEPS = (1, 2, 4, 8, 16)
 
 
@@ -64,8 +73,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="diagnose plan", formatter_class=argparse.RawDescriptionHelpFormatter,
-                description=textwrap.fill("KV capacity, weights and what-ifs for SGLang from a model config and a GPU, no server needed.", WIDTH),
-                epilog=textwrap.fill(
+                description=_tw_fill("KV capacity, weights and what-ifs for SGLang from a model config and a GPU, no server needed.", WIDTH),
+                epilog=_tw_fill(
                     "--gpu knows: " + gpu_help() + ". 'Usable' is what the driver reports as the device's total "
                     "(nvidia-smi memory.total; rocminfo on AMD), a little below the marketed figure, and what SGLang's "
                     f"automatic --mem-fraction-static reads; the free memory before weights is taken as {CUDA_CONTEXT_GIB} GiB "
@@ -149,13 +158,13 @@ def render_config_only(c: ConfigOnly) -> str:
         text += f" ({fp8:,.0f} with --kv-cache-dtype fp8_e4m3)"
     if w is not None:
         text += f" · weights {w.gib_per_rank:.2f} GiB/rank ({c.weights_source})"
-    out += textwrap.wrap(text, WIDTH, subsequent_indent="  ")
+    out += _tw_wrap(text, WIDTH, subsequent_indent="  ")
     if w is not None:
         parts = " · ".join(f"{q.name} {q.per_rank * q.bytes_per_param / GIB:.2f}" for q in w.parts if q.params)
-        out += textwrap.wrap(f"by part, GiB/rank: {parts}", WIDTH, subsequent_indent="  ")
+        out += _tw_wrap(f"by part, GiB/rank: {parts}", WIDTH, subsequent_indent="  ")
     out.append("")
     for n in [NEEDS_MEMORY, *c.notes][:MAX_TEXT_NOTES]:
-        out += textwrap.wrap(f"note: {n}", WIDTH, initial_indent="  ", subsequent_indent="  ")
+        out += _tw_wrap(f"note: {n}", WIDTH, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(out) + "\n"
 
 
@@ -688,11 +697,11 @@ def render(plan: Plan) -> str:
         third.append(f"free before weights {p.pre_gib:.2f} GiB ({p.pre_source or 'estimate'})")
     if plan.fraction_source:
         third.append(f"fraction {p.mem_fraction} ({plan.fraction_source})")
-    out = textwrap.wrap(head, WIDTH, subsequent_indent="  ") + textwrap.wrap(second, WIDTH, subsequent_indent="  ")
+    out = _tw_wrap(head, WIDTH, subsequent_indent="  ") + _tw_wrap(second, WIDTH, subsequent_indent="  ")
     if third:
-        out += textwrap.wrap(" · ".join(third), WIDTH, subsequent_indent="  ")
+        out += _tw_wrap(" · ".join(third), WIDTH, subsequent_indent="  ")
     if plan.verdict:
-        out += textwrap.wrap("! " + plan.verdict, WIDTH, subsequent_indent="  ")
+        out += _tw_wrap("! " + plan.verdict, WIDTH, subsequent_indent="  ")
     out.append("")
     if plan.comparison:
         hdr = f"{'engine vs estimate':<22}{'engine':>12}{'estimate':>12}{'diff':>9}"
@@ -734,7 +743,7 @@ def render(plan: Plan) -> str:
         out.append("")
 
     def line(first: str, text: str) -> None:
-        out.extend(textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=" " * len(first)))
+        out.extend(_tw_wrap(text, WIDTH, initial_indent=first, subsequent_indent=" " * len(first)))
 
     for i, s in enumerate(rows_s[1:], 1):
         tag = f"  {i}. " if show_changes else f"  {s.change}: "

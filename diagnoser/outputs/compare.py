@@ -451,13 +451,14 @@ def render(doc: dict[str, Any]) -> str:
     out.append("Flags changed")
     if doc["flags_changed"]:
         for c in doc["flags_changed"]:
-            out.append(f"  {c['flag']}: {_fmt(c['before'])} → {_fmt(c['after'])}"[:WIDTH])
+            out.extend(_wrap(f"{c['flag']}: {_fmt(c['before'])} → {_fmt(c['after'])}", "      ", "  "))
     else:
         out.append("  none (the server args are the same, or not in the recordings)")
     out += ["", f"  {'':30} {'before':>10} {'after':>10} {'change':>8}"]
     for h in doc["headline"]:
         mark = {"better": " better", "worse": " worse"}.get(h["judgement"] or "", "")
-        out.append(f"  {h['label']:30} {_fmt(h['before'], h['name']):>10} {_fmt(h['after'], h['name']):>10} {_change(h):>8}{mark}"[:WIDTH])
+        row = f"  {h['label']:30} {_fmt(h['before'], h['name']):>10} {_fmt(h['after'], h['name']):>10} {_change(h):>8}{mark}"
+        out.extend([row] if len(row) <= WIDTH else _wrap(row.strip(), "      ", "  "))  # a narrow terminal: wrapped, never cut
     out.append("")
     f = doc["findings"]
     for key, title in (("resolved", "Resolved"), ("persisting", "Still there"), ("new", "New")):
@@ -488,7 +489,8 @@ def render(doc: dict[str, Any]) -> str:
                     pred = "lower" if c["predicted_move"] < 0 else "higher"
                 else:
                     continue
-                out.append(f"      {c['number'][:11]:11} {_fmt(c['before'], c['number']):>7} → {pred:>9} · {_fmt(c['realized'], c['number']):>8}  {ok}"[:WIDTH])
+                row = f"      {c['number'][:11]:11} {_fmt(c['before'], c['number']):>7} → {pred:>9} · {_fmt(c['realized'], c['number']):>8}  {ok}"
+                out.extend([row] if len(row) <= WIDTH else _wrap(row.strip(), "        ", "      "))
             out.append(f"      verdict: {r['verdict']}")
     else:
         out.append("No suggestion was made on BEFORE.")
