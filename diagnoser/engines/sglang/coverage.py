@@ -201,16 +201,25 @@ class ShapeMiss:
 
 def recognised_instances() -> list[tuple[templates.Template, str]]:
     """One line per recognised template and fill that the reader reads under SGLang's own prefix; a line
-    two templates (or two releases' copies) print is checked once."""
+    two templates (or two releases' copies) print is checked once. The list fill (``templates.FILLS[-1]``:
+    ``[1, 2, 4, 8]`` for an int, which is what ``bs={runner.capture_bs}`` prints) is used only for a
+    template no plain value makes readable: in another template it puts a list where SGLang prints a
+    number (``[gpu_id=[1, 2, 4, 8]]``)."""
     out: list[tuple[templates.Template, str]] = []
     seen: set[str] = set()
     by_id = {v.template.id: v for v in verdicts()}
     for c in templates.compiled():
         if by_id[c.template.id].status != "recognised":
             continue
+        found = False
         for fill in templates.FILLS:
+            if found and fill is templates.FILLS[-1]:
+                break
             line = PREFIX + (templates.instance(c, fill=fill) or "")
-            if line in seen or not read_one(line)[0]:
+            if not read_one(line)[0]:
+                continue
+            found = True
+            if line in seen:
                 continue
             seen.add(line)
             out.append((c.template, line))
