@@ -203,8 +203,8 @@ def recognised_instances() -> list[tuple[templates.Template, str]]:
     """One line per recognised template and fill that the reader reads under SGLang's own prefix; a line
     two templates (or two releases' copies) print is checked once. The list fill (``templates.FILLS[-1]``:
     ``[1, 2, 4, 8]`` for an int, which is what ``bs={runner.capture_bs}`` prints) is used only for a
-    template no plain value makes readable: in another template it puts a list where SGLang prints a
-    number (``[gpu_id=[1, 2, 4, 8]]``)."""
+    template with a ``bs`` field or one no plain value makes readable: in another template it puts a
+    list where SGLang prints a number (``[gpu_id=[1, 2, 4, 8]]``)."""
     out: list[tuple[templates.Template, str]] = []
     seen: set[str] = set()
     by_id = {v.template.id: v for v in verdicts()}
@@ -213,7 +213,7 @@ def recognised_instances() -> list[tuple[templates.Template, str]]:
             continue
         found = False
         for fill in templates.FILLS:
-            if found and fill is templates.FILLS[-1]:
+            if found and fill is templates.FILLS[-1] and "bs" not in c.keys:
                 break
             line = PREFIX + (templates.instance(c, fill=fill) or "")
             if not read_one(line)[0]:
@@ -229,10 +229,18 @@ def recognised_instances() -> list[tuple[templates.Template, str]]:
 def shape_check(shapes: tuple[str, ...] | None = None, paths: tuple[str, ...] = PATHS) -> tuple[dict[str, dict[str, int]], list[ShapeMiss]]:
     """Every recognised instance under every prefix shape (prefixshapes.SHAPES) through every reading path,
     against what the line parser makes of it under SGLang's own prefix. Returns (per shape: instances,
-    same, missed) and the misses."""
+    same, missed) and the misses (about 3 s for every shape and path on one CPU; computed once per
+    process for the same shapes and paths)."""
     from diagnoser.engines.sglang import prefixshapes
 
-    shapes = shapes or tuple(prefixshapes.SHAPES)
+    rows, misses = _shape_check(shapes or tuple(prefixshapes.SHAPES), paths)
+    return {k: dict(v) for k, v in rows.items()}, list(misses)
+
+
+@cache
+def _shape_check(shapes: tuple[str, ...], paths: tuple[str, ...]) -> tuple[dict[str, dict[str, int]], tuple[ShapeMiss, ...]]:
+    from diagnoser.engines.sglang import prefixshapes
+
     rows: dict[str, dict[str, int]] = {}
     misses: list[ShapeMiss] = []
     insts = recognised_instances()
@@ -244,7 +252,7 @@ def shape_check(shapes: tuple[str, ...] | None = None, paths: tuple[str, ...] = 
             bad = [(how, got) for how in paths if (got := read_through(data, how)) != want]
             row["same" if not bad else "missed"] += 1
             misses.extend(ShapeMiss(t, shape, how, line, want, got) for how, got in bad)
-    return rows, misses
+    return rows, tuple(misses)
 
 
 def shape_table(rows: dict[str, dict[str, int]], *, markdown: bool = False) -> str:
