@@ -345,3 +345,49 @@ def test_flags_tsv_is_the_server_args_data() -> None:
     for f, _fld, _dep, d, rng in catalogue.flag_rows():
         if isinstance(defaults[(f, rng)], int | float | bool) or defaults[(f, rng)] is None:
             assert d == defaults[(f, rng)], f
+
+
+# -- coverage under every prefix shape (issue 24 item 4) ----------------------------------------------
+def test_every_recognised_template_reads_the_same_under_every_prefix_shape() -> None:
+    """Each recognised template's instances (deduplicated across releases), wrapped in every shape of
+    prefixshapes.SHAPES (the ones tests/test_log_prefixes.py reads a real log in), give the same recognised
+    line, event kinds, signal values and config facts through the line parser and both bulk paths as the
+    line parser gives them under SGLang's own prefix."""
+    from diagnoser.engines.sglang import prefixshapes
+
+    rows, misses = coverage.shape_check()
+    assert set(rows) == set(prefixshapes.SHAPES) and len(rows) >= 16
+    n = rows["plain"]["instances"]
+    assert n > 200
+    assert not misses, "\n".join(f"{m.template.id} {m.shape} {m.path}: {m.line[:120]}\n  want {m.expected}\n  got  {m.got}"
+                                 for m in misses[:10])
+    assert all(r == {"instances": n, "same": n, "missed": 0} for r in rows.values())
+
+
+def test_shape_check_fails_when_a_shape_hides_the_message() -> None:
+    """The check can fail: a shape that buries the message in prose is read otherwise, and is reported."""
+    from diagnoser.engines.sglang import prefixshapes
+
+    prefixshapes.SHAPES["prose"] = prefixshapes.Wrapper(lambda raw, d, t, msg, s, tags: f"the scheduler then said that {msg}")
+    try:
+        rows, misses = coverage.shape_check(("prose",), paths=("line",))
+    finally:
+        del prefixshapes.SHAPES["prose"]
+    assert rows["prose"]["missed"] > 20 and {m.shape for m in misses} == {"prose"}
+
+
+def test_coverage_shapes_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from diagnoser.cli import main
+
+    assert main(["catalogue", "coverage", "--shapes"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^custom_brackets\s+(\d+)\s+\1\s+0$", out, re.M), out
+    assert re.search(r"^json_nested\s+(\d+)\s+\1\s+0$", out, re.M), out
+    assert "0 (instance, shape, path) read otherwise" in out
+
+
+def test_docs_show_the_shape_table() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "catalogue.md").read_text()
+    rows, _ = coverage.shape_check()
+    assert coverage.shape_table(rows, markdown=True) in doc, \
+        "docs/catalogue.md's shape table is stale: diagnose catalogue coverage --shapes --format markdown"

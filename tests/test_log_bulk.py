@@ -402,7 +402,7 @@ def test_bulk_equals_reference_on_wrapped_logs(generated: bytes, shape: str, sca
     SGLang's prefix is still in the line, the bulk path takes the lines (the reference parser gets few)."""
     from diagnoser.engines.sglang import logfast
     from diagnoser.engines.sglang.logfast import BlockParser
-    from tests.test_log_prefixes import SHAPES
+    from diagnoser.engines.sglang.prefixshapes import SHAPES
 
     if not scan:
         monkeypatch.setattr(logfast, "SCAN", None)

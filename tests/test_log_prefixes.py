@@ -12,89 +12,18 @@ reading path (the line parser, the bulk reader with and without the C scanner).
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from diagnoser.engines.sglang.prefixshapes import SGLANG_PREFIX as _SG
+from diagnoser.engines.sglang.prefixshapes import SHAPES
+from diagnoser.engines.sglang.prefixshapes import Wrapper as _Wrapper
 from tests.helpers import READ_PATHS, read_log_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "tests" / "data" / "sglang-cpu-real" / "kv-full-retract" / "server.log"
-
-# SGLang's own prefix: "[2026-11-29 09:32:06] " as this real log prints it (no rank tag on one CPU rank), with
-# milliseconds and rank tags in other logs ("[2025-11-03 14:31:10.123 DP6 TP6 EP6] ")
-_SG = re.compile(r"^\[(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)(?:[.,]\d{1,6})?((?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP|CP)\d+)*)\] ?(.*)$", re.DOTALL)
-_MON = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-class _Wrapper:
-    """Wraps each real line: ``fn(original, date, time, message, stamped, rank tags)``; unstamped lines (tracebacks,
-    warnings printed straight to stderr) keep the last stamp seen for shapes whose collector adds its own."""
-
-    def __init__(self, fn: Callable[[str, str, str, str, bool, str], str]) -> None:
-        self.fn = fn
-
-    def __call__(self, data: bytes) -> bytes:
-        out = []
-        date, time = "2026-11-29", "09:32:00"
-        for raw in data.decode().split("\n"):
-            if not raw:
-                out.append(raw)
-                continue
-            m = _SG.match(raw)
-            tags = ""
-            if m:
-                date, time, tags, msg = m.group(1), m.group(2), m.group(3), m.group(4)
-            else:
-                msg = raw
-            out.append(self.fn(raw, date, time, msg, m is not None, tags))
-        return "\n".join(out).encode()
-
-
-def _syslog(date: str, time: str) -> str:
-    return f"{_MON[int(date[5:7]) - 1]} {date[8:10]} {time}"
-
-
-SHAPES: dict[str, Callable[[bytes], bytes]] = {
-    "plain": lambda data: data,
-    # a fork that logs its own rank tags and the source file inside one bracket
-    "fork_rank_file": _Wrapper(lambda raw, d, t, msg, s, tags: f"[{d} {t}{tags or ' TP0'} scheduler.py:2412] {msg}" if s else raw),
-    # a custom formatter that brackets time, file and level
-    "custom_brackets": _Wrapper(lambda raw, d, t, msg, s, tags: f"[{d} {t},417] [scheduler.py:2412] [INFO] {msg}" if s else raw),
-    # Python logging's BASIC_FORMAT (no time at all) and a "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
-    "python_basic": _Wrapper(lambda raw, d, t, msg, s, tags: f"INFO:sglang.srt.managers.scheduler:{msg}" if s else raw),
-    "python_asctime": _Wrapper(lambda raw, d, t, msg, s, tags: f"{d} {t},417 - sglang.srt.managers.scheduler - INFO - {msg}" if s else raw),
-    # journald (journalctl -u): its own head before the program's whole line
-    "journald": _Wrapper(lambda raw, d, t, msg, s, tags: f"{_syslog(d, t)} gpu-node-1 python3[4242]: {raw}"),
-    # docker compose, Ray's actor prefix, Kubernetes' CRI log format (RFC3339 nano, stream, P/F)
-    "docker_compose": _Wrapper(lambda raw, d, t, msg, s, tags: f"sglang-1  | {raw}"),
-    "ray": _Wrapper(lambda raw, d, t, msg, s, tags: f"(Scheduler pid=4242) {raw}"),
-    "k8s_cri": _Wrapper(lambda raw, d, t, msg, s, tags: f"{d}T{t}.123456789Z stderr F {raw}"),
-    # log shippers' JSON: docker's json-file (SGLang's prefix kept in "log"), and a nested envelope whose
-    # message has no prefix (the time in another field), as Vector/Fluent Bit forward it
-    "json_docker": _Wrapper(lambda raw, d, t, msg, s, tags: json.dumps({"log": raw + "\n", "stream": "stderr", "time": f"{d}T{t}.123456789Z"})),
-    "json_nested": _Wrapper(lambda raw, d, t, msg, s, tags: json.dumps(
-        {"@timestamp": f"{d}T{t}.417Z", "kubernetes": {"pod_name": "sglang-0", "container_name": "sglang"},
-         "log": {"level": "INFO", "message": msg}})),
-    # journald's own JSON (journalctl -o json): MESSAGE and __REALTIME_TIMESTAMP (microseconds)
-    "json_journald": _Wrapper(lambda raw, d, t, msg, s, tags: json.dumps(
-        {"__REALTIME_TIMESTAMP": str(_epoch(d, t) * 1_000_000), "_HOSTNAME": "gpu-node-1", "MESSAGE": raw})),
-    # a tab-separated export from a log store (time, host, line)
-    "tsv_export": _Wrapper(lambda raw, d, t, msg, s, tags: f"{d}T{t}.417Z\tgpu-node-1\t{raw}"),
-    "tsv_message_only": _Wrapper(lambda raw, d, t, msg, s, tags: f"{d} {t}.417\tINFO\t{msg}"),
-    # ANSI colours around the prefix and the level (colorlog), and CRLF line ends
-    "ansi": _Wrapper(lambda raw, d, t, msg, s, tags: f"\x1b[32m[{d} {t}]\x1b[0m \x1b[1;34mINFO\x1b[0m {msg}" if s else f"\x1b[31m{raw}\x1b[0m"),
-    "crlf": _Wrapper(lambda raw, d, t, msg, s, tags: raw + "\r"),
-}
-
-
-def _epoch(d: str, t: str) -> int:
-    import calendar
-
-    return calendar.timegm((int(d[:4]), int(d[5:7]), int(d[8:10]), int(t[:2]), int(t[3:5]), int(t[6:8]), 0, 0, 0))
 
 
 def _run(data: bytes, how: str, tmp_path: Path) -> tuple[int, int, tuple[str | None, str | None, object]]:

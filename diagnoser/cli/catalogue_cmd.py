@@ -2,7 +2,10 @@
 
 * ``diagnose catalogue coverage [--format json|markdown] [--unknown] [--release V]``: per release, how many
   of SGLang's log templates the reader recognises, ignores on purpose (catalogue/ignore.toml) or does
-  not know; ``--unknown`` lists the unknown ones (file:line); exits 1 when any is unknown.
+  not know; ``--unknown`` lists the unknown ones (file:line); exits 1 when any is unknown. ``--shapes``
+  instead reads every recognised template's instances under every prefix shape (prefixshapes.py) through
+  the line parser and both bulk paths, and prints per shape how many read as under SGLang's own prefix
+  (``--unknown`` lists the misses); exits 1 when any is missed.
 * ``diagnose catalogue flags [--release V] [NAME]``: the ServerArgs fields of a release, their CLI
   spelling and default.
 """
@@ -14,7 +17,7 @@ import sys
 
 from diagnoser.cli import UsageError
 
-USAGE = "usage: diagnose catalogue coverage [--format text|json|markdown] [--unknown] [--release V] | diagnose catalogue flags [--release V] [NAME]"
+USAGE = "usage: diagnose catalogue coverage [--format text|json|markdown] [--unknown] [--release V] [--shapes] | diagnose catalogue flags [--release V] [NAME]"
 
 
 def _opt(argv: list[str], name: str) -> str | None:
@@ -53,9 +56,12 @@ def main(cmd: str, argv: list[str]) -> int:
     from diagnoser.engines.sglang import coverage
 
     show_unknown = "--unknown" in argv
-    argv = [a for a in argv if a != "--unknown"]
+    shapes = "--shapes" in argv
+    argv = [a for a in argv if a not in ("--unknown", "--shapes")]
     if argv:
         raise UsageError(f"unexpected argument {argv[0][:40]!r}; {USAGE}")
+    if shapes:
+        return _shapes(fmt, show_unknown)
     rows = coverage.per_release()
     if rels:
         rows = [r for r in rows if r["release"] in rels]
@@ -72,6 +78,26 @@ def main(cmd: str, argv: list[str]) -> int:
             for v in unknown:
                 print(f"  {v.template.id} {v.template.level:<7} {v.template.file}: {v.template.first_line[:120]}")
     return 1 if any(r["unknown"] for r in rows) else 0
+
+
+def _shapes(fmt: str, show_missed: bool) -> int:
+    from diagnoser.engines.sglang import coverage
+    from diagnoser.outputs.termsafe import term_safe
+
+    rows, misses = coverage.shape_check()
+    if fmt == "json":
+        print(json.dumps({"shapes": rows, "missed": [{"id": m.template.id, "file": m.template.file, "shape": m.shape, "path": m.path,
+                                                      "line": m.line, "expected": repr(m.expected), "got": repr(m.got)} for m in misses]},
+                         indent=1))
+    else:
+        print(coverage.shape_table(rows, markdown=fmt == "markdown"))
+        n = next(iter(rows.values()))["instances"] if rows else 0
+        print(f"\n{n:,} instances of recognised templates (deduplicated across releases) x {len(rows)} shapes x "
+              f"{len(coverage.PATHS)} reading paths; {len(misses):,} (instance, shape, path) read otherwise")
+        if show_missed:
+            for m in misses:
+                print(f"  {m.template.id} {m.shape:<16} {m.path:<5} {term_safe(m.line[:110])}")
+    return 1 if misses else 0
 
 
 def _flags(argv: list[str], rels: list[str] | None, fmt: str) -> int:

@@ -59,6 +59,19 @@ _HEADS = (
     r"(?:Prefill|Decode) (?:bootstrap|transfer) failed for request",
     r"Input length \(\d+ tokens?\) exceeds",
     r"Transfer Engine Throughput:",
+    # the lines only the catalogue's templates read (templates.FAMILIES that act; templates._GATE)
+    r"(?:\[gpu_id=\d{1,6}\] )?Prefil batch\.",  # 0.1.x: its template begins with the bracket
+    r"decode out of memory happened,",
+    r"Rank \d+: max_total_num_token=",
+    r"(?:Decode|Prefill) out of memory\. This should never happen",
+    r"Out of memory\. Try to lower your batch size",
+    r"KV pool holds ",
+    r"max_total_tokens=\S{1,40} is larger than the profiled value",
+    r"Mamba Cache is allocated\.",
+    r"SWAKVPool ",
+    r"HiCache host KV pool \(",
+    r"Use [Ss]liding window memory pool",
+    r"Capture [\w ]{1,60}? (?:begin|end)\. (?:backend=|bs=)",
     # uvicorn's access line ("INFO:     127.0.0.1:42076 - \"POST /generate HTTP/1.1\" 200 OK")
     r"INFO: +[\w.:\[\]-]+:\d+ - \"",
 )
@@ -223,7 +236,9 @@ def locate(line: str) -> tuple[str, re.Match[str] | None, re.Match[str] | None]:
         # after SGLang's own prefix the text is SGLang's message, unless what stands before the head
         # is more prefix (a formatter's "[scheduler.py:12] [INFO] "): a head inside a message is no head
         lp = LOOSE_PREFIX_RE.match(line, m.end())
-        if head.start() < m.end() or lp is None or lp.end() != head.start():
+        # (a head that begins with a bracket, 0.1.x's "[gpu_id=0] Prefil batch", may begin inside it)
+        if head.start() < m.end() or lp is None or not head.start() <= lp.end() < head.end() or (
+                lp.end() != head.start() and line[head.start()] != "["):
             head = None
     elif head is not None and head.start():
         # SGLang's own prefix behind a collector's ("2026-…Z stderr F [2026-11-29 09:32:06] Decode batch"):
