@@ -49,7 +49,7 @@ PREFIXES = [b"[2026-11-29 09:33:%02d] ", b"[2026-11-29 09:33:%02d.250 DP1 TP0] "
             b"sglang-1  | [2026-11-29 09:33:%02d] ", b"[2026-13-29 09:33:%02d] ", b"[09:33:%02d] "]
 
 
-def _log(seed: int, n: int = 3000) -> bytes:
+def _log(seed: int, n: int = 3000, prefixes: list[bytes] = PREFIXES) -> bytes:
     rnd = random.Random(seed)
     out = []
     for i in range(n):
@@ -60,7 +60,7 @@ def _log(seed: int, n: int = 3000) -> bytes:
             out.append(b"[2026-11-29 09:32:%02d] lorem ipsum %d" % (i % 60, i))
         else:
             msg, _ = rnd.choice(NEAR)
-            out.append(rnd.choice(PREFIXES) % (i % 60) + msg % rnd.randint(0, 10**rnd.randint(1, 6)))
+            out.append(rnd.choice(prefixes) % (i % 60) + msg % rnd.randint(0, 10**rnd.randint(1, 6)))
     return b"\n".join(out) + b"\n"
 
 
@@ -150,3 +150,17 @@ def test_the_decision_does_not_depend_on_the_digits() -> None:
         assert batch_reads(msg.translate(alike)) == want, msg
         seen[want] += 1
     assert min(seen.values()) > 1000  # both answers were exercised
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanner", "regex"])
+@pytest.mark.parametrize("shape", ["k8s_cri", "json_docker", "journald", "crlf", "ansi", "tsv_export"])
+def test_bulk_equals_reference_with_wrapped_near_miss_lines(shape: str, scan: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same mix wrapped as deployments wrap logs (the bulk reader takes a collector's prefix off
+    before its regex and scanner): still exactly the reference parser's result."""
+    from tests.test_log_prefixes import SHAPES
+
+    if not scan:
+        monkeypatch.setattr(logfast, "SCAN", None)
+    data = SHAPES[shape](_log(5, 2000, [p for p in PREFIXES if b"-13-" not in p]))  # (the wrappers need a real date)
+    for chunk in (1 << 23, 5555):
+        _assert_same(data, chunk)
