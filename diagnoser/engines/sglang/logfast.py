@@ -25,6 +25,10 @@ Exactness (tests compare both paths on every real log and on generated logs):
   label, rank tag names, milliseconds — everything the reference parser's version hints look at) also
   goes to the reference parser, which applies its hints in file order. Hints only narrow the range, so
   a repeated shape adds nothing;
+* a batch head behind the prefix that the bulk shapes do not take (``Decode batch, #x: 1``) goes to the
+  reference parser only when it reads something from it (``logformats.batch_reads``, decided once per
+  message with its digits made alike); else it is a bulk row that moves the clock and gives its prefix's
+  hints (its shape), not a recognised line, as the reference parser has it;
 * points from reference lines and bulk points are merged per series in line order, and the parser's
   clock (``last_ts``) is set as if every line had been fed.
 """
