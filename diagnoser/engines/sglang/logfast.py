@@ -25,6 +25,10 @@ Exactness (tests compare both paths on every real log and on generated logs):
   label, rank tag names, milliseconds — everything the reference parser's version hints look at) also
   goes to the reference parser, which applies its hints in file order. Hints only narrow the range, so
   a repeated shape adds nothing;
+* a batch head behind the prefix that the bulk shapes do not take (``Decode batch, #x: 1``) goes to the
+  reference parser only when it reads something from it (``logformats.batch_reads``, decided once per
+  message with its digits made alike); else it is a bulk row that moves the clock and gives its prefix's
+  hints (its shape), not a recognised line, as the reference parser has it;
 * points from reference lines and bulk points are merged per series in line order, and the parser's
   clock (``last_ts``) is set as if every line had been fed.
 """
@@ -40,10 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.sglang import logscan
 from diagnoser.engines.sglang.logformats import (
+    _DECODE_FIELDS,
+    _PREFILL_FIELDS,
+    _SUFFIX_PREFIXES,
     _TAG_RE,
     DECODE_COLS,
     PREFILL_COLS,
     TRIGGERS,
+    batch_reads,
     date_ok,
     epoch_day,
     rank_of,
@@ -89,13 +97,19 @@ _ACCESS = (
     rb"INFO: {1,50}[\w.:\[\]-]{1,200}:\d{1,9} - \"(?P<method>[A-Z]{1,20}) (?P<path>[!-~]{1,8000}) HTTP/[\d.]{1,10}\" (?P<status>\d{3})"
     rb"(?: (?![ -~]*(?:Prefill|Decode) batch)[ -~]{0,400}|)"
 )
+# any other batch head behind the prefix ("Decode batch, #x: 1, …", a field list the two shapes above do
+# not take): printable ASCII not ending as a wrapped line does (logline._WRAP_LAST), so that the reference
+# parser reads its message from SGLang's prefix as it does a bulk line's. Whether it reads anything from
+# the message is decided once per message shape (BlockParser._near_reads); a line it reads something from
+# goes to it, one it reads nothing from is a bulk row that only moves the clock (not recognised)
+_NEAR = rb"(?P<near>(?:Decode|Prefill) batch[ -~]{0,8000})(?<![\\`>])"
 
 
 def _numbers(p: bytes) -> bytes:
     return p.replace(b">N)", b">" + _N + b")").replace(b">F)", b">" + _F + b")")
 
 
-FAST_RE = re.compile(_PREFIX + rb"(?:" + _ACCESS + rb"|" + _numbers(_DECODE) + rb"|" + _numbers(_PREFILL) + rb")")
+FAST_RE = re.compile(_PREFIX + rb"(?:" + _ACCESS + rb"|" + _numbers(_DECODE) + rb"|" + _numbers(_PREFILL) + rb"|" + _NEAR + rb")")
 assert b">N)" not in FAST_RE.pattern and b">F)" not in FAST_RE.pattern
 TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())  # logformats.TRIGGERS, for bytes
 # one match per line of a block: the bulk shapes fill their groups, any other line fills "other"
@@ -109,11 +123,12 @@ _DECODE_SHAPE = (("d_hdr", "d_trail", "d_glab"), ("d_alen", "d_arate", "d_fuse")
 _PREFILL_SHAPE = (("p_hdr", "p_trail", "p_glab"), ("p_hit", "p_pend", "p_in"))
 _BOOL = {b"True": 1.0, b"False": 0.0}
 # the groups read from every row, and per kind of line (one pass over the rows each)
-_ROW_GROUPS = tuple(_G[g] for g in ("dec", "pre", "status", "other", "stamp", "frac"))
+_ROW_GROUPS = tuple(_G[g] for g in ("dec", "pre", "status", "near", "other", "stamp", "frac"))
 _KIND_GROUPS: dict[str, tuple[str, ...]] = {
     "decode": tuple(g for g, _, _ in DECODE_COLS) + ("d_hdr", "d_trail", "d_glab", "tags", "frac"),
     "prefill": tuple(g for g, _, _ in PREFILL_COLS) + ("p_hdr", "p_trail", "p_glab", "tags", "frac"),
     "access": ("status", "method", "path", "tags", "frac"),
+    "near": ("tags", "frac"),
 }
 # groups with few distinct values (counts of requests, 2-decimal ratios): each converted once per value
 _FEW = frozenset({"d_run", "d_use", "d_fuse", "d_suse", "d_alen", "d_arate", "d_queue", "p_seq", "p_hit", "p_use", "p_run", "p_queue"})
@@ -159,6 +174,8 @@ _WRAPPED_RE = re.compile(
     rb"(?:Decode batch|Prefill batch|INFO:     )"
 )
 _DIGITS_ALIKE = bytes.maketrans(b"0123456789", b"0000000000")
+# BlockParser._near_reads decides per message with its digits made alike: sound while no field name has a digit
+assert not any(c.isdigit() for k in (*_DECODE_FIELDS, *_PREFILL_FIELDS, *_SUFFIX_PREFIXES) for c in k)
 _WRAP_TAIL = frozenset(b"\\`>\r")
 
 
@@ -231,6 +248,7 @@ class BlockParser:
         self._tags: dict[bytes, tuple[str, tuple[str, ...]]] = {}
         self._floats: dict[bytes, float] = {}
         self._wrappers: dict[bytes, bool] = {}  # unwrap_block's decisions, per shape of what precedes SGLang's prefix
+        self._near: dict[bytes, bool] = {}  # batch_reads of batch heads the shapes do not take, digits made alike
 
     def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
         t = self._tags.get(tags)
@@ -272,7 +290,7 @@ class BlockParser:
         n = len(tuples)
         ig = operator.itemgetter
         # one pass over the rows for the groups every row needs (separate passes cost more: memory-bound)
-        dec_c, pre_c, st_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
+        dec_c, pre_c, st_c, near_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
         # the time of each stamp (None: no calendar has it; such a line is the reference parser's error)
         stamps = self._stamps
         if len(stamps) > 100_000:
@@ -282,11 +300,14 @@ class BlockParser:
         for u in uniq.difference(stamps):
             t = _stamp(u)
             stamps[u] = None if t is None else float(t)  # int + 0.0, as the reference parser has it
-        if any(stamps[u] is None for u in uniq):
-            tuples = _unbulk(tuples, block, [i for i, u in enumerate(stamp_c) if stamps[u] is None])
-            dec_c, pre_c, st_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
+        unbulk = [i for i, u in enumerate(stamp_c) if stamps[u] is None] if any(stamps[u] is None for u in uniq) else []
+        if near_c.count(b"") < n:  # batch heads the shapes do not take: the ones read from go to the reference parser
+            unbulk += self._near_reads(near_c)
+        if unbulk:
+            tuples = _unbulk(tuples, block, sorted(set(unbulk)))
+            dec_c, pre_c, st_c, near_c, other_c, stamp_c, frac_c = zip(*map(ig(*_ROW_GROUPS), tuples), strict=True)
         kinds_t: dict[str, tuple[list[int], dict[str, tuple[Any, ...]]]] = {}
-        for kind, marker in (("decode", dec_c), ("prefill", pre_c), ("access", st_c)):
+        for kind, marker in (("decode", dec_c), ("prefill", pre_c), ("access", st_c), ("near", near_c)):
             if marker.count(b"") < n:
                 names = _KIND_GROUPS[kind]
                 sub = compress(tuples, marker)
@@ -296,7 +317,9 @@ class BlockParser:
             bulk_rows = sorted(chain.from_iterable(rows for rows, _ in kinds_t.values()))
         else:
             bulk_rows = next(iter(kinds_t.values()))[0] if kinds_t else []
-        out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows}
+        # batch heads the reference parser reads nothing from: bulk rows for the clock and the prefix's
+        # version hints (their shapes), not recognised
+        out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows, "inert": len(kinds_t["near"][0]) if "near" in kinds_t else 0}
 
         # the other lines: the ones the reference parser could recognise (or must check) go to it
         refs: list[tuple[int, bytes]] = []
@@ -367,6 +390,9 @@ class BlockParser:
                         _add_run(series, ("token_usage", rank), srows, list(map(max, full, fvals)))
         out["series"] = series
 
+        if "near" in kinds_t:
+            rows, kc = kinds_t["near"]
+            self._shapes("near", rows, kc, ((), ()), names_of, shapes)
         paths: dict[str, int] = {}
         codes: dict[str, int] = {}
         access_last = -1
@@ -390,6 +416,24 @@ class BlockParser:
         else:
             out["shapes"] = []
         return out
+
+    def _near_reads(self, near_c: tuple[bytes, ...]) -> list[int]:
+        """The rows of batch heads (the ``near`` group) the reference parser reads something from
+        (:func:`~diagnoser.engines.sglang.logformats.batch_reads`), decided once per message with its
+        digits made alike: the decision does not depend on them (a field name with a digit would
+        break that: checked at import)."""
+        rows = list(compress(range(len(near_c)), near_c))
+        keys = [near_c[i].translate(_DIGITS_ALIKE) for i in rows]
+        known = self._near
+        got = list(map(known.get, keys))
+        if None in got:
+            if len(known) > 4096:
+                known.clear()
+            for i, k in zip(rows, keys, strict=True):
+                if k not in known:
+                    known[k] = batch_reads(near_c[i].decode("ascii"))
+            got = list(map(known.__getitem__, keys))
+        return list(compress(rows, got))
 
     def _shapes(
         self,
@@ -493,7 +537,7 @@ class BulkReader:
             refs = sorted(refs + list(hint_lines.items()))
 
         # reference lines, in order, with the clock set as if the bulk lines had been fed
-        recognized = len(rows)
+        recognized = len(rows) - parsed.get("inert", 0)  # batch heads read nothing from: only the clock
         sink = parser.sink
         rec = _Recorder(sink)
         last_state = -1

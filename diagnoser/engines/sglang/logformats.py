@@ -317,3 +317,27 @@ def _split_fields(body: str) -> list[tuple[str, str]]:
             continue
         out.append((key.strip(), val.strip()))
     return out
+
+
+def batch_reads(msg: str) -> bool:
+    """Whether ``SGLangLogParser._batch`` reads anything from a message that begins with a batch head
+    (``Decode batch``/``Prefill batch``) over at least one ``key: value`` field: the
+    ``(mixed #running-req: N)`` count, or a field that names a signal and holds a number (one no scheduler line can hold counts: it is counted as dropped). A line
+    it reads nothing from is no batch line (``Decode batch, #x: 1``): not recognised, no version hint.
+
+    The answer never depends on which digits the message has, only on where (no field name of either
+    table has a digit; ``_BATCH_RE`` and ``float`` take any digit alike), so the bulk reader decides it
+    once per message with its digits made alike (``logfast``)."""
+    bm = _BATCH_RE.match(msg)
+    if bm is None:
+        return False
+    fields = _split_fields(msg[bm.end():])
+    if not fields:
+        return False
+    if bm.group(2):
+        return True
+    table = _DECODE_FIELDS if bm.group(1) == "Decode" else _PREFILL_FIELDS
+    for key, val in fields:
+        if not key.startswith(_SUFFIX_PREFIXES) and table.get(key) is not None and _num(val) is not None:
+            return True
+    return False

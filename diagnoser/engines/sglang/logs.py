@@ -419,10 +419,10 @@ class SGLangLogParser:
         if msg[:1] == "#" or msg.startswith(_FRAGMENT_STARTS):
             fields = _split_fields(msg)
             if msg.startswith("#running-req:") and "#queue-req" in msg and _V01_DECODE_KEYS.issuperset(k for k, _ in fields):
-                self._emit(fields, _DECODE_FIELDS, ts, rank, src)  # v0.1.x decode line, no header
-                self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
-                self.kinds["decode"] += 1
-                return True
+                if self._emit(fields, _DECODE_FIELDS, ts, rank, src):  # v0.1.x decode line, no header
+                    self.hint_at_most((0, 2, 99), "v0.1.x decode line without header")
+                    self.kinds["decode"] += 1
+                    return True
             if self._fragment(fields, ts, rank, src):
                 return True
         if "retracted_reqs" in msg:
@@ -680,16 +680,22 @@ class SGLangLogParser:
         if not fields:
             return False
         table = _DECODE_FIELDS if kind == "Decode" else _PREFILL_FIELDS
-        self._emit(fields, table, ts, rank, src, decode=kind == "Decode")
+        read = self._emit(fields, table, ts, rank, src, decode=kind == "Decode")
         if bm.group(2):  # "Prefill batch(mixed #running-req: N)"
             self.sink.add("running_reqs", ts, float(bm.group(2)), src, rank)
+        elif not read:  # a batch head over fields that carry nothing ("Decode batch, #x: 1"): not a batch line
+            return False
         self._batch_version_hints(kind, header, body, fields)
         self.kinds[kind.lower()] += 1
         return True
 
-    def _emit(self, fields: list[tuple[str, str]], table: dict[str, str | None], ts: float, rank: str, src: str, decode: bool = False) -> None:
+    def _emit(self, fields: list[tuple[str, str]], table: dict[str, str | None], ts: float, rank: str, src: str, decode: bool = False) -> int:
+        """Write the fields that name a signal and hold a number; returns how many did (a value no
+        scheduler line can hold counts too: it is counted in ``dropped_values``). Which fields count is
+        :func:`~diagnoser.engines.sglang.logformats.batch_reads` (the bulk reader's decision)."""
         add = self.sink.add
         usages = []
+        read = 0
         for key, val in fields:
             if key.startswith(_SUFFIX_PREFIXES):
                 continue
@@ -699,6 +705,7 @@ class SGLangLogParser:
             v = _num(val)
             if v is None:
                 continue
+            read += 1
             if v == IMPOSSIBLE:  # NaN, ±Inf or negative: counted, not read
                 self.dropped_values += 1
                 continue
@@ -708,6 +715,7 @@ class SGLangLogParser:
         if usages and not any(k == "token usage" for k, _ in fields):
             # hybrid models: the scheduler's token_usage gauge is max over the pools (docs/sglang.md#metrics-scheduler)
             add("token_usage", ts, max(usages), src, rank)
+        return read
 
     def _batch_version_hints(self, kind: str, header: str, body: str, fields: list[tuple[str, str]]) -> None:
         """Version range implied by one batch line's shape (docs/sglang.md#prefill-line, docs/sglang.md#decode-line)."""
@@ -755,11 +763,16 @@ class SGLangLogParser:
         vals = dict(re.findall(r"(#?\w+): ([\d.]+%?)", msg))
         m = {"#seq": "prefill_new_seqs", "#new_token": "prefill_new_tokens", "#cached_token": "prefill_cached_tokens",
              "#running_req": "running_reqs", "#remaining_req": "queue_reqs", "tree_cache_hit_rate": "cache_hit_rate"}
+        read = 0
         for k, sig in m.items():
             if k in vals:
                 v = _num(vals[k])
-                if v is not None and v != IMPOSSIBLE:
-                    self.sink.add(sig, ts, v, src, rank)
+                if v is not None:
+                    read += 1
+                    if v != IMPOSSIBLE:
+                        self.sink.add(sig, ts, v, src, rank)
+        if not read:  # "new fill batch." over nothing it reads: not a batch line
+            return False
         self.hint_at_most((0, 2, 99), "v0.1.x 'new fill batch' line")
         self.kinds["prefill"] += 1
         return True

@@ -148,7 +148,7 @@ def parse(bp: BlockParser, block: bytes) -> dict[str, Any]:
                 shapes_text[r] = raw
     bp.reported.update(shape_rows)
 
-    out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows, "refs": refs}
+    out: dict[str, Any] = {"n": n, "bulk_rows": bulk_rows, "refs": refs, "inert": sub["inert"] if sub is not None else 0}
     if not len(bulk_rows):
         out.update(ts=[], series={}, kinds={}, status={}, paths={}, access_last=-1, shapes=[])
         return out

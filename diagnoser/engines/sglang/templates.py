@@ -293,7 +293,8 @@ def _old_prefill(p: Any, m: Match, ts: float, rank: str, src: str, line_no: int)
     at = body.find("#new-seq")
     if at < 0:
         return False
-    p._emit(_split_fields(body[at:]), _PREFILL_FIELDS, ts, rank, src)
+    if not p._emit(_split_fields(body[at:]), _PREFILL_FIELDS, ts, rank, src):
+        return False
     p.kinds["prefill"] += 1
     return True
 
