@@ -25,6 +25,7 @@ import numpy as np
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
+from diagnoser.fleet.bounds import bound_quantiles
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
@@ -466,6 +467,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                                prerelease=bool(names & M.PRERELEASE_NAMES))
         vr = M.detect_version(state)
         finalize(tl, vr)
+        bound_quantiles(tl, vr)  # a TTFT quantile past the time since the target was idle is "> its bucket's floor"
         tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
         tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))
         tl.meta["fleet"] = True

@@ -43,6 +43,7 @@ from diagnoser.engines.sglang.metric_names import (
     version_from_labels,
 )
 from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.floor import Floor
 from diagnoser.model import SignalSink
 
 __all__ = [  # the name tables live in metric_names; re-exported for the other readers (fleet, tests)
@@ -616,7 +617,10 @@ def window_quantile(state: MetricsState, stem: str, q: float, rank: str = "") ->
     else:
         diff = sorted((b, c - first.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
     elapsed = last[0] - state.idle_ts if state.idle_ts is not None and state.idle_ts < last[0] else None
-    return histogram_quantile(q, diff, elapsed)
+    lo, hi, v = quantile_bucket(q, diff)
+    if not math.isnan(v) and ((elapsed is not None and v > elapsed and hi > elapsed) or math.isinf(hi)):
+        return Floor(lo, hi)  # "more than lo": what the buckets and the clock allow (outputs say "> lo")
+    return v
 
 
 def window_quantiles(state: MetricsState) -> dict[str, float]:
