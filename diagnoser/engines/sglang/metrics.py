@@ -533,6 +533,8 @@ PREFILL_MODES = {
 def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: SignalSink, state: MetricsState, source: str) -> None:
     prefill: dict[str, dict[str, dict[str, float]]] = {}  # family → rank → mode → increase
     for (key, rk), value in counters.items():
+        # a labelled counter appears at its first increment: while the target was already scraped, it was 0
+        appeared = (key, rk) not in state.counters and state.last_ts is not None and state.last_ts < ts
         d = _delta(state, (key, rk), ts, value)
         if ":" in key:
             fam, mode = key.split(":", 1)
@@ -547,6 +549,8 @@ def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: Sign
             continue
         rate_sig, total_sig = COUNTERS[key]
         if total_sig:
+            if appeared and state.last_ts is not None:
+                sink.add(total_sig, state.last_ts, 0.0, f"{src} (not exported yet: 0)", rk)
             sink.add(total_sig, ts, value, src, rk)
         if d is None:
             continue
