@@ -66,6 +66,11 @@ def test_request_outcomes_judges_fleet_targets(replicas: tuple[Prom, dict[str, R
         assert tl.get("http_responses_total") is not None and tl.get("http_errors_total") is not None
     assert qf.get("http_503_total") is not None and max(qf.get("http_503_total").values) == 2190  # type: ignore[union-attr]
     assert max(qf.get("aborted_total").values) == 4  # type: ignore[union-attr]
+    # the abort series appears at its first increment, eight scrapes in: it was 0 the step before (the 503s
+    # appear at the second scrape, inside the first step here, so their first step holds 71 already)
+    for sig in ("aborted_total",):
+        s = qf.get(sig)
+        assert s is not None and float(s.values[0]) == 0.0 and "not exported yet" in s.sources[0], (sig, s.values[:3].tolist())
     assert cl.get("http_503_total") is None and max(cl.get("http_400_total").values) == 24  # type: ignore[union-attr]
     report = evaluate(col.timelines, get_adapter())
     out = {f.target: f for f in report.findings if f.rule == "request_outcomes"}

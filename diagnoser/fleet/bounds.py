@@ -65,3 +65,28 @@ def bound_quantiles(tl: Timeline, vr: VersionRange | None) -> int:
             del tl.series[(name, "")]
             tl.add_many(name, ts, out_v, out_s)
     return changed
+
+
+def totals_from_zero(tl: Timeline, signals: set[str] | frozenset[str]) -> int:
+    """A labelled counter is exported from its first increment on (prometheus_client creates the child
+    then): a total whose series starts after the target's core gauges did was 0 before, so a 0 is put at
+    the step before its first point, as the direct path does between scrapes. Returns the series changed."""
+    run = tl.get("running_reqs")
+    if run is None or not len(run):
+        return 0
+    steps = run.ts
+    changed = 0
+    for (name, rank), s in list(tl.series.items()):
+        if name not in signals or not len(s):
+            continue
+        k = int(np.searchsorted(steps, float(s.ts[0]), "left")) - 1
+        if k < 0:
+            continue
+        t0 = float(steps[k])
+        ts = [t0, *s.ts.tolist()]
+        vals = [0.0, *s.values.tolist()]
+        srcs = [f"{s.sources[0]} (not exported yet: 0)", *s.sources.tolist()]
+        del tl.series[(name, rank)]
+        tl.add_many(name, ts, vals, srcs, rank)
+        changed += 1
+    return changed
