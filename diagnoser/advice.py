@@ -160,17 +160,17 @@ def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -
                     planner.work.kv_bound = True  # the rule found the pool is the limit: trust it over the mean
                 if extras.get("model_config") and planner.pool.shape is None:  # the user's file was unusable
                     report.errors.append(RuleError("capacity", f.target, next((n for n in notes if "config" in n), "model config unusable")))
-            _enrich_finding(f, *planners[f.target])
+            _enrich_finding(f, *planners[f.target], tl=by_target.get(f.target))
         except Exception as e:  # isolation: the findings stand without numbers; the error is listed
             report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))
 
 
-def _enrich_finding(f: Finding, planner: Planner, notes: list[str]) -> None:
+def _enrich_finding(f: Finding, planner: Planner, notes: list[str], tl: Timeline | None = None) -> None:
     now = planner.now()
     out = []
     for s in f.suggestions:
         if planner.state is not None:  # sized as SGLang will run it (capped, or the flag that binds); no-ops go at the checks
-            vetted, _why = vet_suggestion(f, s, planner.state, s.current)
+            vetted, _why = vet_suggestion(f, s, planner.state, s.current, tl)
             s = vetted or s
         sc = scenario_for(s, planner)
         out.append(quantified(s, sc, now) if sc is not None else s)

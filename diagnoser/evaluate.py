@@ -275,10 +275,14 @@ def _extra_flags(s: Suggestion) -> list[tuple[str, str]]:
     return out
 
 
-def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any) -> tuple[Suggestion | None, str]:
+def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any, tl: Timeline | None = None) -> tuple[Suggestion | None, str]:
     """Pass one suggestion through SGLang's scheduler and memory model
     (:func:`diagnoser.engines.sglang.scheduler_model.vet`): (the suggestion, possibly capped or rewritten
-    with the flag that binds; None when SGLang's own code makes it a no-op) and the reason."""
+    with the flag that binds; None when SGLang's own code makes it a no-op) and the reason.
+
+    With the target's timeline, a rewrite that would repeat or escalate a value its log's last start-up
+    failed with (:func:`failed_at_startup`) is refused: the suggestion stays as proposed (the rewrite rests
+    on a pool that start-up never had), and a cap that lands there is dropped."""
     from diagnoser.engines.sglang.scheduler_model import vet
 
     v = vet(s.flag, current, s.proposed, state)
@@ -288,12 +292,22 @@ def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any) -
     if v.kind == "noop" or v.flag is None or v.proposed is None:
         return None, f"no effect: {v.reason}{where}"
     if v.kind == "capped" and v.flag == s.flag:
-        return replace(s, current=s.current if s.current is not None else v.current, proposed=v.proposed,
-                       why=f"{s.why}; {v.reason}", projection=None), ""
+        out = replace(s, current=s.current if s.current is not None else v.current, proposed=v.proposed,
+                      why=f"{s.why}; {v.reason}", projection=None)
+        refused = failed_at_startup(tl, out) if tl is not None else ""
+        return (None, refused) if refused else (out, "")
     why = f"{v.reason}{where}"
     eff = "the change the model says binds: " + (s.effect or "grows the pool")
-    return Suggestion(flag=v.flag, current=v.current, proposed=v.proposed, why=why, effect=eff,
-                      assumptions=tuple(a for a in s.assumptions)), ""
+    out = Suggestion(flag=v.flag, current=v.current, proposed=v.proposed, why=why, effect=eff,
+                     assumptions=tuple(a for a in s.assumptions))
+    refused = failed_at_startup(tl, out) if tl is not None else ""
+    if refused:
+        if f is not None:
+            note = f"{s.flag} {_shown(current)} → {s.proposed} stays: {out.flag} {_shown(out.current)} → {out.proposed} {refused}."
+            if note not in f.notes:
+                f.notes.append(note)
+        return s, ""
+    return out, ""
 
 
 def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[str, Any] | None = None) -> None:
@@ -319,10 +333,14 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
                 _drop(report, f, s, missing)
                 continue
             current = s.current if s.current is not None else _current_in(tl, s.flag)
+            failed = failed_at_startup(tl, s) if tl is not None else ""
+            if failed:
+                _drop(report, f, s, failed)
+                continue
             if tl is not None and s.flag not in NEVER_PROPOSE and not (current is not None and _norm(current) == _norm(s.proposed)):
                 if f.target not in states:
                     states[f.target] = server_state(tl, extras)
-                vetted, why = vet_suggestion(f, s, states[f.target], current)
+                vetted, why = vet_suggestion(f, s, states[f.target], current, tl)
                 if vetted is None:
                     _drop(report, f, s, why)
                     continue
@@ -436,12 +454,48 @@ def _shown(v: Any) -> str:
     return "unset" if v is None else str(v)
 
 
+# flags whose larger value needs more memory: after a start-up that failed for memory with one of them set,
+# the same value or a larger one fails the same way (issue 25: --max-total-tokens 32768 -> 65536 failed,
+# and 131072 was proposed next)
+MEMORY_GROWING = frozenset({"--max-total-tokens", "--max-running-requests", "--chunked-prefill-size", "--max-prefill-tokens",
+                            "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill", "--context-length",
+                            "--hicache-size", "--max-mamba-cache-size"})
+
+
+def failed_at_startup(tl: Timeline, s: Suggestion) -> str:
+    """Why ``s`` repeats or escalates a value the log's last start-up ran with and failed for memory, else "".
+
+    The log's last start-up (its ``server_args`` line) ran with the flag's value as read there; when a
+    memory failure at start-up follows that line, proposing that value again never helps, and for a flag
+    whose larger value needs more memory (:data:`MEMORY_GROWING`) neither does a larger one."""
+    starts = [e for e in tl.events if e.kind == "server_args"]
+    last = starts[-1].ts if starts else None
+    fails = [e for e in tl.events if e.kind == "startup_oom" or (e.kind == "oom" and e.fields.get("phase") == "startup")]
+    fails = sorted((e for e in fails if last is None or e.ts >= last), key=lambda e: e.kind != "startup_oom")  # its own line first
+    if not fails:
+        return ""
+    fact = tl.config.get("arg." + s.flag.lstrip("-").replace("-", "_"))
+    if fact is None or isinstance(fact.value, bool) or not isinstance(fact.value, int | float):
+        return ""
+    tried, proposed = fact.value, s.proposed
+    if isinstance(proposed, bool) or not isinstance(proposed, int | float):
+        return ""
+    why = f"the start-up with {s.flag} {_shown(tried)} ({fact.source}) failed for memory ({fails[0].source})"
+    if _norm(tried) == _norm(proposed):
+        return f"repeats a failed start-up: {why}"
+    if s.flag in MEMORY_GROWING and tried > 0 and proposed > tried:
+        return f"escalates a failed start-up: {why}, and a larger value needs more memory"
+    return ""
+
+
 def _drop(report: Report, f: Finding, s: Suggestion, reason: str) -> None:
     report.dropped.append({"rule": f.rule, "target": f.target, "flag": s.flag, "proposed": s.proposed, "reason": reason})
     if reason.startswith("same change") or "already suggests" in reason:
         f.notes.append(f"{s.flag} → {s.proposed}: see {reason.split(' by ')[-1].split(' already')[0]}")
     elif "does not exist in SGLang" in reason:
         f.notes.append(f"{s.flag} → {s.proposed} is not suggested: {reason}.")
+    elif reason.startswith(("repeats a failed start-up", "escalates a failed start-up")):
+        f.notes.append(f"{s.flag} → {s.proposed} is not suggested: it {reason}.")
     elif reason.startswith("no effect: "):
         note = f"{s.flag} {_shown(s.current)} → {s.proposed} is not suggested: {reason[len('no effect: '):]}."
         if note not in f.notes:

@@ -31,6 +31,7 @@ import numpy as np
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, cause_order, evaluate
+from diagnoser.floor import is_floor
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules import REGISTRY, Rule
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, PlainTarget, fetch, make_client
@@ -198,6 +199,12 @@ def window_stats(tl: Timeline, start: float, end: float) -> dict[str, dict[str, 
         vals, ts = v[ok], part.ts[ok]
         out[name] = {"n": int(len(vals)), "median": float(np.median(vals)), "max": float(vals.max()),
                      "last": float(vals[-1]), "last_ts": float(ts[-1])}
+        if name.endswith("_p95"):  # a reading that is only a bucket's floor ("> 100 s") bounds what the tile may say
+            srcs = [src for src, good in zip(part.sources.tolist(), ok.tolist(), strict=True) if good]
+            floors = [float(x) for x, src in zip(vals.tolist(), srcs, strict=True) if is_floor(source=src)]
+            if floors:
+                out[name]["floor"] = {"max": True, "last": is_floor(source=srcs[-1]),
+                                      "median": min(floors) <= out[name]["median"]}
     if first <= last:
         out["_data"] = {"first": first, "last": last}
     out["_window"] = {"start": start, "end": end}

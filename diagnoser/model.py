@@ -42,9 +42,13 @@ class Evidence:
     threshold: Any = None
     window: str = ""
     source: str = ""  # "server.log:1842" or "scrape@2026-11-29T10:00:02Z sglang:num_queue_reqs"
+    bound: str = ""  # a quantile known only as more than ``observed``: its range ("> 100 s"), shown instead
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.bound:
+            del d["bound"]
+        return d
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,3 +48,98 @@ def test_a_scraped_p95_past_the_elapsed_time_reads_as_the_bucket_floor() -> None
     mt2.ingest_text(_expo(8, 40, {50: 10, 200: 90}), t0 + 141, tl2)
     s2 = tl2.get("ttft_seconds_p95")
     assert s2 is not None and float(s2.values[-1]) > 150
+
+
+def _bounded_run() -> tuple[Timeline, MetricsTarget]:
+    tl = Timeline(target="t")
+    mt = MetricsTarget("http://127.0.0.1:30000", ADAPTER)
+    t0 = 1_790_000_000.0
+    mt.ingest_text(_expo(0, 0, {}), t0, tl)
+    mt.ingest_text(_expo(8, 40, {50: 10}), t0 + 60, tl)
+    mt.ingest_text(_expo(8, 40, {50: 10, 200: 90}), t0 + 141, tl)
+    tl.meta["window_quantiles"] = ADAPTER.window_quantiles(mt.state)
+    return tl, mt
+
+
+def test_the_window_quantile_is_a_floor_and_every_output_says_the_range() -> None:
+    """The text headline, the markdown card, the JSON signals and the web tile say "> 100", never "100" alone."""
+    from diagnoser.floor import Floor
+    from diagnoser.live import window_stats
+    from diagnoser.outputs.markdown import render_markdown
+    from diagnoser.outputs.report import signal_table
+    from diagnoser.outputs.term import Term
+    from diagnoser.outputs.text import _headline
+    from diagnoser.web.views import headline
+
+    tl, _ = _bounded_run()
+    wq = tl.meta["window_quantiles"]
+    assert isinstance(wq["ttft_seconds_p95"], Floor) and wq["ttft_seconds_p95"] == 100.0
+    assert wq["ttft_seconds_p95"].hi == 200.0
+    sigs = signal_table(tl)
+    st = sigs["ttft_seconds_p95"]
+    assert st["window"] == 100.0 and "window" in st["lower_bounds"] and "max" in st["lower_bounds"]
+    assert type(st["window"]) is float  # JSON: a plain number beside the marker
+    doc = {"signals": {"t": sigs}, "config": {}, "findings": [], "targets": ["t"], "top": {}}
+    text = "\n".join(_headline(Term(width=120), doc, "t", sigs))
+    assert "TTFT p95 s > 100.00" in text
+    card = render_markdown({**doc, "status": "problems", "inputs": []})
+    assert "TTFT p95 s > 100.00" in card, card
+
+    ws = window_stats(tl, 1_790_000_000.0, 1_790_000_141.0)
+    view = type("View", (), {"window_stats": ws, "latest": {}, "config": {}})  # what serve's TargetView gives the tiles
+    tile = next(x for x in headline(view) if x["signal"] == "ttft_seconds_p95")
+    assert tile["max_text"].startswith("> 100.00") and "max" in tile["lower_bound"]
+
+
+def test_an_unbounded_quantile_prints_as_it_was() -> None:
+    from diagnoser.outputs.report import signal_table
+    from diagnoser.outputs.term import Term
+    from diagnoser.outputs.text import _headline
+
+    tl = Timeline(target="t")
+    mt = MetricsTarget("http://127.0.0.1:30000", ADAPTER)
+    t0 = 1_790_000_000.0
+    mt.ingest_text(_expo(8, 40, {50: 10}), t0 + 60, tl)  # no idle moment seen: no bound
+    mt.ingest_text(_expo(8, 40, {50: 10, 200: 90}), t0 + 141, tl)
+    tl.meta["window_quantiles"] = ADAPTER.window_quantiles(mt.state)
+    sigs = signal_table(tl)
+    assert "lower_bounds" not in sigs["ttft_seconds_p95"]
+    text = "\n".join(_headline(Term(width=120), {"config": {}}, "t", sigs))
+    assert "> " not in text and "TTFT p95 s 1" in text
+
+
+def test_evidence_of_a_bounded_point_says_its_range() -> None:
+    from diagnoser.rules.base import RuleContext, ev
+
+    tl, _ = _bounded_run()
+    ctx = RuleContext(timeline=tl, thresholds={}, adapter=ADAPTER)
+    e = ev(ctx, "ttft_seconds_p95", 100.0, 30.0, at="max")
+    assert e.bound == "> 100 s" and e.to_dict()["bound"] == "> 100 s"
+    e2 = ev(ctx, "running_reqs", 8.0, at="max")
+    assert e2.bound == "" and "bound" not in e2.to_dict()
+
+
+def test_the_fleet_path_bounds_a_ttft_quantile_past_the_clock() -> None:
+    """--prometheus: Prometheus' interpolated 176 s, 141 s after the target was idle, becomes "> 100 s"."""
+    from diagnoser.engines.sglang.versions import VersionRange
+    from diagnoser.fleet.bounds import bound_quantiles
+    from diagnoser.floor import is_floor
+
+    tl = Timeline(target="t")
+    t0 = 1_790_000_000.0
+    for dt, run, queue in ((0, 0, 0), (60, 8, 40), (141, 8, 40)):
+        tl.add("running_reqs", t0 + dt, run, "prometheus sglang:num_running_reqs")
+        tl.add("queue_reqs", t0 + dt, queue, "prometheus sglang:num_queue_reqs")
+    tl.add("ttft_seconds_p95", t0 + 60, 40.0, "prometheus histogram_quantile(0.95, …)")
+    tl.add("ttft_seconds_p95", t0 + 141, 176.0, "prometheus histogram_quantile(0.95, …)")
+    vr = VersionRange(low=(0, 5, 23), high=(0, 5, 23))
+    assert bound_quantiles(tl, vr) == 1
+    s = tl.get("ttft_seconds_p95")
+    assert s is not None and s.values.tolist() == [40.0, 100.0]
+    assert not is_floor(source=s.sources[0]) and is_floor(source=s.sources[1]) and "141 s passed" in s.sources[1]
+    # never idle in the range: no bound from the clock, Prometheus' value stands
+    tl2 = Timeline(target="t")
+    tl2.add("running_reqs", t0, 8, "p")
+    tl2.add("queue_reqs", t0, 40, "p")
+    tl2.add("ttft_seconds_p95", t0 + 141, 176.0, "p")
+    assert bound_quantiles(tl2, vr) == 0 and tl2.get("ttft_seconds_p95").values.tolist() == [176.0]  # type: ignore[union-attr]

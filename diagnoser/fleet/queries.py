@@ -110,6 +110,13 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
         if sig == "retractions_total":
             continue  # below, with the per-step counts
         out.append(SignalQuery(sig, "total", name_selector(names, matchers), f"sglang:{names[0]}", "sum"))
+    # the API's answers by status (0.5.7+): POST only, as the direct path reads them (metrics.py; not
+    # health checks or scrapes), summed over endpoints and codes per target: request_outcomes' counters
+    for sig, extra in (("http_responses_total", 'method="POST"'), ("http_errors_total", 'method="POST", status_code=~"[45].*"'),
+                       ("http_400_total", 'method="POST", status_code="400"'), ("http_429_total", 'method="POST", status_code="429"'),
+                       ("http_503_total", 'method="POST", status_code="503"')):
+        out.append(SignalQuery(sig, "total", name_selector(["http_responses_total"], matchers, extra=extra),
+                               f"sglang:http_responses_total{{{extra}}}", "sum", per_rank=False))
     # Per-step counts come from the counter's value at each step, differenced here (a drop is a
     # restart: count from 0), as the direct path does between scrapes; increase() over one step would
     # need two scrapes inside every step. Retractions: the 0.5.7+ counter, else the 0.4.10-0.5.2

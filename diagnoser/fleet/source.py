@@ -25,6 +25,7 @@ import numpy as np
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
+from diagnoser.fleet.bounds import bound_quantiles, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
@@ -459,6 +460,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         if key[2]:
             tl.set_config("served_model_name", key[2], "prometheus label model_name", override=False)
     missing_core = _missing(targets, failed)
+    totals = {q.signal for q in plan if q.kind == "total"}
     for key, tl in targets.keys.items():
         names = targets.names.get(key, set())
         state = M.MetricsState(seen_names=names, label_names=targets.labels.get(key, set()),
@@ -466,6 +468,8 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                                prerelease=bool(names & M.PRERELEASE_NAMES))
         vr = M.detect_version(state)
         finalize(tl, vr)
+        bound_quantiles(tl, vr)  # a TTFT quantile past the time since the target was idle is "> its bucket's floor"
+        totals_from_zero(tl, totals)  # a labelled counter that appears in the range was 0 before
         tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
         tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))
         tl.meta["fleet"] = True

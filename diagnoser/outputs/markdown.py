@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from diagnoser.floor import above
 from diagnoser.outputs.term import shown
 from diagnoser.outputs.text import HEADLINE, _fmt, _order_by_target, _secs, _top_fix, change_text
 
@@ -64,8 +65,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for key, label, fmt in HEADLINE[:6]:
             st = sigs.get(key)
             if st and st.get("n"):
-                val = st.get("window", st["max"] if key == "ttft_seconds_p95" else st.get("mean"))
-                cells.append(f"{label} {_fmt(fmt, val)} (max {_fmt(fmt, st['max'])})" if key in ("queue_reqs", "token_usage") else f"{label} {_fmt(fmt, val)}")
+                which = "window" if "window" in st else ("max" if key == "ttft_seconds_p95" else "mean")
+                val = above(_fmt(fmt, st.get(which)), which in st.get("lower_bounds", ()))  # "> 100.00": a quantile's floor
+                cells.append(f"{label} {val} (max {_fmt(fmt, st['max'])})" if key in ("queue_reqs", "token_usage") else f"{label} {val}")
         if cells:
             out.append("")
             n = (sigs.get("running_reqs") or {}).get("n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnoser.floor import is_floor
 from diagnoser.model import Severity, iso
 from diagnoser.redact import redact, redact_strings
 from diagnoser.timeline import SIGNALS, Timeline
@@ -30,8 +31,13 @@ def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
     wq = tl.meta.get("window_quantiles") or {}
     for name in names:
         out[name] = tl.stats(name)
+        floors = _floor_points(tl, name)
         if name in wq:  # a latency quantile over the whole window (histogram difference last - first)
-            out[name]["window"] = wq[name]
+            out[name]["window"] = float(wq[name])
+            if is_floor(wq[name]):
+                floors.append("window")
+        if floors:  # these values are a bucket's lower bound: the quantile is more than they say ("> 100 s")
+            out[name]["lower_bounds"] = floors
         elif name in WINDOW_RATES:  # a counter's rate over the whole window (timeline/derived.py)
             rate = window_rate(tl, name).value
             if rate is not None:
@@ -39,6 +45,20 @@ def signal_table(tl: Timeline) -> dict[str, dict[str, Any]]:
     for (name, rank) in sorted(tl.series):
         if rank:
             out[f"{name}[{rank}]"] = tl.stats(name, rank)
+    return out
+
+
+def _floor_points(tl: Timeline, name: str) -> list[str]:
+    """Which of the series' max/last readings are a quantile's lower bound (their source says so)."""
+    s = tl.get(name)
+    if s is None or not len(s) or not name.endswith(("_p50", "_p90", "_p95", "_p99")):
+        return []
+    marks = [is_floor(source=src) for src in s.sources.tolist()]
+    out = []
+    if any(marks):  # a reading that is "more than f" may have been the largest
+        out.append("max")
+    if marks[-1]:
+        out.append("last")
     return out
 
 

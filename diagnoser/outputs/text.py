@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from diagnoser.floor import above
 from diagnoser.model import basis_text
 from diagnoser.outputs.term import SEV_STYLE, Term, shown
 from diagnoser.outputs.termsafe import term_safe
@@ -94,7 +95,8 @@ def _headline(t: Term, doc: dict[str, Any], target: str, sigs: dict[str, Any]) -
         else:
             # latency: the quantile over the whole window when the histograms gave one; counter rates:
             # the increase over the window / its length
-            val = _fmt(fmt, st.get("window", st["max"]) if key == "ttft_seconds_p95" else st.get("window", st["mean"]))
+            which = "window" if "window" in st else ("max" if key == "ttft_seconds_p95" else "mean")
+            val = above(_fmt(fmt, st[which]), which in st.get("lower_bounds", ()))
         cells.append(f"{label} {val}")
     out.extend(_cells(t, cells))
     ranks = _per_rank(sigs)
@@ -288,7 +290,8 @@ def _finding_verbose(t: Term, doc: dict[str, Any], f: dict[str, Any], said: set[
     for e in f.get("evidence") or []:
         thr = f" (threshold {e['threshold']})" if e.get("threshold") not in (None, "") else ""
         src = f" ← {e['source']}" if e.get("source") else ""
-        out.extend(t.wrap(shown(f"{e['signal']} = {e['observed']}{thr}{src}"), "      ", "    · "))
+        obs = e.get("bound") or e["observed"]  # a quantile's lower bound says its range ("> 100 s")
+        out.extend(t.wrap(shown(f"{e['signal']} = {obs}{thr}{src}"), "      ", "    · "))
     for i, s in enumerate(f.get("suggestions", [])):
         why = once(shown(s.get("why") or ""), said) or "(as above)"
         out.extend(t.wrap(f"{change_text(s)}: {why}", "      ", f"    {i + 1}. "))

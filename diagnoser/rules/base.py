@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from diagnoser.floor import is_floor
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
 from diagnoser.timeline import Series, Timeline, summarize
@@ -317,7 +318,11 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
             if k is not None:
                 idx = k
         src = s.sources[idx]
-    return Evidence(signal=signal if not rank else f"{signal}[{rank}]", observed=_round(observed), threshold=threshold, window=window if window is not None else ctx.window_text(), source=src)
+    obs = _round(observed)
+    # a quantile that is only a bucket's lower bound (its point's source or the window value says so): its range
+    bound = f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (is_floor(source=src) and obs == _round(s.values[idx]))) else ""
+    return Evidence(signal=signal if not rank else f"{signal}[{rank}]", observed=obs, threshold=threshold,
+                    window=window if window is not None else ctx.window_text(), source=src, bound=bound)
 
 
 def _round(v: Any) -> Any:

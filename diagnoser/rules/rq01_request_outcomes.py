@@ -107,7 +107,10 @@ class RequestOutcomes(Rule):
             evs.append(evidence("aborted requests (sglang:num_aborted_requests_total increase)", aborted, None, ctx.window_text(), src))
             parts.append(f"{aborted:,} request(s) were aborted (client disconnects, timeouts or queue-full rejections)")
             if not failed:  # the counters alone: aborted against finished
-                total, failed = aborted + (finished or 0), aborted
+                # sglang:num_requests_total counts an aborted request too: it finishes, with a truncated decode
+                # (tokenizer_manager.py at v0.5.23, observe_one_finished_request; the real aborts recording: 128
+                # streamed, 64 aborted, num_requests_total 128), so the finished count is the total when it holds them
+                total, failed = (finished if finished >= aborted else aborted + finished), aborted
             elif not acc:
                 pass  # the answer counters already hold the aborts (as 400s) and the queue-full 503s
             elif status.get("503", 0) < aborted:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from diagnoser.floor import above
 from diagnoser.model import basis_text, iso
 from diagnoser.outputs.report import config_table
 from diagnoser.redact import redact_strings, redact_text
@@ -103,16 +104,21 @@ def headline(t: Any) -> list[dict[str, Any]]:
     out = []
     for key, label, f in HEADLINE:
         st = ws.get(key)
+        fl = (st or {}).get("floor") or {}  # a quantile known only as more than a bucket's floor: "> 100.00 s"
         if st and st["n"] >= 2:
             out.append({"signal": key, "label": label, "value": st["median"], "max": st["max"], "last": st["last"], "n": st["n"],
-                        "how": "median · max", "text": fmt(f, st["median"]), "max_text": fmt(f, st["max"])})
+                        "how": "median · max", "text": above(fmt(f, st["median"]), fl.get("median", False)),
+                        "max_text": above(fmt(f, st["max"]), fl.get("max", False))})
         elif st:
             age = None if end is None else max(0.0, end - st["last_ts"])
             out.append({"signal": key, "label": label, "value": st["last"], "last": st["last"], "n": 1, "age_s": age,
-                        "how": "last reading" + ("" if age is None else f", {span_text(age)} ago"), "text": fmt(f, st["last"])})
+                        "how": "last reading" + ("" if age is None else f", {span_text(age)} ago"),
+                        "text": above(fmt(f, st["last"]), fl.get("last", False))})
         elif key in t.latest:  # nothing in the window: the last reading before it, said to be old
             out.append({"signal": key, "label": label, "value": _num(t.latest[key]), "n": 0, "how": "before the window",
                         "text": fmt(f, t.latest[key])})
+        if fl and out and out[-1]["signal"] == key:
+            out[-1]["lower_bound"] = sorted(k for k, v in fl.items() if v)
     mrr = t.config.get("max_running_requests")
     if mrr is not None:
         out.insert(1, {"signal": "max_running_requests", "label": "max running", "value": _num(mrr.value), "how": "config",

@@ -56,3 +56,28 @@ def test_a_negative_automatic_fraction_gets_the_fraction_sglang_would_start_with
     (s,) = [s for s in f.suggestions if s.flag == "--mem-fraction-static"]
     assert s.current == -0.049 and s.proposed == 0.7 and "0.71" in s.why
     assert not any(x.flag == "--max-total-tokens" for x in f.suggestions)
+
+
+def test_the_real_aborts_recording() -> None:
+    """Real SGLang 0.5.23 CPU run (tests/data/sglang-cpu-issue25/aborts-half-disconnect): 128 streaming
+    requests, every other client closed its stream after the first chunks; num_aborted_requests_total went
+    to 64 (its series appears at the first abort, 16 already, so it counts from 0) and num_requests_total
+    counts the aborted ones too. request_outcomes calls it critical at about half."""
+    from diagnoser.cli.run import analyse, build_parser
+    from diagnoser.engines import get_adapter
+    from diagnoser.replay import collect_replay
+    from tests.conftest import DATA
+
+    adapter = get_adapter("sglang")
+    run = DATA / "sglang-cpu-issue25" / "aborts-half-disconnect"
+    col = collect_replay(str(run), adapter)
+    _report, doc = analyse(build_parser().parse_args(["--once", "--log", "-"]), col, adapter)
+    f = doc["findings"][0]
+    assert f["rule"] == "request_outcomes" and f["severity"] == "critical", [(x["rule"], x["summary"]) for x in doc["findings"]]
+    share = next(e["observed"] for e in f["evidence"] if e["signal"].startswith("share of requests"))
+    assert 0.4 <= share <= 0.6, share
+    assert "64 request(s) were aborted" in f["summary"]
+    assert not f["suggestions"]  # no server flag changes what a client gives up on
+    tl = col.timelines[0]
+    s = tl.get("aborted_total")
+    assert s is not None and float(s.values[0]) == 0.0 and "not exported yet" in s.sources[0]

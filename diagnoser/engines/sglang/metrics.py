@@ -43,6 +43,7 @@ from diagnoser.engines.sglang.metric_names import (
     version_from_labels,
 )
 from diagnoser.engines.sglang.versions import VersionRange
+from diagnoser.floor import Floor
 from diagnoser.model import SignalSink
 
 __all__ = [  # the name tables live in metric_names; re-exported for the other readers (fleet, tests)
@@ -532,6 +533,8 @@ PREFILL_MODES = {
 def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: SignalSink, state: MetricsState, source: str) -> None:
     prefill: dict[str, dict[str, dict[str, float]]] = {}  # family → rank → mode → increase
     for (key, rk), value in counters.items():
+        # a labelled counter appears at its first increment: while the target was already scraped, it was 0
+        appeared = (key, rk) not in state.counters and state.last_ts is not None and state.last_ts < ts
         d = _delta(state, (key, rk), ts, value)
         if ":" in key:
             fam, mode = key.split(":", 1)
@@ -546,6 +549,8 @@ def _counter_rates(counters: dict[tuple[str, str], float], ts: float, sink: Sign
             continue
         rate_sig, total_sig = COUNTERS[key]
         if total_sig:
+            if appeared and state.last_ts is not None:
+                sink.add(total_sig, state.last_ts, 0.0, f"{src} (not exported yet: 0)", rk)
             sink.add(total_sig, ts, value, src, rk)
         if d is None:
             continue
@@ -616,7 +621,10 @@ def window_quantile(state: MetricsState, stem: str, q: float, rank: str = "") ->
     else:
         diff = sorted((b, c - first.buckets.get(b, 0.0)) for b, c in cur.buckets.items())
     elapsed = last[0] - state.idle_ts if state.idle_ts is not None and state.idle_ts < last[0] else None
-    return histogram_quantile(q, diff, elapsed)
+    lo, hi, v = quantile_bucket(q, diff)
+    if not math.isnan(v) and ((elapsed is not None and v > elapsed and hi > elapsed) or math.isinf(hi)):
+        return Floor(lo, hi)  # "more than lo": what the buckets and the clock allow (outputs say "> lo")
+    return v
 
 
 def window_quantiles(state: MetricsState) -> dict[str, float]:
