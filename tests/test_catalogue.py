@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.engines.sglang import catalogue, coverage, flags, templates
+from diagnoser.cli import sglang_coverage as coverage
+from diagnoser.engines.sglang import catalogue, flags, templates
 from diagnoser.evaluate import Report, check_suggestions
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.timeline import Timeline

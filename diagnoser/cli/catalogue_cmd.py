@@ -53,7 +53,7 @@ def main(cmd: str, argv: list[str]) -> int:
     rels = _release(_opt(argv, "--release"))
     if what == "flags":
         return _flags(argv, rels, fmt)
-    from diagnoser.engines.sglang import coverage
+    from diagnoser.cli import sglang_coverage as coverage
 
     show_unknown = "--unknown" in argv
     shapes = "--shapes" in argv
@@ -81,7 +81,7 @@ def main(cmd: str, argv: list[str]) -> int:
 
 
 def _shapes(fmt: str, show_missed: bool) -> int:
-    from diagnoser.engines.sglang import coverage
+    from diagnoser.cli import sglang_coverage as coverage
     from diagnoser.outputs.termsafe import term_safe
 
     rows, misses = coverage.shape_check()
