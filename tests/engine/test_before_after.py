@@ -52,7 +52,7 @@ SCENARIOS = [
              {"n": 4000, "concurrency": 40, "max_new_tokens": 128, "ignore_eos": True},
              "max_running_requests_cap", "--max-running-requests", {"running": +1, "queued": -1}),
     Scenario("prefill-capped", ["--max-total-tokens", "65536", "--max-running-requests", "64", "--chunked-prefill-size", "128"],
-             {"n": 4000, "concurrency": 16, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True},
+             {"n": 4000, "concurrency": 32, "max_new_tokens": 32, "prompt_reps": 58, "ignore_eos": True},
              "prefill_stall", "--chunked-prefill-size", {"ttft_p95_s": -1}, extra=["--ignore-eos"]),
     # issue 25, compound limits: the pool (3,000 tokens, about 8 requests of 370 at full length) binds before
     # the slot cap of 10; after the pool's fix the cap binds, which the first fix's effect says (and the
