@@ -43,7 +43,7 @@ def normalise(name: str) -> str | None:
 def fast_samples(text: str, limit: int | None = None) -> list[Sample]:
     """The wanted samples of an exposition, read with one line grammar (HELP/TYPE and other families
     skipped); at most ``limit`` of them (the caller's cap on what one scrape may make us hold). A value that
-    is not a finite number is dropped."""
+    is not a finite number is kept here: :func:`ingest_samples` drops and counts it, as on the reference path."""
     out: list[Sample] = []
     for m in _LINE_RE.finditer(text):
         if limit is not None and len(out) >= limit:
@@ -54,8 +54,6 @@ def fast_samples(text: str, limit: int | None = None) -> list[Sample]:
         try:
             value = float(val)
         except ValueError:
-            continue
-        if not math.isfinite(value):
             continue
         out.append((name, dict(_LABEL_RE.findall(lab)) if lab else {}, value))
     return out
