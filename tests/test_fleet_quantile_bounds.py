@@ -124,3 +124,17 @@ def test_every_fleet_quantile_stays_within_its_buckets_and_the_clock(backfilled:
     assert {"ttft_seconds", "e2e_seconds", "queue_time_seconds", "itl_seconds"} <= seen, seen
     # the run's long waits put quantiles of more than TTFT past the clock: they were bounded, not only TTFT's
     assert floored.get("ttft_seconds") and (floored.get("e2e_seconds") or floored.get("queue_time_seconds")), floored
+
+
+def test_the_fleet_names_the_pool_as_the_direct_path_does(backfilled: tuple[Prom, float, dict[str, set[str]]]) -> None:
+    """The same run through Prometheus: the top cause is the pool (as from its log, scrapes and replay,
+    tests/rules/test_reservation_bound.py), not a prefill stall."""
+    from diagnoser.evaluate import evaluate
+    from diagnoser.model import Severity
+
+    prom, end, _les = backfilled
+    col = collect_prometheus(_ns(prom.url, end), get_adapter())
+    report = evaluate(col.timelines, get_adapter())
+    rules = [f.rule for f in report.findings if f.severity.value >= Severity.WARNING.value]
+    assert rules and rules[0] in ("kv_saturation", "kv_pool_too_small"), [(f.rule, f.severity, f.summary[:80]) for f in report.findings]
+    assert "prefill_stall" not in rules
