@@ -433,7 +433,8 @@ def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: l
         evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
         return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "
                 f"{wshare:.0%} of the {n_wait} readings with a queue the next request did not fit beside what the running ones still reserve "
-                f"(remaining output x new_token_ratio {a.ratio:.2f}, docs/sglang.md#batching-flags), although usage reads lower")
+                f"(remaining output x new_token_ratio {a.ratio:.2f}, or x 1.0 for an ignore_eos request, docs/sglang.md#batching-flags), "
+                "although usage reads lower")
     return (f"the running batch held at one count below the slot cap in {wshare:.0%} of the {n_wait} readings with a queue, with no prefill "
             "budget binding: admission reserves room for the running requests' remaining output (new_token_ratio), so no more fit "
             "although usage reads lower (inferred: the request sizes are not in the inputs)")
