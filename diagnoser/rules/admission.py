@@ -20,18 +20,17 @@ Otherwise the request is admitted at the next prefill: a reading with a queue an
 
 A reading is a Decode batch line or a scrape where both the running count and the queue were read (a
 Prefill line's ``#running-req`` is the batch beside that prefill, not the running batch: it is
-``prefill_running_reqs``); a scrape's running gauge is the last batch report, so a scrape whose interval
-decoded well more tokens per decode pass (``realtime_tokens_total{mode="decode"}`` /
-``cuda_graph_passes_total{mode=decode_*}``, 0.5.7+) than the gauge says is such a report too. The KV test uses the scheduler's own arithmetic when the inputs give the
-sizes: pool, usage, running, the mean prompt and output of the finished requests and the ratio
+``prefill_running_reqs``); a scrape's running gauge is the last batch report, so a scrape whose
+interval decoded well more tokens per decode pass (``realtime_tokens_total{mode="decode"}`` /
+``cuda_graph_passes_total{mode=decode_*}``, 0.5.7+) than the gauge says is such a report too. The KV
+test uses the scheduler's own arithmetic when the inputs give the sizes: pool, usage, running, the mean prompt and output of the finished requests and the ratio
 (``new_token_ratio`` when read, else its start min(0.7 x ``--schedule-conservativeness``, 1)). Without
 finished requests the sizes are estimated from the readings: a running count held at one value below
 the cap while requests keep waiting and no prefill budget binds is the reservation (inferred), and so it
 is when the sizes are only estimated (the estimate takes each request halfway through its output and
 reserving at ``new_token_ratio``; a cohort admitted together is early in it, and an ``ignore_eos`` request
-reserves its whole remaining output). The
-fixed thresholds (usage >= 0.95, or >= 0.9 beyond 2,000 waiting) are the fallback for inputs without the
-numbers, never the first test.
+reserves its whole remaining output). The fixed thresholds (usage >= 0.95, or >= 0.9 beyond 2,000
+waiting) are the fallback for inputs without the numbers, never the first test.
 """
 
 from __future__ import annotations
@@ -147,8 +146,9 @@ def _build(ctx: RuleContext) -> Admission:
         # the gauge is set at each batch report only (every --decode-log-interval steps), the decode counters
         # at every step: an interval whose mean decode batch (tokens decoded / decode passes, 0.5.7+) is well
         # above the gauge read the report beside a prefill, not the running batch
-        batch = _along(ctx, p, "decode_tokens") / _along(ctx, p, "decode_passes")
-        snap |= wait & np.nan_to_num(batch > np.maximum(1.5 * run, run + 2)).astype(bool)
+        passes = _along(ctx, p, "decode_passes")
+        batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
+        snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
     lab[snap] = "report"
     wait = wait & ~snap
     # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
