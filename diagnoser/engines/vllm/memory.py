@@ -339,7 +339,9 @@ def what_ifs(m: Memory, shape: Any | None, bpt: int, block_size: int, max_model_
     if not m.kv_cache_memory_bytes and m.total_bytes:
         cap = MAX_PROPOSED_UTILIZATION
         if m.free_bytes is not None:
-            cap = min(cap, math.floor(m.free_bytes / m.total_bytes * 100) / 100)
+            cap = min(cap, math.floor(m.free_bytes / m.total_bytes * 100 + 1e-6) / 100)
+            while cap > m.gpu_memory_utilization and kv_budget(replace(m, gpu_memory_utilization=cap), version).error:
+                cap = round(cap - 0.01, 2)  # vLLM asks for ceil(total × utilization): a rounding short is a refusal
         step = round(min(cap, m.gpu_memory_utilization + 0.05), 2)
         if step > m.gpu_memory_utilization + 1e-9:
             s = size(replace(m, gpu_memory_utilization=step), bpt, block_size, max_model_len, version, dp=dp)
