@@ -322,8 +322,9 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
             continue
         p = project(w.sizing)
         rows.append({"change": w.change, "flag": w.flag, "current": w.current, "proposed": w.proposed, **_row(w.sizing, p),
-                     "fits": w.starts, "assumptions": [w.why, *w.assumptions], "risks": list(w.risks)
-                     + ([] if w.starts else [w.sizing.budget.error or w.sizing.start.message])})
+                     "fits": w.starts, "assumptions": [w.why, *w.assumptions],
+                     "risks": ([] if w.starts else ["vLLM would not start: " + (w.sizing.budget.error or w.sizing.start.message)])
+                     + list(w.risks)})
     if args.cpu_offload_gb:
         notes.insert(0, M.cpu_offload_cost(args.cpu_offload_gb)["text"])
     verdict = ""

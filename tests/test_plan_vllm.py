@@ -1,0 +1,124 @@
+"""``diagnose plan --engine vllm``: vLLM's KV cache, concurrency, tok/s and ETA, against the real vLLM CPU runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnoser.cli import main
+
+DATA = Path(__file__).parent / "data"
+TINY = str(DATA / "vllm-configs" / "tiny-llama.json")
+MID = str(DATA / "vllm-configs" / "llama-94m.json")
+REAL = DATA / "vllm-cpu-real"
+SGLANG_LOG = DATA / "sglang-cpu-real"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    code, out, err = run(["plan", *argv, "--format", "json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _startup(log: Path) -> tuple[int, float, int]:
+    """The run's own 'KV cache size: N tokens, Maximum concurrency for L tokens per request: Xx' line."""
+    import re
+
+    text = log.read_text(errors="replace")
+    m = re.search(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    assert m
+    return int(m.group(1).replace(",", "")), float(m.group(3)), int(m.group(2).replace(",", ""))
+
+
+@pytest.mark.parametrize("run_dir", ["kv-full-preemption", "max-num-seqs-cap", "small-batched-tokens", "client-bound"])
+def test_plan_from_config_matches_each_real_run(run_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No log: the config, VLLM_CPU_KVCACHE_SPACE=1 and the run's flags give the numbers the run printed."""
+    log = REAL / run_dir / "server.log"
+    tokens, conc, mml = _startup(log)
+    args = ["--engine", "vllm", "--model-config", TINY, "--device", "cpu", "--kv-cache-memory-bytes", "1GiB",
+            "--max-model-len", str(mml), "--vllm-version", "0.32.0"]
+    if "Overriding num_gpu_blocks" in log.read_text(errors="replace"):
+        args += ["--num-gpu-blocks-override", "8"]
+    doc = plan_json(args, capsys)
+    assert doc["engine"] == "vllm" and doc["fits"] is True
+    assert doc["pool_tokens"] == tokens and doc["max_concurrency"] == conc
+    assert doc["kv_cache"]["block_size"] == 128 and doc["bytes_per_token_per_rank"] == 512
+
+
+def test_plan_beside_a_real_log_is_detected_as_vllm_and_agrees(capsys: pytest.CaptureFixture[str]) -> None:
+    log = REAL / "kv-full-preemption" / "server.log"
+    tokens, conc, _ = _startup(log)
+    doc = plan_json(["--model-config", TINY, "--log", str(log), "--kv-cache-memory-bytes", "1GiB", "--avg-tokens-per-request", "260",
+                     "--job-requests", "1000", "--avg-output-tokens", "200"], capsys)  # no --engine: the log is vLLM's
+    assert doc["engine"] == "vllm" and doc["version"] == "0.32.0" and doc["device"] == "cpu"
+    assert doc["pool_tokens"] == tokens
+    rows = {r["what"]: r for r in doc["engine_vs_estimate"]}
+    assert rows["KV cache tokens"]["difference"] == 0 and rows["concurrency @ 512"]["difference"] == 0
+    assert rows["blocks before override"]["engine"] == rows["blocks before override"]["estimate"] == 16384
+    # the override fixes the blocks: a capacity what-if (fp8, utilization) would change nothing, so none is offered
+    assert {s["flag"] for s in doc["scenarios"]} <= {"--max-model-len"}
+    # the throughput comes from the run's own decode lines, as a range, and gives the job an ETA
+    lo, hi = doc["gen_throughput_tps_range"]
+    assert 0 < lo <= doc["gen_throughput_tps"] <= hi
+    assert doc["job_eta_hours"] == pytest.approx(1000 * 200 / doc["gen_throughput_tps"] / 3600, abs=1e-3)
+
+
+def test_plan_text_shows_vllms_own_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", "--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--max-model-len", "4096",
+                          "--vllm-version", "0.11.0", "--avg-tokens-per-request", "1500"], capsys)
+    assert code == 0 and err == ""
+    first = " ".join(out.splitlines()[:2])  # the heading, wrapped at the width
+    assert "vLLM 0.11.0" in first and "H100" in first and "gpu-memory-utilization 0.9" in first  # 0.11.0's default
+    assert "KV cache size" in out and "maximum concurrency" in out
+    for flag in ("--gpu-memory-utilization 0.9 → 0.95", "--kv-cache-dtype auto → fp8", "--max-model-len 4,096 →",
+                 "--tensor-parallel-size 1 → 2"):
+        assert flag in out
+    assert "--mem-fraction-static" not in out and "--tp-size" not in out  # no SGLang spelling
+
+
+def test_a_max_model_len_that_cannot_start_says_vllms_message(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(["--engine", "vllm", "--model-config", MID, "--gpu-mem-gb", "8", "--weights-gb", "2", "--activation-gb", "1.5",
+                     "--max-model-len", "524288"], capsys)  # 4 GiB of KV for one request; 7.36 − 4.5 GiB of budget
+    assert doc["fits"] is False
+    assert doc["verdict"].startswith("vLLM would not start: To serve at least one request with the model's max seq len (524288)")
+    assert "the estimated maximum model length is" in doc["verdict"]
+    lower = [s for s in doc["scenarios"] if s["flag"] == "--max-model-len"]
+    assert lower and lower[0]["proposed"] < 524288 and lower[0]["fits"]
+    code, out, err = run(["plan", "--engine", "vllm", "--model-config", MID, "--gpu-mem-gb", "4", "--weights-gb", "3",
+                          "--max-model-len", "4096"], capsys)
+    assert code == 0 and "No available memory for the cache blocks" in out
+
+
+def test_cpu_offload_is_a_slowdown_note(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(["--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--max-model-len", "4096", "--cpu-offload-gb", "4"],
+                    capsys)
+    assert doc["notes"][0].startswith("--cpu-offload-gb 4 streams 4 GiB of weights")
+    assert "--cpu-offload-gb" not in {s["flag"] for s in doc["scenarios"]}
+
+
+def test_wrong_engine_options_are_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", "--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--mem-fraction-static", "0.8"], capsys)
+    assert code == 2 and "--mem-fraction-static is an SGLang option; with --engine vllm use --gpu-memory-utilization" in err
+    assert "Traceback" not in err
+    code, out, err = run(["plan", "--model-config", MID, "--gpu", "H100", "--gpu-memory-utilization", "0.8"], capsys)
+    assert code == 2 and "--gpu-memory-utilization is a vLLM option: add --engine vllm" in err
+    code, out, err = run(["plan", "--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--gpu-memory-utilization", "1.2"], capsys)
+    assert code == 2 and "at most 1" in err
+    sglang_log = next(SGLANG_LOG.glob("*/server.log"))
+    code, out, err = run(["plan", "--engine", "vllm", "--model-config", MID, "--log", str(sglang_log)], capsys)
+    assert code == 2 and "is not a vLLM log" in err and "Traceback" not in err
+
+
+def test_plan_help_mentions_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "--engine {sglang,vllm}" in out and "--gpu-memory-utilization" in out and "--kv-cache-memory-bytes" in out
