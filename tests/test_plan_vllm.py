@@ -122,3 +122,19 @@ def test_plan_help_mentions_engine(capsys: pytest.CaptureFixture[str]) -> None:
         main(["plan", "--help"])
     out = capsys.readouterr().out
     assert "--engine {sglang,vllm}" in out and "--gpu-memory-utilization" in out and "--kv-cache-memory-bytes" in out
+
+
+def test_vllm_plan_and_compare_validate_against_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_schema import validator
+
+    doc = plan_json(["--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--max-model-len", "4096"], capsys)
+    assert not list(validator("plan").iter_errors(doc))
+    code, out, err = run(["compare", str(REAL / "max-num-seqs-cap"), str(REAL / "client-bound"), "--format", "json"], capsys)
+    cmp = json.loads(out)
+    assert not list(validator("compare").iter_errors(cmp))
+    assert cmp["engine"] == "vllm" and cmp["engines"] == {"before": "vllm", "after": "vllm"}
+    # vLLM's non-default args are the flags: the one that differs, spelled as vLLM spells it
+    assert {"flag": "--max-num-seqs", "before": 2, "after": 16, "kind": "server arg"} in cmp["flags_changed"]
+    assert "preemptions" in {h["label"] for h in cmp["headline"]}
+    code, out, err = run(["compare", str(REAL / "max-num-seqs-cap"), str(REAL / "client-bound")], capsys)
+    assert out.startswith("diagnoser compare · vLLM 0.32.0 · verdict: ")

@@ -166,6 +166,7 @@ def config_only_document(c: ConfigOnly) -> dict[str, Any]:
     p, s, w = c.pool, c.pool.shape, c.weights
     assert s is not None
     return {
+        "engine": "sglang",
         "model": {"arch": s.arch, "attention": s.attention, "layers": s.layers, "full_attention_layers": s.full_attention_layers},
         "bytes_per_token_per_rank": p.bpt, "bytes_per_token_per_rank_fp8": bytes_per_token(s, p.attention_tp, "fp8_e4m3"),
         "pool_tokens": None, "pool_tokens_per_rank": None, "pool_source": None, "max_concurrent_requests": None,
@@ -649,6 +650,7 @@ def document(plan: Plan) -> dict[str, Any]:
     p, w, now = planner.pool, planner.work, planner.now()
     g = plan.gpu
     return {
+        "engine": "sglang",
         "model": None if p.shape is None else {"arch": p.shape.arch, "attention": p.shape.attention, "layers": p.shape.layers,
                                                "full_attention_layers": p.shape.full_attention_layers},
         "bytes_per_token_per_rank": p.bpt,
