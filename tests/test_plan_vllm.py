@@ -138,3 +138,23 @@ def test_vllm_plan_and_compare_validate_against_the_schema(capsys: pytest.Captur
     assert "preemptions" in {h["label"] for h in cmp["headline"]}
     code, out, err = run(["compare", str(REAL / "max-num-seqs-cap"), str(REAL / "client-bound")], capsys)
     assert out.startswith("diagnoser compare · vLLM 0.32.0 · verdict: ")
+
+
+def test_the_engines_kv_cache_size_wins_over_the_estimate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # lines as vLLM 0.32.0 formats them (gpu_model_runner.py, gpu_worker.py, kv_cache_utils.py)
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) INFO 12-02 10:00:00 [api_utils.py:286] non-default args: {'model': 'x', 'max_model_len': 32768, "
+        "'gpu_memory_utilization': 0.9}\n"
+        "(EngineCore_DP0 pid=2) INFO 12-02 10:00:10 [gpu_model_runner.py:5150] Model loading took 15.26 GiB memory and 10.0 seconds\n"
+        "(EngineCore_DP0 pid=2) INFO 12-02 10:00:20 [gpu_worker.py:761] Available KV cache memory: 52.10 GiB\n"
+        "(EngineCore_DP0 pid=2) INFO 12-02 10:00:21 [kv_cache_utils.py:2327] GPU KV cache size: 379,392 tokens, "
+        "Maximum concurrency for 32,768 tokens per request: 11.58x\n")
+    cfg = Path(__file__).parent / "capacity_configs" / "llama-3.1-8b.json"
+    doc = plan_json(["--log", str(log), "--model-config", str(cfg), "--gpu", "H100", "--vllm-version", "0.32.0"], capsys)
+    assert doc["engine"] == "vllm" and doc["gpu_memory_utilization"] == 0.9
+    assert doc["pool_tokens"] == 379392 and doc["max_concurrency"] == 11.58  # the engine's, not the estimate's
+    est = {r["what"]: r for r in doc["engine_vs_estimate"]}["KV cache tokens"]
+    assert est["engine"] == 379392 and est["estimate"] != 379392  # the estimate is shown beside, with the difference
+    fp8 = next(s for s in doc["scenarios"] if s["flag"] == "--kv-cache-dtype")
+    assert fp8["pool_tokens"] == 2 * 379392  # a what-if moves the engine's own figure

@@ -171,3 +171,12 @@ def test_available_kv_cache_memory_line_is_read(tmp_path: Path) -> None:
     f = facts(log)
     assert f.available_kv_bytes == int(61.25 * GIB)
     assert f.kv_tokens == 2006976 and f.max_model_len == 32768
+
+
+@pytest.mark.parametrize("version", [(0, 11, 0), (0, 32, 0)])
+def test_blocks_from_size_inverts_the_start_up_line(version: tuple[int, int, int]) -> None:
+    for blocks in (1, 7, 8, 100, 16384, 573784):
+        for block, mml in ((16, 1000), (16, 32768), (128, 512), (128, 1000)):
+            tokens, _ = M.capacity(blocks, block, mml, version)
+            found = M.blocks_from_size(tokens, block, mml, version)
+            assert found is not None and M.capacity(found, block, mml, version)[0] == tokens

@@ -237,9 +237,24 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
     if override is not None and total is None and not mem.kv_cache_memory_bytes:
         mem.kv_cache_memory_bytes = override * bpt * block  # only the blocks matter
     try:
-        sizing = M.size(mem, bpt, block, mml, version, override, dp)
+        estimate = sizing = M.size(mem, bpt, block, mml, version, override, dp)
     except M.MemoryInputError as e:
         raise UsageError(str(e)) from None
+    # the engine's numbers win: the budget is anchored on the blocks behind its KV cache size, so every
+    # what-if moves the server's own figure (the estimate is kept for the comparison)
+    engine_blocks = None if facts.kv_tokens is None else (
+        facts.num_blocks if facts.num_blocks is not None and override is None else M.blocks_from_size(facts.kv_tokens, block, mml, version))
+    if engine_blocks is not None and override is None and engine_blocks != sizing.blocks:
+        target = engine_blocks * block * bpt
+        have = M.kv_budget(mem, version).bytes
+        if mem.kv_cache_memory_bytes:
+            mem.kv_cache_memory_bytes = target
+        else:
+            mem.activation_bytes += have - target
+        sizing = M.size(mem, bpt, block, mml, version, override, dp)
+        notes.insert(0, f"the engine's KV cache size ({facts.kv_tokens:,} tokens, {engine_blocks:,} blocks) differs from the estimate "
+                        f"({estimate.tokens:,}): the plan stands on the engine's, the budget taken as {target / M.GIB:.2f} GiB "
+                        f"at {bpt:,} B/token")
 
     # the workload and the throughput
     max_seqs = args.max_num_seqs or (int(tl.cfg("max_running_requests")) if tl is not None and tl.cfg("max_running_requests") else None)
@@ -334,9 +349,9 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
         verdict = "vLLM would not start: " + sizing.start.message
     comparison = []
     if facts.kv_tokens is not None:
-        comparison.append(_cmp("KV cache tokens", facts.kv_tokens, sizing.tokens))
+        comparison.append(_cmp("KV cache tokens", facts.kv_tokens, estimate.tokens))
     if facts.concurrency is not None:
-        comparison.append(_cmp(f"concurrency @ {mml:,}", facts.concurrency, round(sizing.concurrency, 2)))
+        comparison.append(_cmp(f"concurrency @ {mml:,}", facts.concurrency, round(estimate.concurrency, 2)))
     if facts.num_blocks_profiled is not None and budget_given and not facts.available_kv_bytes:
         est_blocks = M.num_blocks(M.kv_budget(mem, version).bytes, bpt, block)
         comparison.append(_cmp("blocks before override", facts.num_blocks_profiled, est_blocks))

@@ -10,6 +10,7 @@ API (the lead wires these into advice; ``plan --engine vllm`` uses them now):
     kv_budget(Memory)                                    bytes for the KV cache on one rank (Budget)
     num_blocks(budget, bpt, block_size, override)        blocks vLLM allocates on one rank
     capacity(blocks, block_size, max_model_len, version) (KV cache size in tokens, maximum concurrency)
+    blocks_from_size(tokens, block_size, max_model_len, version)  the blocks behind a printed KV cache size
     start_check(budget, bpt, block_size, max_model_len, version)  StartCheck: would vLLM start, with its message
     size(Memory, shape/bpt…)                             KVSizing: the whole chain for one configuration
     what_ifs(KVSizing inputs…)                           list[WhatIf]: utilization, fp8 KV, max_model_len, TP
@@ -230,6 +231,19 @@ def capacity(blocks: int, block_size: int, max_model_len: int, version: Version 
     if _v(version) >= SIZE_FROM_CONCURRENCY_SINCE:
         return int(conc * max_model_len), conc
     return blocks * block_size, conc
+
+
+def blocks_from_size(tokens: int, block_size: int, max_model_len: int, version: Version | None = None) -> int | None:
+    """The block count behind a start-up line's "KV cache size: N tokens" (:func:`capacity` inverted), or
+    None when no count prints that size."""
+    if tokens <= 0 or block_size <= 0 or max_model_len <= 0:
+        return None
+    per = math.ceil(max_model_len / block_size)
+    guess = tokens // block_size if _v(version) < SIZE_FROM_CONCURRENCY_SINCE else round(tokens * per / max_model_len)
+    for b in sorted(range(max(1, guess - 3), guess + 4), key=lambda x: abs(x - guess)):
+        if capacity(b, block_size, max_model_len, version)[0] == tokens:
+            return b
+    return None
 
 
 @dataclass(slots=True)
@@ -474,5 +488,5 @@ class StartupFacts:
 
 
 __all__ = ["Budget", "KVShape", "KVSizing", "Memory", "MemoryInputError", "StartCheck", "StartupFacts", "WhatIf", "bytes_per_token", "cache_dtype_bytes",
-           "capacity", "cpu_offload_cost", "default_block_size", "default_gpu_memory_utilization", "default_max_num_seqs", "kv_budget",
+           "blocks_from_size", "capacity", "cpu_offload_cost", "default_block_size", "default_gpu_memory_utilization", "default_max_num_seqs", "kv_budget",
            "layers_per_rank", "num_blocks", "size", "start_check", "what_ifs"]
