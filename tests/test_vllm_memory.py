@@ -180,3 +180,8 @@ def test_blocks_from_size_inverts_the_start_up_line(version: tuple[int, int, int
             tokens, _ = M.capacity(blocks, block, mml, version)
             found = M.blocks_from_size(tokens, block, mml, version)
             assert found is not None and M.capacity(found, block, mml, version)[0] == tokens
+
+
+def test_cpu_default_kv_space_per_release() -> None:
+    assert M.cpu_default_kv_bytes((0, 11, 0)) == 4 * GIB  # vllm/platforms/cpu.py: "using 4 by default"
+    assert M.cpu_default_kv_bytes((0, 32, 0)) is None  # the worker takes the utilization of the node's memory instead

@@ -187,6 +187,13 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
     util_source = ("--gpu-memory-utilization" if args.gpu_memory_utilization else
                    facts.sources.get("gpu_memory_utilization", "") if facts.gpu_memory_utilization else "vLLM's default")
     kvmb = parse_bytes(args.kv_cache_memory_bytes) if args.kv_cache_memory_bytes is not None else facts.kv_cache_memory_bytes
+    if kvmb is None and device == "cpu" and M.cpu_default_kv_bytes(version) and not facts.kv_tokens:
+        kvmb = M.cpu_default_kv_bytes(version)
+        notes.append(f"CPU at {'.'.join(map(str, version))}: VLLM_CPU_KVCACHE_SPACE unset gives {kvmb // 2**30} GiB of KV cache "
+                     "(pass --kv-cache-memory-bytes for another)")
+    elif kvmb is None and device == "cpu" and total is not None:
+        notes.append("CPU: --gpu-mem-gb is taken as the NUMA node's memory; with VLLM_CPU_KVCACHE_SPACE unset vLLM gives the KV "
+                     "cache the utilization of it less what the process holds (the weights and the rest, estimated)")
     weights_src = ""
     weights = 0.0
     if args.weights_gb is not None:
@@ -232,7 +239,8 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
                          f"× {block} × {bpt:,} B); pass --gpu or --kv-cache-memory-bytes to size other settings from memory")
         elif override is None:
             if device == "cpu":
-                raise UsageError("on CPU pass --kv-cache-memory-bytes (vLLM's VLLM_CPU_KVCACHE_SPACE, in GiB, times 2^30)")
+                raise UsageError("on CPU pass --kv-cache-memory-bytes (VLLM_CPU_KVCACHE_SPACE GiB, e.g. 1GiB) or --gpu-mem-gb "
+                                 "(the NUMA node's memory)")
             raise UsageError("pass --gpu NAME or --gpu-mem-gb G (or --kv-cache-memory-bytes B) to size the KV cache")
     if override is not None and total is None and not mem.kv_cache_memory_bytes:
         mem.kv_cache_memory_bytes = override * bpt * block  # only the blocks matter

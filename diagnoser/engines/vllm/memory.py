@@ -5,6 +5,7 @@ API (the lead wires these into advice; ``plan --engine vllm`` uses them now):
     cache_dtype_bytes(cache_dtype, model_dtype_bytes)    bytes per KV element, or MemoryInputError
     bytes_per_token(shape, tp, cache_dtype, pp)          KV bytes per token on one rank (largest PP stage)
     default_block_size(device, mla, version)             block size vLLM picks when --block-size is unset
+    cpu_default_kv_bytes(version)                        the CPU build's KV cache with VLLM_CPU_KVCACHE_SPACE unset
     default_gpu_memory_utilization(version)              0.9 up to 0.11.0, 0.92 at 0.32.0
     default_max_num_seqs(device, total, name, world)     the running-request cap vLLM's API server picks
     kv_budget(Memory)                                    bytes for the KV cache on one rank (Budget)
@@ -171,6 +172,16 @@ def default_max_num_seqs(device: str = "cuda", total_bytes: float | None = None,
     return 1024 if total_bytes >= 70 * GIB and "a100" not in device_name.lower() else 256
 
 
+CPU_KVCACHE_SPACE_DEFAULT_GIB = 4  # vllm/platforms/cpu.py at 0.11.0: "VLLM_CPU_KVCACHE_SPACE … not set, using 4 by default"
+
+
+def cpu_default_kv_bytes(version: Version | None = None) -> int | None:
+    """The CPU build's KV cache when neither ``VLLM_CPU_KVCACHE_SPACE`` nor ``--kv-cache-memory-bytes`` is
+    set: 4 GiB at 0.11.0; at 0.32.0 None, since the worker then takes the utilization of the NUMA node's
+    memory less what the process holds (``vllm/v1/worker/cpu_worker.py``), the GPU formula on host memory."""
+    return CPU_KVCACHE_SPACE_DEFAULT_GIB * (1 << 30) if _v(version) < (0, 32, 0) else None
+
+
 @dataclass(slots=True)
 class Memory:
     """One rank's memory, the inputs of ``determine_available_memory`` (bytes)."""
@@ -198,7 +209,7 @@ class Budget:
 def kv_budget(m: Memory, version: Version | None = None) -> Budget:
     """The KV budget of one rank, as ``determine_available_memory`` computes it."""
     if m.kv_cache_memory_bytes:
-        return Budget(int(m.kv_cache_memory_bytes), "--kv-cache-memory-bytes (the utilization is not used)")
+        return Budget(int(m.kv_cache_memory_bytes), "a set KV size: --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE; the utilization is not used")
     if m.total_bytes is None:
         raise MemoryInputError("the KV budget needs the device's memory (--gpu or --gpu-mem-gb) or --kv-cache-memory-bytes")
     requested = math.ceil(m.total_bytes * m.gpu_memory_utilization)
@@ -488,5 +499,5 @@ class StartupFacts:
 
 
 __all__ = ["Budget", "KVShape", "KVSizing", "Memory", "MemoryInputError", "StartCheck", "StartupFacts", "WhatIf", "bytes_per_token", "cache_dtype_bytes",
-           "blocks_from_size", "capacity", "cpu_offload_cost", "default_block_size", "default_gpu_memory_utilization", "default_max_num_seqs", "kv_budget",
+           "blocks_from_size", "capacity", "cpu_default_kv_bytes", "cpu_offload_cost", "default_block_size", "default_gpu_memory_utilization", "default_max_num_seqs", "kv_budget",
            "layers_per_rank", "num_blocks", "size", "start_check", "what_ifs"]
