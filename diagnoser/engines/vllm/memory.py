@@ -320,7 +320,9 @@ def size(m: Memory, bpt: int, block_size: int, max_model_len: int, version: Vers
     b = kv_budget(m, version)
     blocks = num_blocks(b.bytes, bpt, block_size, override)
     tokens, conc = capacity(blocks, block_size, max_model_len, version)
-    check = start_check(blocks * bpt * block_size if override is not None else b.bytes, bpt, block_size, max_model_len, version)
+    # 0.32.0 checks the override's blocks (get_kv_cache_configs adjusts the memory first); 0.11.0 the profiled budget
+    checked = blocks * bpt * block_size if override is not None and _v(version) >= NULL_BLOCK_CHECK_SINCE else b.bytes
+    check = start_check(checked, bpt, block_size, max_model_len, version)
     return KVSizing(bpt, block_size, max_model_len, b, blocks, tokens, conc, check, dp)
 
 
