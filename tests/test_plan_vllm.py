@@ -158,3 +158,13 @@ def test_the_engines_kv_cache_size_wins_over_the_estimate(tmp_path: Path, capsys
     assert est["engine"] == 379392 and est["estimate"] != 379392  # the estimate is shown beside, with the difference
     fp8 = next(s for s in doc["scenarios"] if s["flag"] == "--kv-cache-dtype")
     assert fp8["pool_tokens"] == 2 * 379392  # a what-if moves the engine's own figure
+
+
+def test_free_memory_below_the_request_is_vllms_refusal(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(["--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--free-mem-gb", "60", "--max-model-len", "4096",
+                     "--gpu-memory-utilization", "0.9"], capsys)
+    assert doc["fits"] is False and "is less than desired GPU memory utilization (0.9" in doc["verdict"]
+    doc = plan_json(["--engine", "vllm", "--model-config", MID, "--gpu", "H100", "--free-mem-gb", "74", "--max-model-len", "4096",
+                     "--gpu-memory-utilization", "0.9"], capsys)
+    util = [s for s in doc["scenarios"] if s["flag"] == "--gpu-memory-utilization"]
+    assert doc["fits"] and util and util[0]["proposed"] <= 74 / 79.6 and util[0]["fits"]  # never above what is free

@@ -41,7 +41,7 @@ CUDAGRAPH_ESTIMATE_GIB = 0.5  # profiled CUDA graphs (taken out of the budget fr
 SGLANG_ONLY = {"mem_fraction_static": "--gpu-memory-utilization", "page_size": "--block-size",
                "max_total_tokens": "--num-gpu-blocks-override (or --log)", "dp_attention": None, "ep": None,
                "chunked_prefill_size": "--max-num-batched-tokens", "cuda_graph_max_bs": None,
-               "json_model_override_args": None, "host_mem_gb": None, "free_mem_gb": None, "sglang_version": "--vllm-version"}
+               "json_model_override_args": None, "host_mem_gb": None, "sglang_version": "--vllm-version"}
 
 _SIZE_RE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*$", re.I)
 
@@ -86,7 +86,7 @@ def _reject_sglang_only(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def _positive(args: argparse.Namespace) -> None:
-    for name in ("tp", "pp", "dp", "block_size", "max_model_len", "gpu_mem_gb", "weights_gb", "num_gpu_blocks_override",
+    for name in ("tp", "pp", "dp", "block_size", "max_model_len", "gpu_mem_gb", "free_mem_gb", "weights_gb", "num_gpu_blocks_override",
                  "max_num_seqs", "avg_tokens_per_request", "client_concurrency", "job_requests"):
         v = getattr(args, name, None)
         if v is not None and v <= 0:
@@ -213,7 +213,8 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
     nontorch = (args.non_torch_gb if args.non_torch_gb is not None else NON_TORCH_ESTIMATE_GIB) * GIB
     graphs = 0.0 if eager else CUDAGRAPH_ESTIMATE_GIB * GIB
     offload = (args.cpu_offload_gb or 0.0) * GIB
-    mem = M.Memory(total, util, weights, act, nontorch, graphs, kvmb, None, offload)
+    free = args.free_mem_gb * GIB if args.free_mem_gb is not None else None  # vLLM refuses when below the request
+    mem = M.Memory(total, util, weights, act, nontorch, graphs, kvmb, free, offload)
     budget_given = total is not None or kvmb is not None  # sized from memory, not read back from the engine
     if facts.available_kv_bytes and total is not None and not kvmb:
         # the engine's budget: what its profiling left; the non-KV part is read back from it
