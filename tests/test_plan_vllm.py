@@ -168,3 +168,12 @@ def test_free_memory_below_the_request_is_vllms_refusal(capsys: pytest.CaptureFi
                      "--gpu-memory-utilization", "0.9"], capsys)
     util = [s for s in doc["scenarios"] if s["flag"] == "--gpu-memory-utilization"]
     assert doc["fits"] and util and util[0]["proposed"] <= 74 / 79.6 and util[0]["fits"]  # never above what is free
+
+
+def test_plan_on_a_real_refused_start_up_names_vllms_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    log = DATA / "vllm-cpu-startup" / "b-override4.log"  # vLLM 0.32.0 refused: 4 blocks for a 512-token request
+    doc = plan_json(["--model-config", TINY, "--log", str(log), "--kv-cache-memory-bytes", "1GiB"], capsys)
+    assert doc["engine"] == "vllm" and doc["device"] == "cpu" and doc["kv_cache"]["block_size"] == 128
+    assert doc["fits"] is False and "the estimated maximum model length is 384" in doc["verdict"]
+    fix = next(s for s in doc["scenarios"] if s["flag"] == "--max-model-len")
+    assert fix["proposed"] == 384 and fix["fits"] is True  # the longest that starts, as vLLM itself says

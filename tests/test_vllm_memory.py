@@ -185,3 +185,34 @@ def test_blocks_from_size_inverts_the_start_up_line(version: tuple[int, int, int
 def test_cpu_default_kv_space_per_release() -> None:
     assert M.cpu_default_kv_bytes((0, 11, 0)) == 4 * GIB  # vllm/platforms/cpu.py: "using 4 by default"
     assert M.cpu_default_kv_bytes((0, 32, 0)) is None  # the worker takes the utilization of the node's memory instead
+
+
+STARTUP = DATA / "vllm-cpu-startup"
+
+
+def test_real_size_line_is_concurrency_times_max_model_len() -> None:
+    """A real 0.32.0 start-up with a max_model_len that is not whole blocks: the printed size is the
+    0.32.0 formula's, not blocks × block size (tests/data/vllm-cpu-startup/README.md)."""
+    f = facts(STARTUP / "a-mml1000.log")
+    assert f.max_model_len == 1000 and f.device == "cpu"
+    bpt = M.bytes_per_token(shape("tiny-llama.json"))
+    s = M.size(M.Memory(kv_cache_memory_bytes=GIB), bpt, M.default_block_size("cpu"), f.max_model_len, (0, 32, 0))
+    assert (s.tokens, round(s.concurrency, 2)) == (f.kv_tokens, f.concurrency)
+    assert s.blocks * s.block_size != f.kv_tokens  # what 0.11.0's formula would have printed
+    assert M.blocks_from_size(f.kv_tokens or 0, 128, 1000, (0, 32, 0)) == s.blocks
+
+
+def test_real_refusal_to_start_is_predicted() -> None:
+    """4 blocks of 128 for one 512-token request: vLLM 0.32.0 refuses (it holds the null block back)."""
+    import re
+
+    text = (STARTUP / "b-override4.log").read_text(errors="replace")
+    m = re.search(r"To serve at least one request with the model's max seq len \((\d+)\).*?the estimated maximum model length is (\d+)",
+                  text)
+    assert m
+    f = facts(STARTUP / "b-override4.log")
+    assert f.kv_tokens is None  # it never got to the KV cache line
+    bpt = M.bytes_per_token(shape("tiny-llama.json"))
+    check = M.size(M.Memory(kv_cache_memory_bytes=GIB), bpt, 128, int(m.group(1)), (0, 32, 0), override=f.num_blocks).start
+    assert not check.ok and check.estimated_max_model_len == int(m.group(2))
+    assert check.message.startswith("To serve at least one request with the model's max seq len (512)")

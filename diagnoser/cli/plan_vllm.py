@@ -290,6 +290,8 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
         notes.append("--running given: the KV cache is taken to be the limit, so the running batch grows with it")
 
     def slots_of(s: M.KVSizing) -> int:
+        if not s.start.ok or s.budget.error:
+            return 0  # vLLM would not start
         per_req = tokens_req or s.max_model_len
         return s.total_tokens // max(1, int(math.ceil(per_req / s.block_size)) * s.block_size) if s.total_tokens else 0
 
@@ -297,7 +299,9 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
 
     def project(s: M.KVSizing) -> dict[str, Any]:
         slots = slots_of(s)
-        if obs_run is not None:  # anchored on the server as observed; the KV cache moves it only when it was the limit
+        if not slots:
+            kv_running, kv_name = 0.0, "the KV cache (vLLM would not start)"
+        elif obs_run is not None:  # anchored on the server as observed; the KV cache moves it only when it was the limit
             kv_running = obs_run * slots / base_slots if kv_bound and base_slots else obs_run
             kv_name = "the KV cache" if kv_bound else "the observed load"
         else:
@@ -322,7 +326,8 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
         return out
 
     now = project(sizing)
-    rows: list[dict[str, Any]] = [{"change": "now", "flag": "", "current": None, "proposed": None, **_row(sizing, now), "fits": True,
+    rows: list[dict[str, Any]] = [{"change": "now", "flag": "", "current": None, "proposed": None, **_row(sizing, now),
+                                   "fits": sizing.start.ok and not sizing.budget.error,
                                    "assumptions": [], "risks": []}]
     prefix_or_chunked = True
     weights_at = None
@@ -458,7 +463,7 @@ def render(doc: dict[str, Any], width: int = 100) -> str:
     hdr = f"{'change':<44} {'KV tok':>10} {'conc.':>8} {'running':>7} {'gen tok/s':>11} {'ETA':>7}"
     out += [hdr, "-" * len(hdr)]
     for i, r in enumerate([doc["now"], *doc["scenarios"]]):
-        label = "now" if i == 0 else f"{i}. {r['change']}" + ("" if r["fits"] else " ✗")
+        label = ("now" if i == 0 else f"{i}. {r['change']}") + ("" if r["fits"] else " ✗")
         rng = r["gen_throughput_tps_range"]
         tps = "-" if not rng else (f"{rng[0]:,}" if rng[0] == rng[1] else f"{rng[0]:,}–{rng[1]:,}")
         eta = _eta(r["job_eta_hours"])

@@ -306,6 +306,8 @@ class VLLMLogParser:
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
+                if pairs.get("device_config") == "cpu":  # the CPU build (its KV blocks are 128 tokens, docs/vllm.md#memory)
+                    sink.set_config("device", "cpu", f"{src} (device_config=cpu)", override=False)
                 cs = _CAPTURE_SIZES_RE.search(cfg)
                 if cs:
                     sizes = [int(x) for x in cs.group(1).replace(" ", "").split(",") if x]

@@ -397,6 +397,9 @@ def what_ifs(m: Memory, shape: Any | None, bpt: int, block_size: int, max_model_
     if max_model_len > floor:
         lower = max(floor, max_model_len // 2)
         lower = min(max_model_len - 1, math.ceil(lower / block_size) * block_size) if lower > block_size else lower
+        refusal = size(m, bpt, block_size, max_model_len, version, override, dp=dp).start
+        if not refusal.ok and floor <= refusal.estimated_max_model_len < max_model_len:
+            lower = refusal.estimated_max_model_len  # the longest that starts, as vLLM's own message estimates it
         if lower >= floor and lower < max_model_len:
             s = size(m, bpt, block_size, lower, version, override, dp=dp)
             w = WhatIf("--max-model-len", max_model_len, lower, s, f"--max-model-len {max_model_len:,} → {lower:,}",
