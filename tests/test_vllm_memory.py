@@ -216,3 +216,11 @@ def test_real_refusal_to_start_is_predicted() -> None:
     check = M.size(M.Memory(kv_cache_memory_bytes=GIB), bpt, 128, int(m.group(1)), (0, 32, 0), override=f.num_blocks).start
     assert not check.ok and check.estimated_max_model_len == int(m.group(2))
     assert check.message.startswith("To serve at least one request with the model's max seq len (512)")
+
+
+def test_real_one_block_more_starts() -> None:
+    f = facts(STARTUP / "c-override5.log")
+    bpt = M.bytes_per_token(shape("tiny-llama.json"))
+    s = M.size(M.Memory(kv_cache_memory_bytes=GIB), bpt, 128, f.max_model_len or 0, (0, 32, 0), override=f.num_blocks)
+    assert f.num_blocks == 5 and s.start.ok
+    assert (s.tokens, round(s.concurrency, 2)) == (f.kv_tokens, f.concurrency)
