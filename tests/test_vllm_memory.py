@@ -224,3 +224,17 @@ def test_real_one_block_more_starts() -> None:
     s = M.size(M.Memory(kv_cache_memory_bytes=GIB), bpt, 128, f.max_model_len or 0, (0, 32, 0), override=f.num_blocks)
     assert f.num_blocks == 5 and s.start.ok
     assert (s.tokens, round(s.concurrency, 2)) == (f.kv_tokens, f.concurrency)
+
+
+def test_vet_says_whether_vllm_would_start() -> None:
+    bpt = M.bytes_per_token(shape("tiny-llama.json"))
+    m = M.Memory(kv_cache_memory_bytes=GIB)
+    assert M.vet("--num-gpu-blocks-override", 5, m, bpt, 128, 512) == (True, "")
+    ok, why = M.vet("--num-gpu-blocks-override", 4, m, bpt, 128, 512)  # the real refusal of b-override4.log
+    assert not ok and why.startswith("To serve at least one request")
+    gpu = M.Memory(total_bytes=80 * GIB, weights_bytes=60 * GIB, free_bytes=75 * GIB)
+    assert M.vet("--gpu-memory-utilization", 0.9, gpu, 8192, 16, 4096)[0]
+    assert not M.vet("--gpu-memory-utilization", 0.95, gpu, 8192, 16, 4096)[0]  # more than is free
+    assert not M.vet("--gpu-memory-utilization", 1.5, gpu, 8192, 16, 4096)[0]
+    assert not M.vet("--max-model-len", 10**7, gpu, 8192, 16, 4096)[0]
+    assert M.vet("--max-num-seqs", 512, gpu, 8192, 16, 4096) == (True, "")  # not a memory change

@@ -15,6 +15,7 @@ API (the lead wires these into advice; ``plan --engine vllm`` uses them now):
     start_check(budget, bpt, block_size, max_model_len, version)  StartCheck: would vLLM start, with its message
     size(Memory, shape/bpt…)                             KVSizing: the whole chain for one configuration
     what_ifs(KVSizing inputs…)                           list[WhatIf]: utilization, fp8 KV, max_model_len, TP
+    vet(flag, value, Memory, bpt, block, max_model_len…)  would vLLM start with this value? (ok, vLLM's refusal)
     cpu_offload_cost(offload_gib, link_gbps)             the per-step cost of --cpu-offload-gb (never a fix)
     StartupFacts.from_config(cfg)                        what a start-up log / server info said about memory
 
@@ -421,6 +422,36 @@ def what_ifs(m: Memory, shape: Any | None, bpt: int, block_size: int, max_model_
     return out
 
 
+def vet(flag: str, value: Any, m: Memory, bpt: int, block_size: int, max_model_len: int, version: Version | None = None,
+        override: int | None = None, dp: int = 1) -> tuple[bool, str]:
+    """Would vLLM start with ``flag`` set to ``value`` (the rest as now)? ``(True, "")`` or ``(False, why)``
+    where ``why`` is vLLM's own refusal. For the rules' advice: a suggestion that fails is not shown.
+    Flags: ``--gpu-memory-utilization``, ``--max-model-len``, ``--kv-cache-memory-bytes``,
+    ``--num-gpu-blocks-override``, ``--block-size``; any other flag is not a memory change (True)."""
+    try:
+        if flag == "--gpu-memory-utilization":
+            v = float(value)
+            if not 0 < v <= 1:
+                return False, f"GPU memory utilization must be above 0 and at most 1 (got {v:g})"
+            m = replace(m, gpu_memory_utilization=v)
+        elif flag == "--max-model-len":
+            max_model_len = int(value)
+        elif flag == "--kv-cache-memory-bytes":
+            m = replace(m, kv_cache_memory_bytes=int(value))
+        elif flag == "--num-gpu-blocks-override":
+            override = int(value)
+        elif flag == "--block-size":
+            block_size = int(value)
+        else:
+            return True, ""
+    except (TypeError, ValueError):
+        return False, f"{flag} {value!r} is not a number"
+    s = size(m, bpt, block_size, max_model_len, version, override, dp)
+    if s.budget.error:
+        return False, s.budget.error
+    return (True, "") if s.start.ok else (False, s.start.message)
+
+
 def cpu_offload_cost(offload_gib: float, link_gbps: float = 25.0) -> dict[str, Any]:
     """What ``--cpu-offload-gb`` costs: the offloaded weights cross the host link in every forward pass.
     ``link_gbps`` is the sustained host-to-device rate in GB/s (PCIe 4.0 x16 ≈ 25, PCIe 5.0 ≈ 50)."""
@@ -505,4 +536,4 @@ class StartupFacts:
 
 __all__ = ["Budget", "KVShape", "KVSizing", "Memory", "MemoryInputError", "StartCheck", "StartupFacts", "WhatIf", "bytes_per_token", "cache_dtype_bytes",
            "blocks_from_size", "capacity", "cpu_default_kv_bytes", "cpu_offload_cost", "default_block_size", "default_gpu_memory_utilization", "default_max_num_seqs", "kv_budget",
-           "layers_per_rank", "num_blocks", "size", "start_check", "what_ifs"]
+           "layers_per_rank", "num_blocks", "size", "start_check", "vet", "what_ifs"]
