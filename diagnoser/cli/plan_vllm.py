@@ -118,6 +118,10 @@ def _log(path: str) -> Any:
     from diagnoser.collect import collect_logs
     from diagnoser.engines import get_adapter
 
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise UsageError(f"{path} is not a readable file; pass the vLLM server's log")
     col = collect_logs(get_adapter("auto"), [path])
     if not col.timelines or not col.usable():
         raise UsageError(f"nothing usable was read from {path}; pass a vLLM server log")
@@ -147,6 +151,8 @@ def build(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, 
         if shape.hybrid:
             notes.append(f"{shape.full_attention_layers} of {shape.layers} layers are full attention: vLLM's hybrid allocator "
                          "sizes the groups on one page size, so the estimate counts the full-attention layers only")
+    if shape is None and tl is None:
+        raise UsageError("pass --model-config config.json (the model's Hugging Face config) to size the KV cache")
     device = args.device or facts.device or "cuda"
     tp = args.tp or facts.tp or 1
     pp = args.pp or facts.pp or 1
