@@ -115,10 +115,10 @@ def _version(args: argparse.Namespace, tl: Any, notes: list[str]) -> M.Version:
 
 
 def _log(path: str) -> Any:
+    from pathlib import Path
+
     from diagnoser.collect import collect_logs
     from diagnoser.engines import get_adapter
-
-    from pathlib import Path
 
     if not Path(path).is_file():
         raise UsageError(f"{path} is not a readable file; pass the vLLM server's log")
