@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from diagnoser.floor import is_floor
+from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
 from diagnoser.timeline import Series, Timeline, summarize
@@ -51,6 +52,15 @@ class RuleContext:
     @property
     def target(self) -> str:
         return self.timeline.target
+
+    @property
+    def mech(self) -> Mechanism:
+        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine import."""
+        return mechanism_of(self.adapter)
+
+    def word(self, key: str) -> str:
+        """The engine's word for a behaviour (``preemption`` on vLLM, ``retraction`` on SGLang)."""
+        return self.mech.words.get(key, key)
 
     def flag(self, concept: str) -> str:
         return str(self.adapter.flag(concept, self.version))
