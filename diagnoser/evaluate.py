@@ -432,6 +432,8 @@ def _at_release(f: Finding, s: Suggestion, tl: Timeline | None) -> tuple[Suggest
     from diagnoser.engines.sglang import flags
 
     version = version_tuple(tl) if tl is not None else None
+    if tl is not None and (tl.engine or "sglang") != "sglang":
+        return s, ""  # another engine's flags are spelled per release by its adapter (engines/vllm/flags.py)
     if version is None or not s.flag.startswith("--") or not flags.known_flag(s.flag):
         return s, ""
     rf = flags.respell(s.flag, version)

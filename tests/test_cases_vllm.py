@@ -50,13 +50,19 @@ PHASE2: dict[tuple[str, str], str] = {
     ("028-vllm-6737-tiny-model-kv-full-low-gpu-util", "scheduler_overhead"):
         "no rule of the catalogue judges scheduler overhead (CPU-bound step time on a tiny model)",
 }
-# suggested flags of the cases that need vLLM's own advice (phase 2); listed per case
+# suggested flags of the cases that vLLM's advice does not give yet, per case. Why, flag by flag:
+# --max-model-len: a lower one does not grow V1's KV pool (it is what the profiled weights and activations
+#   leave of total x --gpu-memory-utilization, vllm/v1/worker/gpu_worker.py); it bounds a request's length,
+#   and proposing a value needs the request lengths, which a stats line does not give.
+# 003: its labels are not found (see PHASE2), so no finding carries the pool or --max-num-seqs advice.
+# 015 / 019: --enable-chunked-prefill and --max-num-batched-tokens come with prefill_decode_interference on
+#   V0, which is not found on these few lines (PHASE2).
 PHASE2_FLAGS: dict[str, set[str]] = {
     "003-vllm-21809-long-context-kv-full-preemption": {"--gpu-memory-utilization", "--max-num-seqs"},
-    "013-vllm-43295-mtp-slow-actually-kv-bound": {"--gpu-memory-utilization", "--max-model-len"},
+    "013-vllm-43295-mtp-slow-actually-kv-bound": {"--max-model-len"},
     "015-vllm-1734-prefill-blocks-decode-v0": {"--enable-chunked-prefill", "--max-num-batched-tokens"},
     "019-vllm-1935-2080ti-awq-prefill-flood-kv-full": {"--max-num-seqs", "--enable-chunked-prefill"},
-    "028-vllm-6737-tiny-model-kv-full-low-gpu-util": {"--gpu-memory-utilization", "--max-model-len"},
+    "028-vllm-6737-tiny-model-kv-full-low-gpu-util": {"--max-model-len"},
 }
 _RESULTS: dict[str, dict[str, Any]] = {}
 

@@ -49,6 +49,10 @@ References:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, readings_basis, suggest
 from diagnoser.rules.columns import argmax_source, pairs
@@ -95,6 +99,8 @@ class KVRetraction(Rule):
         if reqs > n:
             rank_txt += f", {reqs} requests in all"
         notes = _before_window(ctx)
+        if not ctx.mech.reserves_output:  # vLLM: preemption by recompute, no output reservation to raise
+            return self._preempted(ctx, n, when, rank_txt, frequent, evs, notes, minutes)
         if frequent:
             summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
             return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING,
@@ -102,6 +108,36 @@ class KVRetraction(Rule):
         summary = f"Decode retracted requests {n} time(s){when}{rank_txt}: occasional, which the tuning guide calls fine."
         return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO,
                             basis={"events": n, "kind": "retraction"}, notes=notes)
+
+    def _preempted(self, ctx: RuleContext, n: int, when: str, rank_txt: str, frequent: bool, evs: list[Evidence], notes: list[str],
+                   minutes: float | None) -> Finding:
+        """vLLM: a running request that cannot get a KV block preempts the lowest-priority running one, whose
+        blocks are freed and whose prompt and output are computed again when it is rescheduled
+        (``_preempt_request`` in vllm/v1/core/sched/scheduler.py; V0's RECOMPUTE mode in vllm/core/scheduler.py).
+        The fixes vLLM's own tuning docs name: a larger KV pool, or fewer requests at once (--max-num-seqs)."""
+        evs = [replace(e, signal=e.signal.replace("retraction events", "preemptions").replace("retractions per minute", "preemptions per minute"))
+               for e in evs]
+        basis = {"events": n, "kind": "preemption"}
+        if not frequent:
+            return self.finding(ctx, f"vLLM preempted requests {n} time(s){when}{rank_txt}: occasional (each one is recomputed).", evs, [],
+                                confidence="high" if minutes else "medium", severity=Severity.INFO, basis=basis, notes=notes)
+        from diagnoser.rules.admission import admission, fit_at_full_length
+        from diagnoser.rules.proposals import vllm_pool_suggestions
+
+        a = admission(ctx)
+        sugg = vllm_pool_suggestions(ctx, a.pool)
+        foot, fit = fit_at_full_length(ctx)
+        cap = a.cap if not a.cap_inferred else None
+        if cap and fit and int(fit) >= 1 and int(fit) < cap and float(np.nanmax(a.running)) > fit:
+            sugg.append(suggest(ctx, "max_running_requests", cap, int(fit),
+                                f"the KV pool ({a.pool:,} tokens) holds about {fit:.1f} requests at their full length (the mean prompt + output is "
+                                f"{foot:,.0f} tokens), but up to {float(np.nanmax(a.running)):.0f} ran: vLLM admits into the pool and "
+                                "preempts the requests it cannot grow" + ("; apply it only if preemptions persist after the pool change" if sugg else ""),
+                                "no preemptions (each recomputes a request's prompt and output), at the same or a little less throughput",
+                                ("the requests keep the mean length seen",)))
+        summary = (f"vLLM preempted requests {n} times{when}{rank_txt}: frequent; each preempted request loses its KV blocks and is "
+                   "recomputed from its prompt when rescheduled.")
+        return self.finding(ctx, summary, evs, sugg, confidence="high", severity=Severity.WARNING, basis=basis, notes=notes)
 
     def _conservativeness(self, ctx: RuleContext):  # type: ignore[no-untyped-def]
         cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
@@ -146,6 +182,14 @@ class KVRetraction(Rule):
             if a < 0.5 * b:
                 sev = Severity.WARNING
                 extra = f"; generation fell from about {b:.0f} to {a:.0f} tok/s afterwards"
+        if not ctx.mech.reserves_output:
+            from diagnoser.rules.proposals import vllm_pool_suggestions
+
+            summary = (f"No preemption was counted, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} while the running "
+                       f"count went {r1:.0f} -> {r2:.0f} (no request finished to free the blocks): a preemption is implied{extra}.")
+            return self.finding(ctx, summary, evs, vllm_pool_suggestions(ctx, ctx.memo.get("admission").pool if ctx.memo.get("admission") else None),
+                                confidence="low", severity=sev, basis=readings_basis(ctx, "token_usage"),
+                                notes=["vllm:num_preemptions_total in a /metrics scrape would confirm it (V1 logs no preemption line)."])
         summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
                    f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
                    f"a retraction is implied{extra}.")
