@@ -139,7 +139,8 @@ def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
         return "not_judged", f"no {', '.join(signals)} readings in the inputs"
     parts = [_plural(n, f"{sig} reading") for sig, n in read] + [_plural(n, f"{k} event") for k, n in seen]
     if not parts and rule.events:  # a rule on log events: none of them is its answer
-        return "fine", f"no {', '.join(rule.events)} events in the inputs"
+        kinds = [ctx.mech.words.get(k, k) for k in rule.events if k not in ctx.mech.no_events]  # as the engine names them
+        return "fine", f"no {', '.join(kinds)} events in the inputs" if kinds else "the engine logs none of the events it reads"
     if not parts:
         return "fine", "its condition did not hold"
     return "fine", f"read {', '.join(parts)}: its condition did not hold"

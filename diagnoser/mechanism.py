@@ -60,6 +60,7 @@ class Mechanism(Protocol):
     name: str  # "sglang" | "vllm"
     # the words a report uses for the engine's behaviours: "preemption" (vLLM) / "retraction" (SGLang), etc.
     words: dict[str, str]
+    no_events: frozenset[str]  # event kinds the engine never logs (not named as "absent" to a reader)
     newest_known: tuple[int, int, int] | None  # newest release whose source was read (config drift)
     reserves_output: bool  # admission holds room for the running requests' remaining output (SGLang)
     chunked_prefill_default: bool  # prompts longer than the step budget are split by default
@@ -91,8 +92,9 @@ class NullMechanism:
     """No engine known (a context built without an adapter): no arithmetic, nothing vetted, neutral words."""
 
     name = ""
-    words = {"preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
+    words = {"engine": "the engine", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
     newest_known = None
+    no_events: frozenset[str] = frozenset()
     reserves_output = False
     chunked_prefill_default = False
 

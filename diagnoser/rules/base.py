@@ -373,6 +373,16 @@ def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any
     return hit  # type: ignore[no-any-return]
 
 
+def cap_name(ctx: RuleContext) -> str:
+    """The running-request cap as the engine names it in its config (evidence labels)."""
+    return "max_running_requests" if ctx.mech.reserves_output or not ctx.mech.name else "max_num_seqs"
+
+
+def pool_name(ctx: RuleContext) -> str:
+    """The KV pool's size as the engine names it (evidence labels)."""
+    return "max_total_tokens" if ctx.mech.reserves_output or not ctx.mech.name else "KV cache size (tokens)"
+
+
 def next_pow2(n: float) -> int:
     p = 1
     while p < n:

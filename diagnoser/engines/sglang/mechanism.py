@@ -17,8 +17,9 @@ FIT_SHARE = 0.8  # running at this share of what the pool holds at full length f
 
 class SGLangMechanism:
     name = "sglang"
-    words = {"preemption": "retraction", "preempted": "retracted", "preempt": "retract"}
+    words = {"engine": "SGLang", "preemption": "retraction", "preempted": "retracted", "preempt": "retract"}
     newest_known = NEWEST_KNOWN
+    no_events: frozenset[str] = frozenset()
     reserves_output = True
     chunked_prefill_default = True
 

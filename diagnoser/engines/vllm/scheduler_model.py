@@ -117,8 +117,9 @@ def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
 
 class VLLMMechanism:
     name = "vllm"
-    words = {"preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
+    words = {"engine": "vLLM", "retraction": "preemption", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
     newest_known = NEWEST_KNOWN
+    no_events = frozenset({"hicache_host_oom"})  # SGLang's HiCache host pool: vLLM has none
     reserves_output = False
     chunked_prefill_default = True  # V1; V0 servers set chunked_prefill False in their state
 
