@@ -195,11 +195,31 @@ def test_recorded_client_bound_is_healthy() -> None:
 
 def test_recorded_small_token_budget() -> None:
     """--max-num-batched-tokens 32: requests wait with slots and KV free while prompts go through in 32-token
-    chunks. Read as vLLM; today only low_batch_occupancy (info) fires: naming the token budget as the limit
-    needs vLLM's admission model (phase 2), so no warning is claimed here."""
+    chunks. vLLM's admission model (engines/vllm/scheduler_model.py) names the step budget: the mean prompt
+    (about 300 tokens) is longer than what the decoders leave of 32, so a prompt mid-prefill takes the rest
+    of every step. The fix is --max-num-batched-tokens, raised to vLLM's own default for such a server."""
     doc = run(["--replay", str(REAL_RUNS / "small-batched-tokens")])
     common_checks(doc, REAL_RUNS / "small-batched-tokens" / "server.log")
-    found = {f["rule"] for f in doc["findings"]}
-    assert "low_batch_occupancy" in found and "kv_saturation" not in found
+    found = {f["rule"]: f for f in doc["findings"]}
+    assert "kv_saturation" not in found and "max_running_requests_cap" not in found
+    pf = found["prefill_stall"]
+    assert Severity.parse(pf["severity"]) >= Severity.WARNING and "--max-num-batched-tokens 32" in pf["summary"]
+    s = pf["suggestions"][0]
+    assert (s["flag"], s["current"]) == ("--max-num-batched-tokens", 32) and 300 <= s["proposed"] <= 16 * 1024  # max_num_seqs x max_model_len
     cfg = doc["config"][next(iter(doc["config"]))]
     assert cfg["max_num_batched_tokens"]["value"] == 32 and cfg["max_running_requests"]["value"] == 16
+
+
+def test_recorded_kv_full_preemption_advice() -> None:
+    """The pool is 8 blocks forced by --num-gpu-blocks-override: the advice grows the override (bounded by the
+    demand seen, in whole blocks), and a --max-num-seqs cut is only to what the pool holds at full length;
+    nothing of SGLang's (retraction, conservativeness, static fraction) is proposed."""
+    doc = run(["--replay", str(REAL_RUNS / "kv-full-preemption")])
+    kv2 = next(f for f in doc["findings"] if f["rule"] == "kv_retraction")
+    assert kv2["summary"].startswith("vLLM preempted requests")
+    by = {s["flag"]: s for s in kv2["suggestions"]}
+    blocks = by["--num-gpu-blocks-override"]
+    assert blocks["current"] == 8 and 8 < blocks["proposed"] <= 16 * 512 // 128 * 2  # at most the demand (16 x max-model-len 512), x2
+    seqs = by.get("--max-num-seqs")
+    if seqs is not None:
+        assert seqs["current"] == 16 and 1 <= seqs["proposed"] <= 1024 // 200  # the pool at (prompt + 200 output) per request

@@ -147,8 +147,14 @@ def _build(ctx: RuleContext) -> Admission:
     lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
     if a.cap:
         lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
-    if a.budget:
+    if a.budget and ctx.mech.reserves_output:
         lab[wait & (lab == "none") & _budget_spent(ctx, a)] = "budget"
+    elif a.budget and a.prompt is not None:
+        # vLLM (v1/core/sched/scheduler.py): the running requests take their tokens first, one per decoder and
+        # a chunk of the remaining budget per prompt still prefilling; a waiting request is admitted only with
+        # budget left. With the mean prompt longer than what the decoders leave, a prompt mid-prefill takes
+        # every token left in the step, so the step budget is what holds the queue
+        lab[wait & (lab == "none") & (a.prompt > a.budget - run)] = "budget"
     a.open = wait & (lab == "none")
     a.kv_arith = np.zeros(len(p), dtype=bool)
     arith = _reservation_full(ctx, a, _ratio_at(ctx, a))
@@ -364,6 +370,11 @@ def prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
 
 
 def _prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
+    if not ctx.mech.reserves_output:  # vLLM: one step's token budget, decode and prefill tokens together
+        v = ctx.cfg("max_num_batched_tokens")
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v), "max_num_batched_tokens", ctx.timeline.cfg_source("max_num_batched_tokens")
+        return None, "", ""
     known = []
     for name in ("chunked_prefill_size", "max_prefill_tokens"):
         v = ctx.cfg(name, ctx.cfg(f"arg.{name}"))

@@ -14,6 +14,7 @@ SIMPLE: dict[str, str] = {
     "max_running_requests": "--max-num-seqs",
     "chunked_prefill_size": "--max-num-batched-tokens",  # V1's per-step token budget (chunks prefills)
     "max_prefill_tokens": "--max-num-batched-tokens",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
     "context_length": "--max-model-len",
     "tp_size": "--tensor-parallel-size",
