@@ -31,6 +31,13 @@ Fix:
     at v0.5.23), so from 1.43 up a larger value changes nothing and none is proposed; `ignore_eos` requests
     (`--ignore-eos`) reserve their whole max_new_tokens whatever the ratio, so none is proposed for them.
 
+    On vLLM the same events are preemptions (`vllm:num_preemptions_total`; V0's `is preempted by
+    PreemptionMode.RECOMPUTE` warning): a running request that cannot get a KV block preempts another, which
+    is recomputed later (`vllm/v1/core/sched/scheduler.py`). vLLM reserves nothing for future output, so
+    there is no conservativeness to raise: the fix is a larger pool (`--num-gpu-blocks-override` when it
+    sized the pool, else `--gpu-memory-utilization` up to 0.95 on a GPU, and FP8 KV), then, only if
+    preemptions persist, `--max-num-seqs` down to the requests the pool holds at their full length
+    (`docs/vllm.md#mechanism`).
 Known false positives:
     A retraction during a burst at the start of a benchmark is normal. The implied case cannot tell a
     retraction from a request that finished while another was admitted in the same interval.

@@ -39,6 +39,12 @@ Fix:
     Lower `--schedule-conservativeness` (the tuning guide: usage < 0.9 with a queue → e.g. 0.3), which
     lowers the future-token reservation that blocks admission.
 
+    On vLLM the budget is the step's `--max-num-batched-tokens`, decode and prefill tokens together
+    (`docs/vllm.md#mechanism`): when it held the queue in `cap_share` of the readings
+    with one (the mean prompt is longer than what the decoders leave of it, so a prompt mid-prefill takes
+    the rest of every step) and KV has room, the fix is `--max-num-batched-tokens` raised to vLLM's
+    default class (2,048) or enough for the mean prompt in one step, at most `--max-num-seqs` ×
+    `--max-model-len`.
 Known false positives:
     A small chunk size chosen on purpose to protect decode latency (see
     `prefill_decode_interference`, the opposite trade-off). A stall while the scheduler waits on a

@@ -158,7 +158,7 @@ class VLLMMechanism:
                 floor.append((st.max_model_len, f"with chunked prefill off, below --max-model-len {st.max_model_len:,} vLLM refuses to start"))
             for lo, why in sorted(floor, reverse=True):
                 if p < lo:
-                    if c is not None and c >= lo and p < c:
+                    if c is not None and c <= lo and p < c:  # already at the floor: no lower value starts
                         return Verdict("noop", why, cites=CITES["verify"])
                     return Verdict("capped", why, flag=flag, current=current, proposed=int(lo), cites=CITES["verify"])
         if flag == "--enable-chunked-prefill" and st.v1 and st.version is not None and st.version >= (0, 11, 0):
