@@ -35,8 +35,9 @@ Fix:
     PreemptionMode.RECOMPUTE` warning): a running request that cannot get a KV block preempts another, which
     is recomputed later (`vllm/v1/core/sched/scheduler.py`). vLLM reserves nothing for future output, so
     there is no conservativeness to raise: the fix is a larger pool (`--num-gpu-blocks-override` when it
-    sized the pool, else `--gpu-memory-utilization` up to 0.95 on a GPU, and FP8 KV), then, only if
-    preemptions persist, `--max-num-seqs` down to the requests the pool holds at their full length
+    sized the pool, else `--gpu-memory-utilization` up to 0.95 on a GPU, and FP8 KV), and only when
+    none of those is in reach, `--max-num-seqs` down to the requests the pool holds at their full length (else a
+    note says to cap it on the new pool if preemptions persist)
     (`docs/vllm.md#mechanism`).
 Known false positives:
     A retraction during a burst at the start of a benchmark is normal. The implied case cannot tell a
@@ -135,13 +136,18 @@ class KVRetraction(Rule):
         sugg = vllm_pool_suggestions(ctx, a.pool)
         foot, fit = fit_at_full_length(ctx)
         cap = a.cap if not a.cap_inferred else None
-        if cap and fit and int(fit) >= 1 and int(fit) < cap and float(np.nanmax(a.running)) > fit:
-            sugg.append(suggest(ctx, "max_running_requests", cap, int(fit),
-                                f"the KV pool ({a.pool:,} tokens) holds about {fit:.1f} requests at their full length (the mean prompt + output is "
-                                f"{foot:,.0f} tokens), but up to {float(np.nanmax(a.running)):.0f} ran: vLLM admits into the pool and "
-                                "preempts the requests it cannot grow" + ("; apply it only if preemptions persist after the pool change" if sugg else ""),
-                                "no preemptions (each recomputes a request's prompt and output), at the same or a little less throughput",
-                                ("the requests keep the mean length seen",)))
+        ran = float(np.nanmax(a.running)) if len(a.running) else 0.0
+        if cap and fit and int(fit) >= 1 and int(fit) < cap and ran > fit:
+            if sugg:  # a larger pool comes first; a cut sized on today's pool would contradict it
+                notes = [*notes, f"If preemptions persist after the pool change, cap --max-num-seqs at the requests the new pool holds at their "
+                                 f"full length ({foot:,.0f} tokens each; today's pool holds about {fit:.1f})."]
+            else:
+                sugg.append(suggest(ctx, "max_running_requests", cap, int(fit),
+                                    f"the KV pool ({a.pool:,} tokens) holds about {fit:.1f} requests at their full length (the mean prompt + output is "
+                                    f"{foot:,.0f} tokens), but up to {ran:.0f} ran: vLLM admits into the pool and preempts the requests it cannot grow, "
+                                    "and no larger pool is in reach from the inputs",
+                                    "no preemptions (each recomputes a request's prompt and output), at the same or a little less throughput",
+                                    ("the requests keep the mean length seen",)))
         summary = (f"vLLM preempted requests {n} times{when}{rank_txt}: frequent; each preempted request loses its KV blocks and is "
                    "recomputed from its prompt when rescheduled.")
         return self.finding(ctx, summary, evs, sugg, confidence="high", severity=Severity.WARNING, basis=basis, notes=notes)
