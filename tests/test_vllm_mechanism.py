@@ -64,3 +64,11 @@ def test_state_from_config_facts() -> None:
     st = state_from_config(facts.get, (0, 32, 0))
     assert (st.pool_tokens, st.max_num_seqs, st.max_num_batched_tokens, st.max_model_len, st.on_cpu, st.chunking()) == (
         1024, 16, 2048, 512, True, True)
+
+
+def test_a_flag_newer_than_the_release_is_not_spelled() -> None:
+    from diagnoser.engines.vllm.flags import NO_FLAG, spelling
+
+    assert spelling("kv_cache_dtype", (0, 2, 7)).startswith(NO_FLAG)  # --kv-cache-dtype is in 0.4.3, not 0.2.7
+    assert spelling("kv_cache_dtype", (0, 4, 3)) == spelling("kv_cache_dtype") == "--kv-cache-dtype"
+    assert spelling("max_num_batched_tokens", (0, 2, 7)) == "--max-num-batched-tokens"
