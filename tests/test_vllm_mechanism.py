@@ -56,6 +56,7 @@ def test_no_cuda_graph_advice_on_cpu_and_no_chunked_prefill_flag_on_v1() -> None
     assert MECHANISM.vet("--enforce-eager", None, True, cpu).kind == "noop"
     assert MECHANISM.vet("--enable-chunked-prefill", None, True, cpu).kind == "noop"
     assert MECHANISM.vet("--enable-chunked-prefill", None, True, VLLMState(version=(0, 6, 6))).ok
+    assert MECHANISM.vet("--enable-chunked-prefill", False, True, VLLMState(version=(0, 32, 0), chunked_prefill=False)).ok
 
 
 def test_state_from_config_facts() -> None:

