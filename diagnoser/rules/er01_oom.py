@@ -203,9 +203,10 @@ def _auto_fraction_fix(ctx: RuleContext, cur: Any) -> tuple[float, str] | None:
     (:func:`~diagnoser.engines.sglang.scheduler_model.profiled_pool_tokens`, with the log's free memory
     before and after the weights) must be positive at it."""
     from diagnoser.capacity.gpus import auto_mem_fraction
-    from diagnoser.engines.sglang.scheduler_model import least_fraction
     from diagnoser.rules.admission import server_state_of
 
+    if ctx.mech.name not in ("sglang", ""):  # --mem-fraction-static is SGLang's; another engine sizes memory its own way
+        return ctx.mech.startup_fraction_fix(ctx.cfg, cur)
     chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
     if not isinstance(cur, int | float) or cur > 0.05 or not isinstance(chunk, int | float) or chunk > 0:
         return None
@@ -226,7 +227,9 @@ def _auto_fraction_fix(ctx: RuleContext, cur: Any) -> tuple[float, str] | None:
     before, after = ctx.cfg("avail_mem_before_weights_gb"), ctx.cfg("avail_mem_after_weights_gb")
     starts = ""
     if isinstance(before, int | float) and isinstance(after, int | float) and before > 0:
-        least = least_fraction(float(before), float(after))
+        # the least fraction whose profiled pool is positive: (after - before x (1 - f)) > 0
+        # (scheduler_model.profiled_pool_tokens' formula, model_runner.py profile_max_num_token)
+        least = 1.0 - float(after) / float(before)
         if prop <= least + 0.01:  # the weights would leave no pool at it: the fix must make the server start
             prop = round(-(-(least + 0.02) * 20 // 1) / 20, 2)
         starts = (f"; at {prop:g} the KV pool gets {float(after) - float(before) * (1 - prop):.1f} GB ({float(after):.2f} GB free after the "
