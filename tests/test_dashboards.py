@@ -230,7 +230,6 @@ def test_divisions_leave_a_gap_when_the_denominator_is_zero(tmp_path: Path) -> N
     cache hit rate: a 0 denominator gives no sample (the issue: +Inf when the last gen throughput was 0), a
     positive one the ratio."""
     find = {(p["title"], t["refId"]): substitute(t["expr"]) for p in load("diagnoser-findings.json")["panels"] for t in p["targets"]}
-    vexpr = {(p["title"], t["refId"]): substitute(t["expr"]) for p in load("vllm-overview.json")["panels"] for t in p["targets"]}
     over = {(p["title"], t["refId"]): substitute(t["expr"]) for p in load("sglang-overview.json")["panels"] for t in p["targets"]}
     gain = find[("Current suggestions and projected gains", "D")]
     hit = over[("Prefix cache hit rate", "B")]
