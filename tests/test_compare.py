@@ -157,7 +157,7 @@ def test_the_real_fix_is_improved_though_an_unrelated_hit_rate_fell(capsys: pyte
     assert hit["change_points"] == pytest.approx((hit["after"] - hit["before"]) * 100) and -6 < hit["change_points"] < -4
     assert "cache_hit" in basis["other_movements"] and "running" not in basis["other_movements"]
     code, out, _ = _run(capsys, "compare", str(BEFORE), str(AFTER))
-    assert out.splitlines()[0] == "diagnoser compare · verdict: IMPROVED"
+    assert out.splitlines()[0] == "diagnoser compare · SGLang 0.5.23 · verdict: IMPROVED"  # the engine and its version first
     assert "not in the verdict: prefix cache hit rate 5.9% → 1.1% (-4.8 pt)" in out
     row = next(line for line in out.splitlines() if line.lstrip().startswith("prefix cache hit rate"))
     assert "-4.8 pt" in row and "%" not in row.split("1.1%")[1], row  # points, not "-81 %"

@@ -143,3 +143,45 @@ def test_the_fleet_path_bounds_a_ttft_quantile_past_the_clock() -> None:
     tl2.add("queue_reqs", t0, 40, "p")
     tl2.add("ttft_seconds_p95", t0 + 141, 176.0, "p")
     assert bound_quantiles(tl2, vr) == 0 and tl2.get("ttft_seconds_p95").values.tolist() == [176.0]  # type: ignore[union-attr]
+
+
+def test_the_fleet_path_bounds_every_latency_quantile_with_the_buckets_prometheus_holds() -> None:
+    """--prometheus: ITL, e2e and queue-time quantiles are bounded like TTFT, with the bucket bounds read
+    from Prometheus' ``count by (__name__, le)`` answer; bounds the targets disagree on give no bucket."""
+    from diagnoser.engines.sglang.versions import VersionRange
+    from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds
+    from diagnoser.floor import is_floor
+
+    q = bucket_query('job="x"')
+    assert q.startswith("count by (__name__, le) (") and "e2e_request_latency_seconds" in q and "queue_time_seconds" in q
+    assert '_bucket"' in q and 'job="x"' in q
+
+    def rows(name: str, les: list[str], n: float = 2.0) -> list[dict[str, object]]:
+        return [{"metric": {"__name__": name, "le": le}, "values": [[0, "1"], [60, str(n)]]} for le in les]
+
+    answer = (rows("sglang:e2e_request_latency_seconds_bucket", ["10", "20", "60", "120", "+Inf"])
+              + rows("sglang_queue_time_seconds_bucket", ["1", "5", "50", "+Inf"])
+              + rows("sglang:inter_token_latency_seconds_bucket", ["0.1", "+Inf"])
+              + rows("sglang:inter_token_latency_seconds_bucket", ["0.2"], n=1.0))  # one target has other bounds
+    got = shared_bounds(answer)
+    assert got == {"e2e_request_latency_seconds": (10.0, 20.0, 60.0, 120.0), "queue_time_seconds": (1.0, 5.0, 50.0)}
+
+    tl = Timeline(target="t")
+    t0 = 1_790_000_000.0
+    for dt, run, queue in ((0, 0, 0), (30, 8, 40), (70, 8, 40)):
+        tl.add("running_reqs", t0 + dt, run, "prometheus sglang:num_running_reqs")
+        tl.add("queue_reqs", t0 + dt, queue, "prometheus sglang:num_queue_reqs")
+    e2e = "prometheus histogram_quantile(0.95, sglang:e2e_request_latency_seconds[5s])"
+    tl.add("e2e_seconds_p95", t0 + 30, 15.0, e2e)  # within the clock
+    tl.add("e2e_seconds_p95", t0 + 70, 100.0, e2e)  # interpolated in 60-120 s, 70 s after idle: "> 60 s"
+    tl.add("queue_time_seconds_p95", t0 + 70, 50.0, "prometheus histogram_quantile(0.95, sglang:queue_time_seconds[5s])")  # +Inf bucket
+    itl = "prometheus histogram_quantile(0.95, sglang:inter_token_latency_seconds[5s])"
+    tl.add("itl_seconds_p95", t0 + 70, 90.0, itl)  # past the clock, but its bounds are not shared: kept
+    assert bound_quantiles(tl, VersionRange(low=(0, 5, 23), high=(0, 5, 23)), got) == 2
+    s = tl.get("e2e_seconds_p95")
+    assert s is not None and s.values.tolist() == [15.0, 60.0]
+    assert not is_floor(source=s.sources[0]) and is_floor(source=s.sources[1]) and "60-120 s bucket (read from Prometheus)" in s.sources[1]
+    qt = tl.get("queue_time_seconds_p95")
+    assert qt is not None and qt.values.tolist() == [50.0] and is_floor(source=qt.sources[0]) and "last finite bucket" in qt.sources[0]
+    i = tl.get("itl_seconds_p95")
+    assert i is not None and i.values.tolist() == [90.0] and not is_floor(source=i.sources[0])

@@ -124,7 +124,7 @@ def prefill_graph_sizes(max_tokens: int) -> int:
 def auto_mem_fraction(gpu_mib: float, tp: int = 1, version: Version | None = None, *, pp: int = 1,
                       chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None,
                       attn_dp: int = 1, mla: bool = False, platform: str = "cuda",
-                      max_running_requests: int | None = None) -> AutoFraction:
+                      max_running_requests: int | None = None, max_prefill_tokens: int = 16384) -> AutoFraction:
     """SGLang's ``mem_fraction_static`` when the flag is not given, for a GPU of ``gpu_mib`` usable MiB.
 
     * v0.5.14+ (checked at v0.5.23, ``python/sglang/srt/arg_groups/memory_hook.py``
@@ -149,11 +149,11 @@ def auto_mem_fraction(gpu_mib: float, tp: int = 1, version: Version | None = Non
         d_chunk, d_bs = (_defaults_0523 if new else _defaults_053)(gib, tp)
         chunk = chunked_prefill_size or d_chunk
         bs = cuda_graph_max_bs or d_bs
-        if platform == "cpu" and new:
-            bs = cuda_graph_max_bs or 32  # the CPU graph batch limit is --torch-compile-max-bs (default 32)
+        if platform == "cpu" and v >= (0, 5, 10):
+            bs = cuda_graph_max_bs or 32  # the CPU graph batch limit is --torch-compile-max-bs (default 32; server_args.py at v0.5.10)
         if cuda_graph_max_bs is None and max_running_requests is not None and new:
             bs = min(bs, max_running_requests)
-        act = 1.5 * max(chunk if chunk > 0 else 16384, 2048)
+        act = 1.5 * max(chunk if chunk > 0 else max_prefill_tokens, 2048)  # chunking off: --max-prefill-tokens
         par = tp * pp / 8 * 1024
         graph = 2.0 * bs
         parts = [f"512 + 1.5 × {max(chunk, 2048):,} (chunk) + {par:,.0f} (TP {tp})", f"{graph:,.0f} (decode graphs, max bs {bs})"]

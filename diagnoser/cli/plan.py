@@ -73,7 +73,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="diagnose plan", formatter_class=argparse.RawDescriptionHelpFormatter,
-                description=_tw_fill("KV capacity, weights and what-ifs for SGLang from a model config and a GPU, no server needed.", WIDTH),
+                description=_tw_fill("KV capacity, weights and what-ifs for SGLang (or vLLM, with --engine vllm) from a model config and a "
+                                                     "GPU, no server needed.", WIDTH),
                 epilog=_tw_fill(
                     "--gpu knows: " + gpu_help() + ". 'Usable' is what the driver reports as the device's total "
                     "(nvidia-smi memory.total; rocminfo on AMD), a little below the marketed figure, and what SGLang's "
@@ -113,7 +114,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", default=None, help="SGLang version for flag spellings and the automatic fraction "
                                                           "(default: the log's, else the newest known)")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default=None,
+                   help="the engine to plan for: sglang (default) or vllm (vLLM's own memory arithmetic and flags); "
+                        "with --log, the log's engine")
+    from diagnoser.cli.plan_vllm import add_arguments
+
+    add_arguments(p)
     return p
+
+
+VLLM_ONLY = ("gpu_memory_utilization", "kv_cache_memory_bytes", "block_size", "max_model_len", "pp", "num_gpu_blocks_override",
+             "max_num_seqs", "activation_gb", "non_torch_gb", "enforce_eager", "cpu_offload_gb", "device", "vllm_version")
+
+
+def _engine_of(args: argparse.Namespace) -> str:
+    """--engine, else the --log's engine (a vLLM log plans as vLLM), else SGLang."""
+    if args.engine:
+        return str(args.engine)
+    if args.log:
+        from diagnoser.engines.detect import log_engine
+
+        try:
+            with open(args.log, "rb") as f:
+                head = f.read(1 << 20)
+        except OSError:
+            return "sglang"  # the SGLang path names the unreadable file
+        found = log_engine(head)
+        if found:
+            return found[0]
+    return "sglang"
 
 
 def auto_fraction(gpu_gib: float, tp: int) -> float:
@@ -137,6 +166,7 @@ def config_only_document(c: ConfigOnly) -> dict[str, Any]:
     p, s, w = c.pool, c.pool.shape, c.weights
     assert s is not None
     return {
+        "engine": "sglang",
         "model": {"arch": s.arch, "attention": s.attention, "layers": s.layers, "full_attention_layers": s.full_attention_layers},
         "bytes_per_token_per_rank": p.bpt, "bytes_per_token_per_rank_fp8": bytes_per_token(s, p.attention_tp, "fp8_e4m3"),
         "pool_tokens": None, "pool_tokens_per_rank": None, "pool_source": None, "max_concurrent_requests": None,
@@ -620,6 +650,7 @@ def document(plan: Plan) -> dict[str, Any]:
     p, w, now = planner.pool, planner.work, planner.now()
     g = plan.gpu
     return {
+        "engine": "sglang",
         "model": None if p.shape is None else {"arch": p.shape.arch, "attention": p.shape.attention, "layers": p.shape.layers,
                                                "full_attention_layers": p.shape.full_attention_layers},
         "bytes_per_token_per_rank": p.bpt,
@@ -764,6 +795,17 @@ def render(plan: Plan) -> str:
 
 def main(cmd: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if _engine_of(args) == "vllm":
+        from diagnoser.cli import plan_vllm
+
+        if args.running is not None and args.gen_throughput is None or args.gen_throughput is not None and args.running is None:
+            raise UsageError("--gen-throughput and --running go together (the throughput observed at that running batch)")
+        vdoc = plan_vllm.build(args, argv)
+        sys.stdout.write(dumps(vdoc, indent=2) + "\n" if args.format == "json" else plan_vllm.render(vdoc, WIDTH))
+        return 0
+    for name in VLLM_ONLY:
+        if getattr(args, name) not in (None, False):
+            raise UsageError(f"--{name.replace('_', '-')} is a vLLM option: add --engine vllm")
     if args.running is not None and args.gen_throughput is None or args.gen_throughput is not None and args.running is None:
         raise UsageError("--gen-throughput and --running go together (the throughput observed at that running batch)")
     try:

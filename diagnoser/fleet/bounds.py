@@ -1,20 +1,31 @@
 """Honest quantiles on the ``--prometheus`` path: the direct path's bound, applied to Prometheus' answers.
 
 Prometheus' ``histogram_quantile`` interpolates inside a bucket; a value past the time since the target
-was last idle (nothing running or waiting at a step) is more than any request there could have waited.
-As on the direct path (``engines/sglang/metrics.py`` ``_bounded``), such a point becomes the lower bound
-of the bucket it fell in and its source says so (``… (> 100 s: …)``, :mod:`diagnoser.floor`), so every
-output shows ``> 100 s``. The fleet reads no bucket bounds; the TTFT quantiles use SGLang's default TTFT
-buckets of the detected release (``metric_names.TTFT_BUCKETS``, overridable from 0.4.7: the source says it
-assumed them), the other histograms keep Prometheus' value when it passes the clock (their buckets are not
-known here).
+was last idle (nothing running or waiting at a step) is more than any request there could have waited, or
+taken between two tokens, or spent in the queue: every latency histogram the fleet queries (TTFT, ITL/TPOT,
+e2e, queue time) observes a span that began after that idle step. As on the direct path
+(``engines/sglang/metrics.py`` ``_bounded``), such a point becomes the lower bound of the bucket it fell in
+and its source says so (``… (> 100 s: …)``, :mod:`diagnoser.floor`), so every output shows ``> 100 s``.
+A quantile in the ``+Inf`` bucket, which Prometheus answers with the largest finite bound, is likewise
+``> that bound``.
+
+The bucket bounds are read from Prometheus: one ``count by (__name__, le)`` over the histograms' bucket
+series (:func:`bucket_query`). A histogram whose bounds all targets share (every ``le`` counted as often)
+uses them; one whose targets disagree (``--bucket-*`` overrides on some) gives no bucket, and its points
+keep Prometheus' value, except the TTFT quantiles, which then fall back to SGLang's default TTFT buckets of
+the detected release (``metric_names.TTFT_BUCKETS``, overridable from 0.4.7: the source says it assumed
+them) as before.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from typing import Any
+
 import numpy as np
 
-from diagnoser.engines.sglang.metric_names import TTFT_BUCKETS
+from diagnoser.engines.sglang.metric_names import HISTOGRAM_QUANTILES, HISTOGRAMS, TTFT_BUCKETS
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.timeline import Timeline
 
@@ -37,28 +48,73 @@ def idle_times(tl: Timeline) -> np.ndarray:
     return np.array(sorted(t for t, v in zip(run.ts.tolist(), run.values.tolist(), strict=True) if v == 0 and q_at.get(t) == 0))
 
 
-def bound_quantiles(tl: Timeline, vr: VersionRange | None) -> int:
-    """Rewrite the TTFT quantile points that pass the clock as their bucket's floor; returns how many."""
+def bucket_query(matchers: str) -> str:
+    """The one query that reads the bucket bounds of every histogram the fleet takes quantiles of."""
+    from diagnoser.fleet.queries import name_selector
+
+    return f"count by (__name__, le) ({name_selector(list(HISTOGRAMS), matchers, '_bucket')})"
+
+
+def shared_bounds(answer: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
+    """``{histogram base name: finite bucket bounds}`` from :func:`bucket_query`'s answer (a range result),
+    for the histograms whose ``le`` values were all counted as often (every target exports the same bounds)."""
+    counts: dict[str, dict[float, float]] = {}
+    for row in answer or []:
+        metric = row.get("metric", {})
+        name, le = str(metric.get("__name__", "")), metric.get("le")
+        base = re.sub(r"^sglang[:_]", "", name).removesuffix("_bucket")
+        try:
+            b = float(le)  # type: ignore[arg-type]
+            n = max(float(v[1]) for v in row.get("values", [])) if row.get("values") else float(row.get("value", [0, 0])[1])
+        except (TypeError, ValueError):
+            continue
+        if base in HISTOGRAMS and not math.isnan(b):
+            counts.setdefault(base, {})[b] = max(n, counts.get(base, {}).get(b, 0.0))
+    out = {}
+    for base, by_le in counts.items():
+        if len(set(by_le.values())) == 1 and math.inf in by_le and len(by_le) >= 2:
+            out[base] = tuple(sorted(b for b in by_le if not math.isinf(b)))
+    return out
+
+
+_BASE = re.compile(r"sglang:(\w+)\[")
+
+
+def bound_quantiles(tl: Timeline, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]] | None = None) -> int:
+    """Rewrite the histogram quantile points that pass the clock, or sit in the ``+Inf`` bucket, as their
+    bucket's floor; ``buckets`` are the bounds read from Prometheus (:func:`shared_bounds`). Returns how many."""
     idle = idle_times(tl)
-    if not len(idle):
-        return 0
-    bounds = default_ttft_bounds(vr)
+    buckets = buckets or {}
+    stems = tuple(HISTOGRAM_QUANTILES)
     changed = 0
-    for name in [n for (n, rank) in tl.series if n.startswith("ttft_seconds_p") and rank == ""]:
+    for name in [n for (n, rank) in tl.series if rank == "" and re.fullmatch(r"(.+)_p\d+", n)]:
+        stem = name.rsplit("_p", 1)[0]
+        if stem not in stems:
+            continue
         s = tl.series[(name, "")]
         ts, vals, srcs = s.ts.tolist(), s.values.tolist(), s.sources.tolist()
         out_v, out_s = [], []
         before = changed
         for t, v, src in zip(ts, vals, srcs, strict=True):
-            k = int(np.searchsorted(idle, t, "left")) - 1  # the last idle step before this one
+            m = _BASE.search(src)
+            bounds, read = (buckets[m.group(1)], True) if m and m.group(1) in buckets else ((), False)
+            if not bounds and stem == "ttft_seconds":
+                bounds = default_ttft_bounds(vr)
+            k = int(np.searchsorted(idle, t, "left")) - 1 if len(idle) else -1  # the last idle step before this one
             elapsed = t - float(idle[k]) if k >= 0 else None
-            lo = max((b for b in bounds if b < v), default=None)
-            hi = min((b for b in bounds if b >= v), default=float("inf"))
-            if elapsed is not None and v == v and v > elapsed and hi > elapsed and lo is not None:
-                v = lo
-                src = (f"{src} (> {lo:g} s: in the {lo:g}-{hi:g} s bucket of SGLang's default TTFT buckets, assumed, and only "
-                       f"{elapsed:.0f} s passed since the target was last idle)")
-                changed += 1
+            if bounds and v == v:
+                lo = max((b for b in bounds if b < v), default=None)
+                hi = min((b for b in bounds if b >= v), default=float("inf"))
+                what = "read from Prometheus" if read else "SGLang's default TTFT buckets, assumed"
+                if elapsed is not None and v > elapsed and hi > elapsed and lo is not None:
+                    v = lo
+                    src = (f"{src} (> {lo:g} s: in the {lo:g}-{hi:g} s bucket ({what}), and only "
+                           f"{elapsed:.0f} s passed since the target was last idle)")
+                    changed += 1
+                elif read and v >= bounds[-1]:  # the +Inf bucket: Prometheus answers with the largest finite bound
+                    v = bounds[-1]
+                    src = f"{src} (> {v:g} s: the last finite bucket, {what})"
+                    changed += 1
             out_v.append(v)
             out_s.append(src)
         if changed > before:

@@ -26,7 +26,7 @@ import numpy as np
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
-from diagnoser.fleet.bounds import bound_quantiles, totals_from_zero
+from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
@@ -384,6 +384,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     ok: set[str] = set()
     waiting: dict[str, list[tuple[Q.SignalQuery, list[dict[str, Any]] | None, str]]] = {}
     config: list[dict[str, Any]] = []
+    buckets: dict[str, tuple[float, ...]] = {}
     # the slow bucket queries go first; each signal is ingested as soon as its queries are in, while
     # Prometheus still works on the others
     pool = ThreadPoolExecutor(max_workers=WORKERS)
@@ -396,6 +397,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         # and start + step may land past the end)
         cfg_step = min(max((win.end - win.start) / 4, 1.0), 240.0)
         cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
+        bkt_future = pool.submit(api.query_range, bucket_query(matchers), win.start, win.end, cfg_step)  # the bucket bounds
         def handle(q: Q.SignalQuery, res: list[Any] | None, err: str) -> None:
             nonlocal used
             g = group(q)
@@ -443,10 +445,14 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             rep.errors += 1
             rep.messages.append("Config gauges (pool size, page size, context length) are missing: their query was not answered "
                                 "before the pass's deadline.")
+        try:  # without them a quantile keeps Prometheus' value (TTFT: the release's default buckets)
+            buckets = shared_bounds(bkt_future.result(timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0))
+        except (PromError, FuturesTimeout):
+            buckets = {}
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if late or api.cut:
-        col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 1} queries before the "
+        col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 2} queries before the "
                                     f"pass's deadline ({PASS_QUERIES} x {api.timeout + DEADLINE_GRACE_S:g} s); their signals are missing.")
         rep.messages.append(col.fleet["pass_failed"])
     failed = {s: e for s, e in failed.items() if s not in ok}
@@ -470,7 +476,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                                prerelease=bool(names & M.PRERELEASE_NAMES))
         vr = M.detect_version(state)
         finalize(tl, vr)
-        bound_quantiles(tl, vr)  # a TTFT quantile past the time since the target was idle is "> its bucket's floor"
+        bound_quantiles(tl, vr, buckets)  # a quantile past the time since the target was idle is "> its bucket's floor"
         totals_from_zero(tl, totals)  # a labelled counter that appears in the range was 0 before
         tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
         tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))

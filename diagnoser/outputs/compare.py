@@ -43,6 +43,12 @@ IGNORED_ARGS = frozenset({"port", "host", "random_seed", "nccl_port", "dist_init
 EFFECTIVE = (("max_total_tokens", "pool tokens"), ("max_running_requests", "max running requests (effective)"),
              ("chunked_prefill_size", "chunked prefill size (effective)"), ("max_prefill_tokens", "max prefill tokens (effective)"))
 
+# vLLM: its own spellings of what the effective values are, and the args that only name the launch
+EFFECTIVE_VLLM = (("max_total_tokens", "KV cache size (tokens, effective)"), ("num_gpu_blocks", "KV blocks (effective)"),
+                  ("kv_max_concurrency", "maximum concurrency (effective)"))
+VLLM_IGNORED_ARGS = frozenset({"model", "tokenizer", "served_model_name", "download_dir", "kv_cache_metrics", "kv_cache_metrics_sample",
+                               "uvicorn_log_level", "disable_log_requests", "enable_log_requests"})
+
 
 @dataclass(slots=True)
 class Side:
@@ -116,19 +122,36 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def engine_of(tl: Timeline) -> str:
+    return str(getattr(tl, "engine", None) or "sglang")
+
+
+def server_args(tl: Timeline) -> dict[str, Any]:
+    """The server's flags as recorded: SGLang's ``arg.*`` config facts; for vLLM the ``non-default args``
+    start-up line (an arg it does not list is at vLLM's default)."""
+    out = {k[4:]: tl.cfg(k) for k in tl.config if k.startswith("arg.")}
+    if engine_of(tl) == "vllm":
+        for ev in tl.events_of("server_args"):
+            out.update({k: v for k, v in (ev.fields.get("args") or {}).items() if isinstance(k, str)})
+    return out
+
+
 def flags_changed(a: Timeline, b: Timeline) -> list[dict[str, Any]]:
     from diagnoser.redact import redact
 
     out: list[dict[str, Any]] = []
-    names = sorted({k[4:] for k in (*a.config, *b.config) if k.startswith("arg.")})
-    for n in names:
-        if n in IGNORED_ARGS:
+    aa, ab = server_args(a), server_args(b)
+    vllm = engine_of(a) == "vllm" and engine_of(b) == "vllm"
+    for n in sorted({*aa, *ab}):
+        if n in IGNORED_ARGS or (vllm and n in VLLM_IGNORED_ARGS):
             continue
-        va, vb = a.cfg(f"arg.{n}"), b.cfg(f"arg.{n}")
+        va, vb = aa.get(n), ab.get(n)
+        if vllm and (va is None) != (vb is None):
+            va, vb = ("default" if va is None else va), ("default" if vb is None else vb)
         if va != vb and not (isinstance(va, dict) or isinstance(vb, dict)):
             out.append({"flag": _flag(n), "before": redact({n: va})[n], "after": redact({n: vb})[n], "kind": "server arg"})
     have = {d["flag"] for d in out}
-    for name, label in EFFECTIVE:
+    for name, label in (EFFECTIVE_VLLM if vllm else EFFECTIVE):
         va, vb = a.cfg(name), b.cfg(name)
         if va != vb and va is not None and vb is not None:
             out.append({"flag": label, "before": va, "after": vb, "kind": "effective"})
@@ -164,6 +187,8 @@ def _moved(before: float | None, after: float | None, tol: float = 0.05, rate: b
 
 def _value(tl: Timeline, name: str) -> Any:
     v = tl.cfg(f"arg.{name}")
+    if v is None and engine_of(tl) == "vllm":
+        v = server_args(tl).get(name)
     return tl.cfg(name) if v is None else v
 
 
@@ -371,7 +396,14 @@ def compare(before: Side, after: Side) -> dict[str, Any]:
     findings = {"resolved": resolved, "persisting": persisting, "new": new}
     rows = suggestion_rows(before, after)
     j = judge(rows, findings, changed, heads)
+    engines = {"before": engine_of(before.timeline), "after": engine_of(after.timeline)}
+    if "vllm" in engines.values():
+        for h in heads:
+            if h["name"] == "retractions":
+                h["label"] = "preemptions"
     return {
+        "engine": engines["before"] if engines["before"] == engines["after"] else None,
+        "engines": engines,
         "before": {"source": before.source, "window": before.doc.get("window"), "version": before.doc.get("version"),
                    "top": None if top_b is None else top_b.rule, "top_suggestion": None if sug_b is None else
                    {"flag": sug_b.flag, "current": sug_b.current, "proposed": sug_b.proposed}},
@@ -434,7 +466,14 @@ def render(doc: dict[str, Any]) -> str:
         return _wrap80(text, indent, first, WIDTH)
 
     basis = doc.get("verdict_basis") or {}
-    out = [f"diagnoser compare · verdict: {doc['verdict'].upper()}"]
+    eng = doc.get("engines") or {}
+    names = {"sglang": "SGLang", "vllm": "vLLM"}
+    if eng and eng.get("before") == eng.get("after"):
+        version = (doc["before"].get("version") or "") if doc["before"].get("version") == doc["after"].get("version") else ""
+        engine = names.get(eng["before"], eng["before"]) + (f" {version}" if version and version[0].isdigit() else "")
+    else:
+        engine = f"{names.get(eng.get('before', ''), eng.get('before'))} → {names.get(eng.get('after', ''), eng.get('after'))}"
+    out = [f"diagnoser compare · {engine} · verdict: {doc['verdict'].upper()}"]
     for reason in basis.get("reasons") or ():
         out.extend(_wrap(reason, "      ", "  · "))
     heads = {h["name"]: h for h in doc["headline"]}

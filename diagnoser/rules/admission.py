@@ -20,13 +20,17 @@ Otherwise the request is admitted at the next prefill: a reading with a queue an
 
 A reading is a Decode batch line or a scrape where both the running count and the queue were read (a
 Prefill line's ``#running-req`` is the batch beside that prefill, not the running batch: it is
-``prefill_running_reqs``). The KV test uses the scheduler's own arithmetic when the inputs give the
-sizes: pool, usage, running, the mean prompt and output of the finished requests and the ratio
+``prefill_running_reqs``); a scrape's running gauge is the last batch report, so a scrape whose
+interval decoded well more tokens per decode pass (``realtime_tokens_total{mode="decode"}`` /
+``cuda_graph_passes_total{mode=decode_*}``, 0.5.7+) than the gauge says is such a report too. The KV
+test uses the scheduler's own arithmetic when the inputs give the sizes: pool, usage, running, the mean prompt and output of the finished requests and the ratio
 (``new_token_ratio`` when read, else its start min(0.7 x ``--schedule-conservativeness``, 1)). Without
 finished requests the sizes are estimated from the readings: a running count held at one value below
-the cap while requests keep waiting and no prefill budget binds is the reservation (inferred). The
-fixed thresholds (usage >= 0.95, or >= 0.9 beyond 2,000 waiting) are the fallback for inputs without the
-numbers, never the first test.
+the cap while requests keep waiting and no prefill budget binds is the reservation (inferred), and so it
+is when the sizes are only estimated (the estimate takes each request halfway through its output and
+reserving at ``new_token_ratio``; a cohort admitted together is early in it, and an ``ignore_eos`` request
+reserves its whole remaining output). The fixed thresholds (usage >= 0.95, or >= 0.9 beyond 2,000
+waiting) are the fallback for inputs without the numbers, never the first test.
 """
 
 from __future__ import annotations
@@ -139,6 +143,12 @@ def _build(ctx: RuleContext) -> Admission:
         full = (a.prompt or 0) + (a.output or 0)
         if a.pool and full > 0:
             snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+        # the gauge is set at each batch report only (every --decode-log-interval steps), the decode counters
+        # at every step: an interval whose mean decode batch (tokens decoded / decode passes, 0.5.7+) is well
+        # above the gauge read the report beside a prefill, not the running batch
+        passes = _along(ctx, p, "decode_passes")
+        batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
+        snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
     lab[snap] = "report"
     wait = wait & ~snap
     # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
@@ -168,7 +178,10 @@ def _build(ctx: RuleContext) -> Admission:
     held = _held(a) if not a.cap else _held(a, 0.8)
     if held is not None:
         at = wait & (lab == "none") & (run == held)
-        if a.cap and held < a.cap and arith is None and not _usage_high(a):
+        # (estimated sizes, no request finished yet, do not overrule it: they assume each running request
+        # halfway through its output and reserving at new_token_ratio, where a cohort admitted together is
+        # early in it, and ignore_eos requests reserve their whole remaining output, at ratio 1.0)
+        if a.cap and held < a.cap and (arith is None or ctx.memo.get("sizes_estimated")) and not _usage_high(a):
             a.kv_how = a.kv_how or "inferred"
             lab[at] = "kv"
             a.kv_arith |= at
@@ -420,7 +433,8 @@ def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: l
         evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
         return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "
                 f"{wshare:.0%} of the {n_wait} readings with a queue the next request did not fit beside what the running ones still reserve "
-                f"(remaining output x new_token_ratio {a.ratio:.2f}, docs/sglang.md#batching-flags), although usage reads lower")
+                f"(remaining output x new_token_ratio {a.ratio:.2f}, or x 1.0 for an ignore_eos request, docs/sglang.md#batching-flags), "
+                "although usage reads lower")
     return (f"the running batch held at one count below the slot cap in {wshare:.0%} of the {n_wait} readings with a queue, with no prefill "
             "budget binding: admission reserves room for the running requests' remaining output (new_token_ratio), so no more fit "
             "although usage reads lower (inferred: the request sizes are not in the inputs)")

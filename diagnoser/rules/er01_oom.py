@@ -194,26 +194,48 @@ class OOM(Rule):
 
 def _auto_fraction_fix(ctx: RuleContext, cur: Any) -> tuple[float, str] | None:
     """A start-up whose automatic --mem-fraction-static came out at or below zero because chunked prefill is
-    off (``--chunked-prefill-size -1``): SGLang reserved 1.5 x --max-prefill-tokens MB of activations
-    (memory_hook.py at v0.5.23). The memory it saw follows from the fraction it logged; the fix is the
-    fraction the same formula gives with its default chunk, which leaves a KV pool and starts."""
-    from diagnoser.engines.sglang.scheduler_model import CPU_DEFAULT_CHUNK, auto_mem_fraction
+    off (``--chunked-prefill-size -1``): from v0.5.3 SGLang reserves 1.5 x --max-prefill-tokens MB of
+    activations then (``server_args.py`` ``_handle_gpu_memory_settings`` at v0.5.3 and v0.5.10,
+    ``arg_groups/memory_hook.py`` at v0.5.23); up to v0.5.2 the fraction follows memory tiers alone, so the
+    chunk cannot have made it negative. The memory SGLang saw follows from the fraction it logged, by the
+    detected release's formula (:func:`diagnoser.capacity.gpus.auto_mem_fraction`); the fix is the fraction
+    the same formula gives with the default chunk, checked to start: the profiled pool
+    (:func:`~diagnoser.engines.sglang.scheduler_model.profiled_pool_tokens`, with the log's free memory
+    before and after the weights) must be positive at it."""
+    from diagnoser.capacity.gpus import auto_mem_fraction
+    from diagnoser.engines.sglang.scheduler_model import least_fraction
+    from diagnoser.rules.admission import server_state_of
 
     chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
     if not isinstance(cur, int | float) or cur > 0.05 or not isinstance(chunk, int | float) or chunk > 0:
+        return None
+    version = ctx.version
+    if version is not None and version < (0, 5, 3):
         return None
     mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
     mpt = int(mpt) if isinstance(mpt, int | float) and mpt > 0 else 16384
     tp = ctx.cfg("arg.tp_size")
     tp = int(tp) if isinstance(tp, int | float) and tp > 0 else 1
-    reserved = 512 + max(mpt, 2048) * 1.5 + tp / 8 * 1024
-    memory = reserved / (1.0 - float(cur))  # fraction = (memory - reserved) / memory
-    fixed = auto_mem_fraction(memory, CPU_DEFAULT_CHUNK, tp=tp)
-    prop = round(int(fixed * 20) / 20, 2)  # down to a multiple of 0.05: the activations keep their reserve
-    if prop <= 0:
+    platform = "cpu" if server_state_of(ctx).on_cpu else "cuda"
+    memory = 24 * 1024.0  # fraction = (memory - reserved) / memory; the reserve barely depends on the memory class
+    for _ in range(4):
+        off = auto_mem_fraction(memory, tp, version, platform=platform, chunked_prefill_size=int(chunk), max_prefill_tokens=mpt)
+        memory = off.reserved_mib / (1.0 - float(cur))
+    fixed = auto_mem_fraction(memory, tp, version, platform=platform)
+    prop = round(int(fixed.fraction * 20) / 20, 2)  # down to a multiple of 0.05: the activations keep their reserve
+    before, after = ctx.cfg("avail_mem_before_weights_gb"), ctx.cfg("avail_mem_after_weights_gb")
+    starts = ""
+    if isinstance(before, int | float) and isinstance(after, int | float) and before > 0:
+        least = least_fraction(float(before), float(after))
+        if prop <= least + 0.01:  # the weights would leave no pool at it: the fix must make the server start
+            prop = round(-(-(least + 0.02) * 20 // 1) / 20, 2)
+        starts = (f"; at {prop:g} the KV pool gets {float(after) - float(before) * (1 - prop):.1f} GB ({float(after):.2f} GB free after the "
+                  f"weights - {float(before):.2f} GB x (1 - {prop:g}), positive above {least:.3f})")
+    if not 0 < prop <= 0.95:
         return None
-    return prop, (f"chunked prefill is off (--chunked-prefill-size {int(chunk)}), so SGLang reserved 1.5 x --max-prefill-tokens {mpt:,} = "
-                  f"{reserved / 1024:.1f} GB for activations of about {memory / 1024:.1f} GB and set the automatic fraction to {float(cur):g} "
-                  f"(python/sglang/srt/arg_groups/memory_hook.py at v0.5.23): no KV pool fits. With its default {CPU_DEFAULT_CHUNK:,}-token chunk "
-                  f"the same formula gives {fixed:.3f}; an explicit {prop:g} starts with a KV pool (or set --chunked-prefill-size {CPU_DEFAULT_CHUNK} "
-                  "and let SGLang size it)")
+    act, act_default = 1.5 * max(mpt, 2048), 1.5 * max(fixed.chunked_prefill_size or 4096, 2048)
+    return prop, (f"chunked prefill is off (--chunked-prefill-size {int(chunk)}), so SGLang {fixed.era} reserved 1.5 x --max-prefill-tokens "
+                  f"{mpt:,} = {act / 1024:.1f} GB for activations ({act_default / 1024:.1f} GB with its default chunk), "
+                  f"{off.reserved_mib / 1024:.1f} GB in all of about {memory / 1024:.1f} GB, and set the automatic fraction to {float(cur):g}: no KV pool fits. With its default "
+                  f"{fixed.chunked_prefill_size or 4096:,}-token chunk the same formula gives {fixed.fraction:.3f}; an explicit {prop:g} starts "
+                  f"with a KV pool{starts} (or set --chunked-prefill-size {fixed.chunked_prefill_size or 4096} and let SGLang size it)")

@@ -9,9 +9,11 @@ What it detects:
     reserve (their remaining output x `new_token_ratio`; `PrefillAdder.add_one_req` returns `NO_TOKEN`).
     The sizes are the finished requests' mean prompt and output (token and request counters), else
     estimated from the readings (uncached tokens per admitted request in the Prefill lines; output = 2 x
-    (tokens a running request holds - prompt)); without either, a running count held at one value below
-    the slot cap while requests keep waiting and no budget binds is the reservation (inferred). So usage
-    can read 0.6 while nothing more fits. As a fallback for inputs without the numbers: token usage
+    (tokens a running request holds - prompt)); without either, or when they are only estimated (no
+    request finished: a cohort admitted together is early in its output, and `ignore_eos` requests
+    reserve all of theirs), a running count held at one value below the slot cap while requests keep
+    waiting and no budget binds is the reservation (inferred). So usage can read 0.6 while nothing more
+    fits. As a fallback for inputs without the numbers: token usage
     (`sglang:token_usage` or `token usage:`; the worst pool for hybrid models) at or above `usage_high`
     (0.95), or `waiting_usage` (0.9) with more than `deep_queue` (2000) waiting. It fires when such
     readings are at least `min_share` (60 %) of the readings with a queue; or when decode retracts
@@ -130,7 +132,7 @@ class KVSaturation(Rule):
         n_retract, retract_src = retraction_count(ctx)
         fshare = float(np.count_nonzero(vals >= high)) / len(vals)
         only_arith = not np.any(kv & by_usage)  # then requests must also wait in most readings (a brief queue is no limit)
-        path_kv = n_wait > 0 and wshare >= t["min_share"] and (not only_arith or n_wait >= t["min_share"] * len(a.queue))
+        path_kv = n_wait > 0 and wshare >= t["min_share"] and (not only_arith or np.count_nonzero(a.queue > 0) >= t["min_share"] * len(a.queue))
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (n_wait > 0 or fshare >= t["min_share"])
         if not (path_kv or path_retract):
             return None

@@ -49,7 +49,8 @@ def test_a_negative_automatic_fraction_gets_the_fraction_sglang_would_start_with
     --max-total-tokens and never the failing value again."""
     from diagnoser.rules.er01_oom import OOM
 
-    tl = window(token_usage=[0.0], config={"arg.chunked_prefill_size": -1, "arg.mem_fraction_static": -0.049, "arg.max_prefill_tokens": 16384},
+    tl = window(token_usage=[0.0], config={"arg.chunked_prefill_size": -1, "arg.mem_fraction_static": -0.049, "arg.max_prefill_tokens": 16384,
+                                                   "arg.device": "cpu"},  # the formula is the release's and the platform's
                 events=[("oom", 0, {"phase": "startup", "text": "Loaded weights leave no GPU memory for the KV cache"})])
     f = run(OOM, tl)
     assert f is not None

@@ -79,8 +79,11 @@ class Behaviour:
 BEHAVIOURS: dict[str, Behaviour] = {b.key: b for b in (
     Behaviour("pool_min", "the KV pool is min(profiled capacity, --max-total-tokens); a cap above the profile is ignored",
               f"python/sglang/srt/mem_cache/kv_cache_configurator.py _apply_token_constraints at {TAG}"),
-    Behaviour("profile", "the profiled capacity is what --mem-fraction-static leaves for KV after the weights, at the KV dtype's bytes per token",
-              f"python/sglang/srt/mem_cache/kv_cache_configurator.py at {TAG}; model_executor/model_runner.py profile_max_num_token at v0.5.2"),
+    Behaviour("profile", "the profiled capacity is what --mem-fraction-static leaves for KV after the weights, at the KV dtype's bytes per "
+              "token: (free after the weights - free before them x (1 - fraction)) x 2^30 // bytes per token, the same at every release read",
+              f"python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes at {TAG}; "
+              "model_executor/model_runner_kv_cache_mixin.py profile_max_num_token at v0.5.10; "
+              "model_executor/model_runner.py profile_max_num_token at v0.5.2 and v0.4.6"),
     Behaviour("admission", "a new request needs prompt + min(max_new_tokens, 4096) + a page beyond what running requests still reserve "
               "(min(max_new_tokens - generated, 4096) x new_token_ratio each)",
               f"python/sglang/srt/managers/schedule_policy.py PrefillAdder, mem_cache/prefill_budget.py at {TAG}"),
@@ -214,6 +217,27 @@ def auto_mem_fraction(memory_mb: float, chunked_prefill_size: int | None, max_pr
     act = max(chunk, 2048) if chunk > 0 else max(max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS, 2048)
     reserved = 512 + act * 1.5 + tp * pp / 8 * 1024 + graph_reserve_mb
     return round((memory_mb - reserved) / memory_mb, 3)
+
+
+def profiled_pool_tokens(before_gib: float, after_gib: float, fraction: float, cell_bytes: float) -> int:
+    """SGLang's profiled KV capacity in tokens (``profile_max_num_token``), 0 when nothing is left.
+
+    rest = free memory after the weights - free memory before them x (1 - ``--mem-fraction-static``) (GiB,
+    the ``Load weight begin/end. avail mem=`` figures); tokens = rest x 2^30 // bytes per token (K + V of
+    every layer). The same at v0.4.6 and v0.5.2 (``model_executor/model_runner.py``), v0.5.10
+    (``model_runner_kv_cache_mixin.py``) and v0.5.23 (``mem_cache/kv_cache_configurator.py``
+    ``_profile_available_bytes``, which also subtracts a multimodal reservation and, when rest <= 0, stops
+    with "Raise --mem-fraction-static above 1 - available/pre"; the older ones fail later on a pool <= 0)."""
+    rest = after_gib - before_gib * (1.0 - fraction)
+    if rest <= 0 or cell_bytes <= 0:
+        return 0
+    return int(rest * (1 << 30) // cell_bytes)
+
+
+def least_fraction(before_gib: float, after_gib: float, tokens: float = 0.0, cell_bytes: float = 0.0) -> float:
+    """The smallest ``--mem-fraction-static`` whose profiled pool holds ``tokens`` (0: any pool at all),
+    by :func:`profiled_pool_tokens`' formula; above 1 when the weights leave too little."""
+    return 1.0 - (after_gib - tokens * cell_bytes / (1 << 30)) / before_gib
 
 
 # -- the server as the model sees it -----------------------------------------------------------------
@@ -522,6 +546,6 @@ def _vet_context(current: Any, proposed: Any, state: ServerState) -> Verdict:
                    "not by the context length: a smaller --context-length adds no slot", cites=cite("max_running"))
 
 
-__all__ = ["BEHAVIOURS", "Behaviour", "CLIP_MAX_NEW_TOKENS", "auto_mem_fraction", "RatioSchedule", "ServerState", "Verdict", "admission_need", "cite",
+__all__ = ["BEHAVIOURS", "Behaviour", "CLIP_MAX_NEW_TOKENS", "auto_mem_fraction", "least_fraction", "profiled_pool_tokens", "RatioSchedule", "ServerState", "Verdict", "admission_need", "cite",
            "effective_max_running_requests", "effective_pool", "new_token_ratio", "prefill_chunk", "ratio_after_retraction",
            "reserved_tokens", "vet"]

@@ -66,6 +66,7 @@ _PREEMPT_RE = re.compile(r"is preempted by (?:PreemptionMode\.)?(\w+) mode becau
 _BLOCKS_RE = re.compile(r"# (?:GPU|gpu) blocks: (\d+), # (?:CPU|cpu) blocks: (\d+)|# (?:CPU|cpu) blocks: (\d+)")
 _KV_SIZE_RE = re.compile(r"(?:(GPU|CPU|XPU|NPU|TPU|HPU) )?KV cache size: ([\d,]+) tokens")
 _CONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_AVAIL_KV_RE = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB")  # v1/worker/gpu_worker.py determine_available_memory
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 _MAXLEN_RE = re.compile(r"Using max model len (\d+)")
 _INIT_RE = re.compile(r"Initializing an? (?:(V\d) )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
@@ -268,6 +269,11 @@ class VLLMLogParser:
                 found = True
         if found:
             return True
+        if "Available KV cache memory" in msg:
+            am = _AVAIL_KV_RE.search(msg)
+            if am:
+                sink.set_config("kv_available_gib", float(am.group(1)), src)
+                return True
         if "Overriding num_gpu_blocks" in msg:
             om = _OVERRIDE_RE.search(msg)
             if om:
@@ -300,6 +306,8 @@ class VLLMLogParser:
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
+                if pairs.get("device_config") == "cpu":  # the CPU build (its KV blocks are 128 tokens, docs/vllm.md#memory)
+                    sink.set_config("device", "cpu", f"{src} (device_config=cpu)", override=False)
                 cs = _CAPTURE_SIZES_RE.search(cfg)
                 if cs:
                     sizes = [int(x) for x in cs.group(1).replace(" ", "").split(",") if x]
