@@ -4,14 +4,16 @@ A bundle is a sequence of gzip *members* (RFC 1952), each holding one or more JS
 shows it. Every record is a JSON object with ``"v"`` (the format version) and ``"kind"``:
 
     manifest  {"format": "diagnoser-bundle", "format_version", "tool", "tool_version", "created",
-               "targets": [{"name", "url"}], "logs": [{"source", "target"}], "sglang_version",
-               "interval_s", "planned_duration_s", "window": {"start"}}
+               "targets": [{"name", "url", "engine"?}], "logs": [{"source", "target"}], "sglang_version",
+               "engine_version"?, "interval_s", "planned_duration_s", "window": {"start"}}
+              (``engine`` is "vllm" when the recording showed a vLLM server, absent for SGLang; a vLLM recording keeps its
+              version in ``engine_version`` and leaves ``sglang_version`` null)
     config    {"t", "target", "path": "/get_server_info", "data": {...}}   (redacted JSON payload)
     scrape    {"t", "target", "text", "status", "content_type", "duration_s"}  (exposition as received)
               or {"t", "target", "error"} for a scrape that failed (the one-sentence error)
     log       {"t", "target", "source", "first_line", "lines": [...]}   lines as they arrived at ``t``
     note      {"t", "text"}
-    end       {"t", "reason": "duration"|"interrupted"|"max-size"|"write-error", "counts", "window"}
+    end       {"t", "reason": "duration"|"interrupted"|"max-size"|"write-error", "counts", "window", "engines"?}
 
 The writer flushes each member as soon as it is complete, so a file cut at any byte still yields every
 record of the members before the cut (and the complete lines of the member that was cut). A member
@@ -375,7 +377,8 @@ def check_manifest(man: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         bad.append("targets")
         out.pop("targets", None)
     else:
-        out["targets"] = [{"name": t["name"], "url": t.get("url") if isinstance(t.get("url"), str) else t["name"]} for t in targets]
+        out["targets"] = [{"name": t["name"], "url": t.get("url") if isinstance(t.get("url"), str) else t["name"],
+                           **({"engine": t["engine"]} if isinstance(t.get("engine"), str) else {})} for t in targets]
     logs = man.get("logs", [])
     if not isinstance(logs, list) or not all(isinstance(lg, dict) and isinstance(lg.get("source", ""), str)
                                              and isinstance(lg.get("target", ""), str | None) for lg in logs):
@@ -384,6 +387,7 @@ def check_manifest(man: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for k, ok in (("interval_s", lambda v: v is None or (_finite_number(v) and v >= 0)),
                   ("planned_duration_s", lambda v: v is None or _finite_number(v)),
                   ("sglang_version", lambda v: v is None or isinstance(v, str)),
+                  ("engine_version", lambda v: v is None or isinstance(v, str)),
                   ("created", lambda v: v is None or isinstance(v, str)),
                   ("window", lambda v: isinstance(v, dict))):
         if k in man and not ok(man[k]):

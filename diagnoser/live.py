@@ -99,6 +99,7 @@ class TargetView:
     # over the judged window, per headline signal (WINDOW_STATS): n, median, max, last and its time;
     # "_data": the first and last reading of any signal in the window (how much data the window had)
     window_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    engine: str = "sglang"  # the engine the target's inputs named (diagnoser.engines.auto): "sglang" or "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +463,7 @@ class LiveMonitor:
                 index=i, name=t.name, is_url=t.is_url, up=up, last_error=err, scrapes=t.scrapes,
                 scrape_errors=t.scrape_errors, last_scrape_ts=t.last_scrape_ts, last_duration_s=t.last_duration_s,
                 version=t.timeline.version, latest=latest, config=cfg, model_name=self._model_name(t, cfg),
-                window=span, window_stats=wstats,
+                window=span, window_stats=wstats, engine=str(getattr(t.timeline, "engine", "sglang") or "sglang"),
             ))
         extras = dict(self.extras)
         extras["unreachable"] = unreachable

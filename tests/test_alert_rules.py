@@ -75,6 +75,20 @@ def test_raw_sglang_alerts_take_both_spellings() -> None:
     assert "{{ $value" in got["SGLangRetractionsRising"]["annotations"]["description"]
 
 
+def test_raw_vllm_alerts_take_both_spellings_and_vllm_flags() -> None:
+    got = alerts("vllm-alerts.yml")
+    assert set(got) == {"VLLMKVCacheFullWithWaiting", "VLLMPreemptionsRising", "VLLMMetricsEndpointDown"}
+    for name, a in got.items():
+        if name == "VLLMMetricsEndpointDown":
+            continue
+        names = re.findall(r'__name__=~"([^"]+)"', a["expr"])
+        assert names and all(n.startswith("vllm[:_]") for n in names), a["expr"]
+        assert "engine" in a["expr"], "V1's data-parallel engines must stay apart"
+        desc = a["annotations"]["description"]
+        assert not re.search(r"--(mem-fraction-static|max-running-requests|schedule-conservativeness|max-total-tokens)", desc), desc
+    assert "(kv|gpu)_cache_usage_perc" in got["VLLMKVCacheFullWithWaiting"]["expr"]
+
+
 @pytest.mark.parametrize("obj", [
     {"a": 'quote " and \\ backslash', "b": "{{ $labels.x }} `q` %s", "c": ["x", {"k": "multi\nline {{ y }}"}]},
     {"expr": "max by (a) (x)\nand on (a)\ny", "n": 1.5, "t": True, "e": [], "d": {}, "u": "ünïcode ✓", "key with space": "v"},
@@ -102,7 +116,7 @@ def test_promtool_check_rules() -> None:
 def test_promtool_unit_tests_pass() -> None:
     promtool = need_bin("promtool")
     tests = sorted(p.name for p in (RULES / "tests").glob("*.test.yml"))
-    assert {"diagnoser-alerts.test.yml", "diagnoser-exporter.test.yml", "sglang-alerts.test.yml"} <= set(tests)
+    assert {"diagnoser-alerts.test.yml", "diagnoser-exporter.test.yml", "sglang-alerts.test.yml", "vllm-alerts.test.yml"} <= set(tests)
     r = run([promtool, "test", "rules", *tests], cwd=RULES / "tests")
     assert r.returncode == 0, r.stdout + r.stderr
     # one generated test per catalogue rule
@@ -131,11 +145,17 @@ def _mutated_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
     ("tests/diagnoser-alerts.test.yml", "token_usage=0.97", "token_usage=0.98"),
     # the alert must not fire below the usage threshold
     ("tests/sglang-alerts.test.yml", "values: '0.95x12'", "values: '0.85x12'"),
+    # the same for the vLLM alerts: the `for` boundary, an annotation, the threshold, and the V0 name
+    ("vllm-alerts.yml", 'for: "5m"', 'for: "5m15s"'),
+    ("vllm-alerts.yml", "raise --gpu-memory-utilization", "raise --gpu-memory-util"),
+    ("tests/vllm-alerts.test.yml", "values: '0.95x12'", "values: '0.85x12'"),
+    ("vllm-alerts.yml", "(kv|gpu)_cache_usage_perc", "kv_cache_usage_perc"),
+    ("vllm-alerts.yml", "vllm[:_]num_preemptions_total", "vllm:num_preemptions_total"),
 ])
 def test_promtool_unit_tests_can_fail(tmp_path: Path, file: str, old: str, new: str) -> None:
     promtool = need_bin("promtool")
     tests_dir = _mutated_copy(tmp_path, file, old, new)
-    stem = Path(file).name.split("-")[0]  # the unit tests of the mutated file: sglang-* or diagnoser-*
+    stem = Path(file).name.split("-")[0]  # the unit tests of the mutated file: sglang-*, vllm-* or diagnoser-*
     r = run([promtool, "test", "rules", *sorted(p.name for p in tests_dir.glob(f"{stem}-*.test.yml"))], cwd=tests_dir)
     assert r.returncode != 0, f"promtool passed after mutating {file}: {old!r} -> {new!r}"
 

@@ -32,9 +32,33 @@ def dash(request: pytest.FixtureRequest) -> dict[str, Any]:
     return load(request.param)
 
 
-def test_both_dashboards_exist() -> None:
-    assert {p.name for p in DASHBOARD_FILES} == {"sglang-overview.json", "diagnoser-findings.json"}
-    assert {load(p.name)["title"] for p in DASHBOARD_FILES} == {"SGLang overview", "diagnoser findings"}
+def test_the_dashboards_exist() -> None:
+    assert {p.name for p in DASHBOARD_FILES} == {"sglang-overview.json", "vllm-overview.json", "diagnoser-findings.json"}
+    assert {load(p.name)["title"] for p in DASHBOARD_FILES} == {"SGLang overview", "vLLM overview", "diagnoser findings"}
+
+
+def test_vllm_overview_covers_the_signals_with_both_spellings_and_names() -> None:
+    d = load("vllm-overview.json")
+    names = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "instance", "model", "engine"} <= names
+    exprs = " ".join(e for _, e in dashboard_exprs(d))
+    for metric in ("(kv|gpu)_cache_usage_perc", "num_requests_running", "num_requests_waiting", "generation_tokens_total",
+                   "prompt_tokens_total", "avg_generation_throughput_toks_per_s", "num_preemptions_total",
+                   "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                   "time_per_output_token_seconds_bucket", "(gpu_)?prefix_cache_hits(_total)?", "gpu_prefix_cache_hit_rate",
+                   "request_queue_time_seconds_bucket", "request_success_total", "cache_config_info"):
+        assert f'vllm[:_]{metric}"' in exprs, metric
+    assert "sglang" not in exprs.replace("sglang-overview", "")
+    assert not re.search(r'"vllm:|"vllm_', exprs), "single-spelling selector"
+    for _, e in dashboard_exprs(d):
+        if "vllm[:_]" in e and "label_values" not in e and not e.startswith("{") and "cache_config_info" not in e:
+            assert 'instance=~"$instance"' in e and 'model_name=~"$model"' in e, e
+    per_engine = [e for _, e in dashboard_exprs(d) if 'engine=~"$engine"' in e]
+    assert len(per_engine) >= 8, "V1's data-parallel engines must stay apart"
+    found = [e for _, e in dashboard_exprs(d) if "diagnoser_" in e]
+    assert found and all('engine="vllm"' in e for e in found), found
+    used = set(re.findall(r"\bdiagnoser_[a-z_]+", exprs))
+    assert used <= EXPORTED, used - EXPORTED
 
 
 def test_datasource_is_a_variable_never_a_fixed_uid(dash: dict[str, Any]) -> None:
@@ -232,6 +256,56 @@ def test_divisions_leave_a_gap_when_the_denominator_is_zero(tmp_path: Path) -> N
         }],
     }
     path = tmp_path / "ratios.test.yml"
+    path.write_text(json.dumps(test))
+    r = run([need_bin("promtool"), "test", "rules", path.name], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.prometheus
+def test_vllm_overview_reads_v0_names_and_both_spellings(tmp_path: Path) -> None:
+    """The vLLM panels on the names older releases export (docs/vllm.md#metrics): gpu_cache_usage_perc (before
+    0.10), time_per_output_token_seconds (before 0.8.6), the V0 logger's avg_generation_throughput_toks_per_s
+    gauge (0.2.7-0.6.6) and gpu_prefix_cache_hit_rate (V0, 0.6.6-0.8.5), stored as ``vllm_`` after a hop; and
+    the current V1 names as ``vllm:``. A zero prefix-cache denominator leaves a gap."""
+    d = load("vllm-overview.json")
+    expr = {(p["title"], t["refId"]): substitute(t["expr"]) for p in d["panels"] for t in p["targets"]}
+    v0 = 'instance="old",model_name="m"'
+    v1 = 'instance="new",model_name="m",engine="0"'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm_gpu_cache_usage_perc{{{v0}}}", "values": "0.5x10"},
+                {"series": f"vllm:kv_cache_usage_perc{{{v1}}}", "values": "0.97x10"},
+                {"series": f"vllm_avg_generation_throughput_toks_per_s{{{v0}}}", "values": "123x10"},
+                {"series": f"vllm:generation_tokens_total{{{v1}}}", "values": "0+600x10"},
+                {"series": f'vllm_time_per_output_token_seconds_bucket{{{v0},le="0.01"}}', "values": "0+10x10"},
+                {"series": f'vllm_time_per_output_token_seconds_bucket{{{v0},le="0.02"}}', "values": "0+20x10"},
+                {"series": f'vllm_time_per_output_token_seconds_bucket{{{v0},le="+Inf"}}', "values": "0+20x10"},
+                {"series": f"vllm_gpu_prefix_cache_hit_rate{{{v0}}}", "values": "0.4x10"},
+                {"series": f"vllm:prefix_cache_hits_total{{{v1}}}", "values": "0+30x10"},
+                {"series": f"vllm:prefix_cache_queries_total{{{v1}}}", "values": "0+120x10"},
+                {"series": 'vllm:prefix_cache_hits_total{instance="idle",model_name="m",engine="0"}', "values": "5x10"},
+                {"series": 'vllm:prefix_cache_queries_total{instance="idle",model_name="m",engine="0"}', "values": "9x10"},
+            ],
+            "promql_expr_test": [
+                {"expr": expr[("KV cache usage", "A")], "eval_time": "5m",
+                 "exp_samples": [{"labels": '{instance="old",model_name="m"}', "value": 0.5},
+                                 {"labels": '{instance="new",model_name="m",engine="0"}', "value": 0.97}]},
+                {"expr": expr[("Token throughput", "A")], "eval_time": "5m",
+                 "exp_samples": [{"labels": '{instance="new",model_name="m",engine="0"}', "value": 10},
+                                 {"labels": '{instance="old",model_name="m"}', "value": 123}]},
+                {"expr": expr[("Inter-token latency", "B")], "eval_time": "5m",  # p90 inside the 0.01-0.02 bucket
+                 "exp_samples": [{"labels": '{instance="old",model_name="m"}', "value": 0.018000000000000002}]},
+                {"expr": expr[("Prefix cache hit rate", "A")], "eval_time": "5m",
+                 "exp_samples": [{"labels": '{instance="new",model_name="m",engine="0"}', "value": 0.25},
+                                 {"labels": '{instance="old",model_name="m"}', "value": 0.4}]},
+            ],
+        }],
+    }
+    path = tmp_path / "vllm.test.yml"
     path.write_text(json.dumps(test))
     r = run([need_bin("promtool"), "test", "rules", path.name], cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -20,15 +20,15 @@ NAMES = {
 }
 
 
-def _view(i: int, name: str, up: bool | None, latest: dict[str, float]) -> TargetView:
-    return TargetView(index=i, name=name, is_url=True, up=up, last_error="" if up else "refused", scrapes=10, scrape_errors=0 if up else 3,
+def _view(i: int, name: str, up: bool | None, latest: dict[str, float], engine: str = "sglang") -> TargetView:
+    return TargetView(engine=engine, index=i, name=name, is_url=True, up=up, last_error="" if up else "refused", scrapes=10, scrape_errors=0 if up else 3,
                       last_scrape_ts=1.0, last_duration_s=0.012, version="0.5.23", latest=latest,
                       config={"max_total_tokens": ConfigFact(2048, "get_server_info")}, model_name="m", window=(0.0, 1.0))
 
 
 def _snap(findings: list[Finding]) -> Snapshot:
     return Snapshot(ts=1.0, tick=1, targets=[_view(0, "http://a:30000", True, {"running_reqs": 7.0, "token_usage": 0.96, "not_a_signal": 1.0, "queue_reqs": float("nan")}),
-                                             _view(1, "http://b:30000", False, {})],
+                                             _view(1, "http://b:30000", False, {}, engine="vllm")],
                     findings=findings, resolved=[], errors=[], rule_pass_s=0.003)
 
 
@@ -53,18 +53,18 @@ def test_exposition_values_and_names() -> None:
     fams = {f.name for f in text_string_to_metric_families(text)}
     assert fams == NAMES
     s = _samples(text)
-    assert s[("diagnoser_finding_active", (("rule", "kv_saturation"), ("severity", "warning"), ("target", "http://a:30000")))] == 1.0
+    assert s[("diagnoser_finding_active", (("engine", "sglang"), ("rule", "kv_saturation"), ("severity", "warning"), ("target", "http://a:30000")))] == 1.0
     assert sum(1 for k in s if k[0] == "diagnoser_finding_active") == 1  # pending is not active
-    assert s[("diagnoser_signal", (("signal", "running_reqs"), ("target", "http://a:30000")))] == 7.0
+    assert s[("diagnoser_signal", (("engine", "sglang"), ("signal", "running_reqs"), ("target", "http://a:30000")))] == 7.0
     assert not any(k[0] == "diagnoser_signal" and ("signal", "not_a_signal") in k[1] for k in s)
     assert not any(k[0] == "diagnoser_signal" and ("signal", "queue_reqs") in k[1] for k in s)  # NaN is not exported
-    assert s[("diagnoser_pool_capacity_tokens", (("target", "http://a:30000"),))] == 2048.0
-    assert s[("diagnoser_suggestion_info", (("current", "2048"), ("flag", "--max-total-tokens"), ("proposed", "16384"), ("rule", "kv_saturation"), ("target", "http://a:30000")))] == 1.0
-    key = (("flag", "--max-total-tokens"), ("rule", "kv_saturation"), ("target", "http://a:30000"))
+    assert s[("diagnoser_pool_capacity_tokens", (("engine", "sglang"), ("target", "http://a:30000")))] == 2048.0
+    assert s[("diagnoser_suggestion_info", (("current", "2048"), ("engine", "sglang"), ("flag", "--max-total-tokens"), ("proposed", "16384"), ("rule", "kv_saturation"), ("target", "http://a:30000")))] == 1.0
+    key = (("engine", "sglang"), ("flag", "--max-total-tokens"), ("rule", "kv_saturation"), ("target", "http://a:30000"))
     assert s[("diagnoser_suggestion_projected_running_reqs", key)] == 40.0
     assert s[("diagnoser_suggestion_projected_gen_throughput_tps", key)] == 3789.0
-    assert s[("diagnoser_scrape_up", (("target", "http://b:30000"),))] == 0.0
-    assert s[("diagnoser_scrape_errors_total", (("target", "http://b:30000"),))] == 3.0
+    assert s[("diagnoser_scrape_up", (("engine", "vllm"), ("target", "http://b:30000")))] == 0.0
+    assert s[("diagnoser_scrape_errors_total", (("engine", "vllm"), ("target", "http://b:30000")))] == 3.0
     assert s[("diagnoser_rule_pass_duration_seconds", ())] == 0.003
     # resolve: the series disappears on the next scrape (no stale gauge left at 1)
     holder["snap"] = _snap([])

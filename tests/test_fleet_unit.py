@@ -144,7 +144,7 @@ def test_targets_ranks_spellings_and_values() -> None:
     assert a.version == ">=0.5.23" and b.version != ">=0.5.23"
     # one query per signal; nothing per target
     queries = [f["query"][0] for p, f in fake.requests if p == "/api/v1/query_range"]
-    assert len(queries) == len(Q.plan("", 15, 60)) + 2  # + the config gauges and the bucket bounds
+    assert len(queries) == len(Q.plan("", 15, 60)) + 3  # + the config gauges, the bucket bounds and the vLLM series (fleet/vllm.py)
     assert not any("a:30000" in q for q in queries)
     assert all(f.get("timeout") == ["5s"] for p, f in fake.requests if p == "/api/v1/query_range")
 

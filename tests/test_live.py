@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -264,7 +265,7 @@ def test_serve_replay_plays_a_recorded_run(data_dir: Path, tmp_path: Path) -> No
         doc = serve.wait_for(kv_firing, timeout=40, what="kv_saturation from the replayed run")
         t = doc["targets"][0]  # type: ignore[index]
         assert t["name"] == str(run) and t["version"] == "0.5.23" and t["health"] in ("warning", "critical")
-        assert 'diagnoser_finding_active{rule="kv_saturation"' in serve.get("/metrics").text
+        assert re.search(r'^diagnoser_finding_active\{[^}]*rule="kv_saturation"', serve.get("/metrics").text, re.M)  # labels sorted: engine first
     finally:
         serve.close()
 

@@ -7,6 +7,7 @@ SGLang scrapes served on loopback."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -139,7 +140,7 @@ def test_a_down_target_leaves_only_its_scrape_series_in_the_exporter(data_dir: P
         up = [ln for ln in text.splitlines() if ln.startswith("diagnoser_scrape_up{")]
         assert len(up) == 1 and up[0].endswith(" 0.0")
         assert any(ln.startswith("diagnoser_scrape_errors_total{") for ln in text.splitlines())
-        assert 'diagnoser_finding_active{rule="source_unreachable"' in text
+        assert re.search(r'^diagnoser_finding_active\{[^}]*rule="source_unreachable"', text, re.M)  # labels sorted: engine first
     finally:
         m.close()
 

@@ -146,6 +146,7 @@ PANEL_EXPRS = [
     (spelling, path.stem, label, expr)
     for spelling in SPELLINGS
     for path in DASHBOARD_FILES
+    if path.stem != "vllm-overview"  # read against a vLLM target in tests/test_stack_vllm.py
     for label, expr in dashboard_exprs(json.loads(path.read_text()))
     if label.startswith("panel ")
 ]
@@ -210,6 +211,8 @@ def test_template_variables_find_values(stack: dict[str, Any], spelling: str) ->
     prom: Prometheus = stack["prom"][spelling]
     found: dict[str, set[str]] = {}
     for path in DASHBOARD_FILES:
+        if path.stem == "vllm-overview":
+            continue  # its variables find the vLLM target in tests/test_stack_vllm.py
         for v in json.loads(path.read_text())["templating"]["list"]:
             if v["type"] != "query":
                 continue

@@ -36,7 +36,7 @@ COMMANDS = {
     "explain": "print one rule's doc: diagnose explain kv_saturation",
     "serve": "web dashboard and /metrics exporter for one or more servers",
     "record": "record a server's scrapes, log and config into a bundle (.dgb)",
-    "replay-server": "serve a bundle as a live SGLang /metrics endpoint",
+    "replay-server": "serve a bundle as a live SGLang or vLLM server",
     "plan": "offline capacity planner: pool, concurrency and throughput from a model config (SGLang; vLLM with --engine vllm)",
     "compare": "judge a change: two recordings (before, after) side by side",
     "catalogue": "SGLang's releases as diagnoser reads them: coverage per release, flags at a release",

@@ -38,6 +38,7 @@ from diagnoser.jsonout import dumps
 from diagnoser.model import InputReport, iso
 from diagnoser.outputs.termsafe import term_safe
 from diagnoser.redact import redact_text
+from diagnoser.replay.source import record_engines
 from diagnoser.sources.http import DEFAULT_MAX_BYTES, display_url, fetch, make_client
 from diagnoser.sources.logs import LogFollower, LogReader, finish_report, open_log_reader
 from diagnoser.sources.metrics import MetricsTarget
@@ -140,10 +141,14 @@ class Recorder:
                 recs.append({"kind": "config", "t": time.time(), "target": t.report.source, "path": path, "data": data})
                 if isinstance(data, dict) and isinstance(data.get("version"), str):
                     version = version or data["version"]
+        engines = record_engines(recs)  # what the config endpoints said (vLLM's /version, /v1/models)
+        vllm = "vllm" in engines.values()
         man = manifest(
-            targets=[{"name": t.report.source, "url": t.report.source} for t in self.targets],
+            targets=[{"name": t.report.source, "url": t.report.source,
+                      **({"engine": engines[t.report.source]} if t.report.source in engines else {})} for t in self.targets],
             logs=[{"source": redact_text(p), "target": target} for p, target, *_ in self.logs],
-            start=self.started, interval=self.interval, planned_duration=self.duration, sglang_version=version,
+            start=self.started, interval=self.interval, planned_duration=self.duration,
+            sglang_version=None if vllm else version, **({"engine_version": version} if vllm and version else {}),
         )
         self.writer.write_member([man])  # alone: whatever happens next, the bundle has its manifest
         self.writer.write_member(recs)
@@ -198,7 +203,8 @@ class Recorder:
         now = time.time()
         end = {"kind": "end", "t": now, "reason": reason, "window": {"start": self.started, "end": now},
                "counts": {"scrapes": self.scrapes, "log_lines": self.lines},
-               "sglang_version": self.version_text()}
+               "sglang_version": self.version_text(),
+               "engines": {t.report.source: self.tls[t.url].engine for t in self.targets}}
         end["counts"] = {"scrapes": self.scrapes, "log_lines": self.lines + sum(len(r.get("lines") or []) for r in recs)}
         try:
             self.writer.write_member([*recs, end], final=True)

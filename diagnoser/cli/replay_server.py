@@ -1,15 +1,17 @@
-"""``diagnose replay-server FILE|DIR``: serve a recording as a live SGLang server.
+"""``diagnose replay-server FILE|DIR``: serve a recording as a live SGLang or vLLM server.
 
     diagnose replay-server run.dgb --port 30000 [--host 127.0.0.1] [--speed S] [--loop]
                                    [--log-out PATH|-] [--keep-log-times] [--target NAME]
 
 ``/metrics`` answers with the recorded scrape whose (scaled) time has come — the exposition text
 exactly as recorded; ``/server_info``, ``/get_server_info``, ``/get_server_args``, ``/model_info``,
-``/get_model_info`` and ``/v1/loads`` with the recorded payloads (redacted at recording); ``/health``
-with 200. The recording starts when the server starts; ``--speed 10`` plays ten recorded seconds per
+``/get_model_info``, ``/v1/loads``, and vLLM's ``/version`` and ``/v1/models`` with the recorded
+payloads (redacted at recording; a path the recording lacks answers 404, as the engine that lacks it
+would); ``/health`` with 200. The recording starts when the server starts; ``--speed 10`` plays ten recorded seconds per
 wall second; ``--loop`` starts over after the end (otherwise the last scrape stays served).
 ``--log-out`` writes the recorded log lines as their time comes, with the leading timestamp moved to
-the wall-clock time of the replay (so a tool reading the file sees a live log); ``--keep-log-times``
+the wall-clock time of the replay (so a tool reading the file sees a live log; vLLM's yearless
+``MM-DD HH:MM:SS`` head stamp too); ``--keep-log-times``
 writes them verbatim. Binds 127.0.0.1 unless ``--host`` says otherwise; ``--port 0`` picks a free port
 (printed on stderr). SIGTERM/SIGINT stop it cleanly.
 """
@@ -38,6 +40,7 @@ from diagnoser.replay import ReplayFeed, ReplaySource, load_source
 METRICS_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
 SERVER_INFO_ALIASES = ("/server_info", "/get_server_info", "/get_server_args")
 MODEL_INFO_ALIASES = ("/model_info", "/get_model_info")
+ENGINE_PATHS = ("/v1/loads", "/version", "/v1/models")  # SGLang's loads; vLLM's version and model list
 _STAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?")
 
 
@@ -111,7 +114,7 @@ def make_handler(state: ReplayState) -> type[BaseHTTPRequestHandler]:
                     self._send(int(rec.get("status") or 200), str(rec.get("text") or "").encode("utf-8"), ctype)
             elif path in ("/health", "/health_generate"):
                 self._send(200, b"", "text/plain")
-            elif path in (*SERVER_INFO_ALIASES, *MODEL_INFO_ALIASES, "/v1/loads"):
+            elif path in (*SERVER_INFO_ALIASES, *MODEL_INFO_ALIASES, *ENGINE_PATHS):
                 data = state.payload(path)
                 if data is None:
                     self._send(404, json.dumps({"detail": "Not Found"}).encode(), "application/json")
@@ -143,7 +146,7 @@ class LogWriter(threading.Thread):
         text = line.decode("utf-8", errors="surrogateescape")
         m = _STAMP_RE.search(text, 0, 120)
         if not m:
-            return line
+            return self._retime_yearless(text, rec)
         from diagnoser.replay import line_time
 
         own = line_time(m.group(0))
@@ -159,6 +162,21 @@ class LogWriter(threading.Thread):
             stamp += sep + f"{wall % 1:.{frac}f}"[2:]
         stamp = stamp[:10] + m.group(0)[10] + stamp[11:]
         return (text[: m.start()] + stamp + text[m.end():]).encode("utf-8", errors="surrogateescape")
+
+    def _retime_yearless(self, text: str, rec: dict[str, Any]) -> bytes:
+        """vLLM's head stamp (``INFO 12-02 15:03:43``): moved to the replay's wall time, still without a year."""
+        from diagnoser.replay.source import _YEARLESS_RE, yearless_time
+
+        m = _YEARLESS_RE.search(text, 0, 160)
+        own = yearless_time(text, self.feed.t0) if m else None
+        if m is None or own is None:
+            return text.encode("utf-8", errors="surrogateescape")
+        offset = int(rec.get("pass") or 0) * self.feed.period
+        started = self.state.feed.started or time.time()
+        wall = started + (own + offset - self.feed.t0) / self.feed.speed
+        stamp = datetime.fromtimestamp(wall, tz=UTC).strftime("%m-%d %H:%M:%S")
+        start, end = m.start(1), m.end(5)
+        return (text[:start] + stamp + text[end:]).encode("utf-8", errors="surrogateescape")
 
     def drain(self, now: float | None = None) -> int:
         n = 0
@@ -226,7 +244,7 @@ class ReplayServer:
 def build_parser() -> argparse.ArgumentParser:
     from diagnoser.cli.run import _Parser
 
-    p = _Parser(prog="diagnose replay-server", description="Serve a recorded bundle (or run directory) as a live SGLang server.")
+    p = _Parser(prog="diagnose replay-server", description="Serve a recorded bundle (or run directory) as a live SGLang or vLLM server.")
     p.add_argument("path", help="bundle file from 'diagnose record', or a run directory (server.log, metrics/*.prom)")
     p.add_argument("--port", type=int, default=30000, help="port (default 30000; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

@@ -28,7 +28,7 @@ TOKEN_ENV = "DIAGNOSER_TOKEN"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="diagnose serve", description="Web dashboard and Prometheus exporter over live SGLang servers.")
+    p = _Parser(prog="diagnose serve", description="Web dashboard and Prometheus exporter over live SGLang and vLLM servers.")
     p.add_argument("--url", action="append", default=[], help="SGLang server base URL (repeatable)")
     p.add_argument("--log", action="append", default=[], help="server log file to follow (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

@@ -1,4 +1,5 @@
-"""Fleet mode: read every SGLang target from an existing Prometheus into one timeline per target.
+"""Fleet mode: read every SGLang target from an existing Prometheus into one timeline per target (and
+every vLLM target beside them, read by :mod:`diagnoser.fleet.vllm`).
 
 One pass = one ``series`` call (discovery, spelling, version hints), one coarse range query (config
 gauges) and one ``query_range`` per canonical signal for the whole fleet, run a few at a time. Targets
@@ -334,8 +335,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         if metric.get("engine_type"):
             targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
     if not targets.keys:
-        rep.errors += 1
-        rep.messages.append(_no_match(api, matchers, win))
+        if not _add_vllm(api, matchers, win, col, rep):  # a fleet of vLLM servers only
+            rep.errors += 1
+            rep.messages.append(_no_match(api, matchers, win))
         return
     if len(targets.keys) > MAX_TARGETS:  # memory stays bounded: per target, and in targets
         extra = sorted(targets.keys)[MAX_TARGETS:]
@@ -482,6 +484,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         tl.inputs.append(rep)
         col.versions[tl.target] = vr
         col.timelines.append(tl)
+    _add_vllm(api, matchers, win, col, rep)  # a mixed fleet: its vLLM targets beside the SGLang ones
     col.timelines.sort(key=lambda t: t.target)
     rep.lines_recognized = used
     for sig, err in failed.items():
@@ -704,6 +707,20 @@ def _missing(targets: _Targets, failed: dict[str, str]) -> list[str]:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         msgs.append(f"{len(names)} target(s) have no {', '.join(lack)} in the range ({shown}); their other signals are used.")
     return msgs
+
+
+def _add_vllm(api: PromAPI, matchers: str, win: Window, col: FleetCollection, rep: InputReport) -> int:
+    """The vLLM targets (diagnoser.fleet.vllm), judged with vLLM's reader; how many there were."""
+    from diagnoser.fleet.vllm import collect_vllm
+
+    tls, versions = collect_vllm(api, matchers, win.start, win.end, win.step, rep)
+    for tl in tls:
+        vr = versions[tl.target]
+        finalize(tl, vr)
+        col.versions[tl.target] = vr
+        col.timelines.append(tl)
+    col.timelines.sort(key=lambda t: t.target)
+    return len(tls)
 
 
 def _no_match(api: PromAPI, matchers: str, win: Window) -> str:

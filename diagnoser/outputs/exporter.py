@@ -5,14 +5,18 @@ disappear too (its last numbers are not current): ``diagnoser_scrape_up{target} 
 scrape duration and error count. Every label value goes through the redaction (a target URL, a flag
 value). Names are fixed (all underscores, prefix ``diagnoser_``):
 
-    diagnoser_finding_active{rule,severity,target}            1 per active (firing) finding
-    diagnoser_signal{target,signal}                            last value of each canonical signal
-    diagnoser_pool_capacity_tokens{target}                     KV pool capacity
-    diagnoser_suggestion_info{target,rule,flag,current,proposed}        1 per current suggestion
-    diagnoser_suggestion_projected_running_reqs{target,rule,flag}       when projected
-    diagnoser_suggestion_projected_gen_throughput_tps{target,rule,flag} when projected
-    diagnoser_scrape_up{target}, diagnoser_scrape_duration_seconds{target},
-    diagnoser_scrape_errors_total{target}, diagnoser_rule_pass_duration_seconds
+    diagnoser_finding_active{rule,severity,target,engine}            1 per active (firing) finding
+    diagnoser_signal{target,signal,engine}                            last value of each canonical signal
+    diagnoser_pool_capacity_tokens{target,engine}                     KV pool capacity
+    diagnoser_suggestion_info{target,rule,flag,current,proposed,engine}        1 per current suggestion
+    diagnoser_suggestion_projected_running_reqs{target,rule,flag,engine}       when projected
+    diagnoser_suggestion_projected_gen_throughput_tps{target,rule,flag,engine} when projected
+    diagnoser_scrape_up{target,engine}, diagnoser_scrape_duration_seconds{target,engine},
+    diagnoser_scrape_errors_total{target,engine}, diagnoser_rule_pass_duration_seconds
+
+``engine`` is the target's engine as detected (``sglang`` or ``vllm``), so one Prometheus can keep a
+mixed fleet's findings apart (vLLM's own series have an ``engine`` label too, the data-parallel engine
+index; the two never meet in one series). A fleet-wide finding (no single target) has ``engine=""``.
 """
 
 from __future__ import annotations
@@ -74,33 +78,35 @@ class SnapshotCollector:
 
     def collect(self) -> Iterator[Metric]:
         snap = self.get_snapshot()
-        active = GaugeMetricFamily("diagnoser_finding_active", "1 for each firing finding", labels=["rule", "severity", "target"])
-        signal = GaugeMetricFamily("diagnoser_signal", "Last value of each canonical signal (aggregate rank)", labels=["target", "signal"])
-        pool = GaugeMetricFamily("diagnoser_pool_capacity_tokens", "KV pool capacity in tokens", labels=["target"])
-        info = GaugeMetricFamily("diagnoser_suggestion_info", "1 for each current suggestion", labels=["target", "rule", "flag", "current", "proposed"])
-        p_run = GaugeMetricFamily("diagnoser_suggestion_projected_running_reqs", "Projected concurrent requests if the suggestion is applied", labels=["target", "rule", "flag"])
-        p_tps = GaugeMetricFamily("diagnoser_suggestion_projected_gen_throughput_tps", "Projected gen throughput (tokens/s) if the suggestion is applied", labels=["target", "rule", "flag"])
-        up = GaugeMetricFamily("diagnoser_scrape_up", "1 when the last scrape of the target succeeded", labels=["target"])
-        dur = GaugeMetricFamily("diagnoser_scrape_duration_seconds", "Duration of the last scrape of the target", labels=["target"])
-        errs = CounterMetricFamily("diagnoser_scrape_errors", "Failed scrapes of the target", labels=["target"])
+        active = GaugeMetricFamily("diagnoser_finding_active", "1 for each firing finding", labels=["rule", "severity", "target", "engine"])
+        signal = GaugeMetricFamily("diagnoser_signal", "Last value of each canonical signal (aggregate rank)", labels=["target", "signal", "engine"])
+        pool = GaugeMetricFamily("diagnoser_pool_capacity_tokens", "KV pool capacity in tokens", labels=["target", "engine"])
+        info = GaugeMetricFamily("diagnoser_suggestion_info", "1 for each current suggestion", labels=["target", "rule", "flag", "current", "proposed", "engine"])
+        p_run = GaugeMetricFamily("diagnoser_suggestion_projected_running_reqs", "Projected concurrent requests if the suggestion is applied", labels=["target", "rule", "flag", "engine"])
+        p_tps = GaugeMetricFamily("diagnoser_suggestion_projected_gen_throughput_tps", "Projected gen throughput (tokens/s) if the suggestion is applied", labels=["target", "rule", "flag", "engine"])
+        up = GaugeMetricFamily("diagnoser_scrape_up", "1 when the last scrape of the target succeeded", labels=["target", "engine"])
+        dur = GaugeMetricFamily("diagnoser_scrape_duration_seconds", "Duration of the last scrape of the target", labels=["target", "engine"])
+        errs = CounterMetricFamily("diagnoser_scrape_errors", "Failed scrapes of the target", labels=["target", "engine"])
         rule_pass = GaugeMetricFamily("diagnoser_rule_pass_duration_seconds", "Duration of the last rule pass over all targets")
         if snap is not None:
+            engines = {t.name: _label(getattr(t, "engine", "sglang")) for t in snap.targets}
             seen_active: set[tuple[str, str, str]] = set()
             seen_info: set[tuple[str, ...]] = set()
             seen_proj: set[tuple[str, str, str]] = set()
             for f in snap.findings:
                 if f.state != "firing":
                     continue
-                key = (_label(f.rule), f.severity.label, _label(f.target))
+                eng = engines.get(f.target, "")
+                key = (_label(f.rule), f.severity.label, _label(f.target), eng)
                 if key not in seen_active:
                     seen_active.add(key)
                     active.add_metric(list(key), 1.0)
                 for i, s in enumerate(f.suggestions):
-                    labels = (_label(f.target), _label(f.rule), _label(s.flag), _label(s.current), _label(s.proposed))
+                    labels = (_label(f.target), _label(f.rule), _label(s.flag), _label(s.current), _label(s.proposed), eng)
                     if labels not in seen_info:
                         seen_info.add(labels)
                         info.add_metric(list(labels), 1.0)
-                    pk = (_label(f.target), _label(f.rule), _label(s.flag))
+                    pk = (_label(f.target), _label(f.rule), _label(s.flag), eng)
                     if i > 0 or pk in seen_proj:
                         continue  # projections for the top suggestion of each finding
                     seen_proj.add(pk)
@@ -112,10 +118,11 @@ class SnapshotCollector:
                         p_tps.add_metric(list(pk), g)
             for t in snap.targets:
                 name = _label(t.name)
+                eng = engines[t.name]
                 if t.is_url:
-                    up.add_metric([name], 1.0 if t.up else 0.0)
-                    dur.add_metric([name], float(t.last_duration_s))
-                    errs.add_metric([name], float(t.scrape_errors))
+                    up.add_metric([name, eng], 1.0 if t.up else 0.0)
+                    dur.add_metric([name, eng], float(t.last_duration_s))
+                    errs.add_metric([name, eng], float(t.scrape_errors))
                     if t.up is False:  # down: its last numbers are not current, so they are not exported
                         continue
                 for sig, val in sorted(t.latest.items()):
@@ -123,11 +130,11 @@ class SnapshotCollector:
                         continue
                     v = _finite(val)
                     if v is not None:
-                        signal.add_metric([name, sig], v)
+                        signal.add_metric([name, sig, eng], v)
                 cap = t.config.get("max_total_tokens")
                 capv = _finite(cap.value) if cap is not None else _finite(t.latest.get("max_total_tokens"))
                 if capv is not None:
-                    pool.add_metric([name], capv)
+                    pool.add_metric([name, eng], capv)
             rule_pass.add_metric([], float(snap.rule_pass_s))
         yield from (active, signal, pool, info, p_run, p_tps, up, dur, errs, rule_pass)
 

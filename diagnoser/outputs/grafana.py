@@ -1,10 +1,12 @@
-"""Grafana dashboards as code: "SGLang overview" and "diagnoser findings".
+"""Grafana dashboards as code: "SGLang overview", "vLLM overview" and "diagnoser findings".
 
 The rendered JSON is committed under ``dashboards/`` (``python -m diagnoser.outputs.promgen`` writes it)
 and provisioned by docker-compose. Rules every panel follows:
 
 - the datasource is the ``${datasource}`` variable, never a fixed UID (SGLang's own example broke on
   that until PR https://github.com/sgl-project/sglang/pull/4051);
+- vLLM's selectors likewise take ``vllm[:_]NAME``, with the names a series had across releases in one regex
+  (docs/vllm.md#metrics), kept apart per ``model_name`` and V1 ``engine`` (the data-parallel index);
 - raw SGLang selectors take both spellings, ``{__name__=~"sglang[:_]NAME"}`` (docs/sglang.md#spelling), and
   gauges are folded with ``max by (instance, model_name, dp_rank)`` so TP/PP/CP ranks that repeat a
   value count once while DP ranks stay apart (docs/sglang.md#stats-rank, docs/sglang.md#labels);
@@ -314,7 +316,145 @@ def diagnoser_findings() -> dict[str, Any]:
     )
 
 
-DASHBOARDS = {"dashboards/sglang-overview.json": sglang_overview, "dashboards/diagnoser-findings.json": diagnoser_findings}
+# -- vLLM ---------------------------------------------------------------------------------------------
+# vLLM's series (docs/vllm.md#metrics): both spellings (``vllm:x`` as served, ``vllm_x`` after a Prometheus
+# hop), V0 and V1 names through one regex where a series was renamed, per model_name and per V1 ``engine``
+# (the data-parallel engine index, vllm/v1/metrics/loggers.py); V0 series have no ``engine`` label, which
+# the "All" value (.*) also matches.
+VSEL = 'instance=~"$instance", model_name=~"$model", engine=~"$engine"'
+VBY = "instance, model_name, engine"
+VLEGEND = "{{instance}} {{model_name}} engine={{engine}}"
+
+
+def vl(names: str, extra: str = VSEL) -> str:
+    """A selector over ``vllm[:_]NAMES`` (NAMES a regex of the names a series had across releases)."""
+    return '{__name__=~"vllm[:_]' + names + '"' + (", " + extra if extra else "") + "}"
+
+
+def vgauge(names: str) -> str:
+    return f"max by ({VBY}) ({vl(names)})"
+
+
+def vrate(names: str, by: str = VBY) -> str:
+    return f"sum by ({by}) (rate({vl(names)}[$__rate_interval]))"
+
+
+def vquantile(q: float, hist: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, {VBY}) (rate({vl(hist + '_bucket')}[$__rate_interval])))"
+
+
+def vllm_overview() -> dict[str, Any]:
+    w = 12
+    qs = ((0.5, "A"), (0.9, "B"), (0.99, "C"))
+    panels = [
+        panel(1, "KV cache usage",
+              "Share of the KV blocks held by requests (kv_cache_usage_perc; gpu_cache_usage_perc before 0.10, both in "
+              "0.10.2), a fraction 0-1 despite its name, per engine. Near 1 with requests waiting means the KV cache caps "
+              "the batch and vLLM preempts (rule kv_saturation); near 1 with nothing waiting is healthy.",
+              [target(vgauge("(kv|gpu)_cache_usage_perc"), VLEGEND, "A")], (0, 0, w, 8), unit="percentunit",
+              defaults={"min": 0, "max": 1, "thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 0.9}]}}),
+        panel(2, "Running vs waiting requests",
+              "Requests in the running batch (num_requests_running) and waiting for admission (num_requests_waiting), per "
+              "engine. A queue that stays up while running stays flat means admission is capped: by KV blocks (see KV cache "
+              "usage), by --max-num-seqs, or by the per-step token budget --max-num-batched-tokens.",
+              [target(vgauge("num_requests_running"), "running " + VLEGEND, "A"),
+               target(vgauge("num_requests_waiting"), "waiting " + VLEGEND, "B")], (w, 0, w, 8)),
+        panel(3, "Token throughput",
+              "Prompt and generation tokens per second: the rate of prompt_tokens_total / generation_tokens_total, or on "
+              "V0 servers before 0.7 the logger's own averages (avg_prompt_throughput_toks_per_s, "
+              "avg_generation_throughput_toks_per_s).",
+              [target(vrate("generation_tokens_total") + "\nor " + vgauge("avg_generation_throughput_toks_per_s"), "generation " + VLEGEND, "A"),
+               target(vrate("prompt_tokens_total") + "\nor " + vgauge("avg_prompt_throughput_toks_per_s"), "prompt " + VLEGEND, "B")],
+              (0, 8, w, 8)),
+        panel(4, "Preemptions",
+              "Requests preempted because the KV cache ran out (num_preemptions_total, 0.4.3+), per rate interval. vLLM "
+              "recomputes (V1) or swaps (V0 --preemption-mode swap) a preempted request: every one costs throughput.",
+              [target(f"sum by ({VBY}) (increase({vl('num_preemptions_total')}[$__rate_interval]))", "preempted " + VLEGEND, "A")],
+              (w, 8, w, 8)),
+        panel(5, "Time to first token",
+              "TTFT quantiles from vLLM's histogram (time_to_first_token_seconds) over the rate interval. High TTFT with "
+              "requests waiting is admission; with nothing waiting it is prefill speed.",
+              [target(vquantile(q, "time_to_first_token_seconds"), f"p{int(q * 100)} " + VLEGEND, ref) for q, ref in qs],
+              (0, 16, w, 8), unit="s"),
+        panel(6, "Inter-token latency",
+              "ITL quantiles (inter_token_latency_seconds, 0.8.6+; time_per_output_token_seconds before) over the rate "
+              "interval: the decode step a streaming client sees. It grows with the running batch and with prefill "
+              "chunks scheduled into the same step.",
+              [target(vquantile(q, "inter_token_latency_seconds") + "\nor " + vquantile(q, "time_per_output_token_seconds"),
+                      f"p{int(q * 100)} " + VLEGEND, ref) for q, ref in qs], (w, 16, w, 8), unit="s"),
+        panel(7, "Prefix cache hit rate",
+              "Share of prompt tokens found in the prefix cache over the rate interval: prefix_cache_hits_total / "
+              "prefix_cache_queries_total (V1, in tokens; gpu_prefix_cache_hits / _queries in earlier V1 releases), or "
+              "V0's gpu_prefix_cache_hit_rate gauge. Empty while no prompt was looked up.",
+              [target(ratio(vrate("(gpu_)?prefix_cache_hits(_total)?"), vrate("(gpu_)?prefix_cache_queries(_total)?"))
+                      + "\nor " + vgauge("gpu_prefix_cache_hit_rate"), VLEGEND, "A")],
+              (0, 24, w, 8), unit="percentunit", defaults={"min": 0, "max": 1}),
+        panel(8, "Queue time and end-to-end latency",
+              "Time requests waited for admission (request_queue_time_seconds) and their whole time in the server "
+              "(e2e_request_latency_seconds), p50 and p95 over the rate interval.",
+              [target(vquantile(0.5, "request_queue_time_seconds"), "queue p50 " + VLEGEND, "A"),
+               target(vquantile(0.95, "request_queue_time_seconds"), "queue p95 " + VLEGEND, "B"),
+               target(vquantile(0.5, "e2e_request_latency_seconds"), "e2e p50 " + VLEGEND, "C"),
+               target(vquantile(0.95, "e2e_request_latency_seconds"), "e2e p95 " + VLEGEND, "D")], (w, 24, w, 8), unit="s"),
+        panel(9, "Finished requests",
+              "Requests finished per second by reason (request_success_total{finished_reason}: stop, length, abort). "
+              "Many 'length' endings mean requests run to their max_tokens.",
+              [target(f"sum by (instance, model_name, finished_reason) (rate({vl('request_success_total', TOKZ)}[$__rate_interval]))",
+                      "{{finished_reason}} {{instance}} {{model_name}}", "A")], (0, 32, w, 8)),
+        panel(10, "KV cache configuration",
+              "The cache configuration vLLM exports as an info gauge (cache_config_info): block size, number of KV blocks, "
+              "the memory share --gpu-memory-utilization, KV dtype and prefix caching, per instance.",
+              [target('max by (instance, block_size, num_gpu_blocks, gpu_memory_utilization, cache_dtype, enable_prefix_caching) '
+                      '({__name__=~"vllm[:_]cache_config_info", instance=~"$instance"})', "", "A", instant=True, fmt="table")],
+              (w, 32, w, 8), kind="table"),
+        panel(11, "diagnoser findings on vLLM targets",
+              "What diagnoser found on each vLLM target (diagnoser_finding_active{engine=\"vllm\"}, from `diagnose serve`'s "
+              "/metrics): a bar while a finding fires. The rules and their fixes: `diagnose explain RULE` or /rules/RULE in serve.",
+              [target('max by (target, rule, severity) (diagnoser_finding_active{engine="vllm"})', "{{rule}} ({{severity}}) {{target}}", "A")],
+              (0, 40, w, 8), kind="state-timeline",
+              defaults={"mappings": [{"type": "value", "options": {"1": {"text": "active", "color": "red", "index": 0}}}],
+                        "color": {"mode": "thresholds"},
+                        "thresholds": {"mode": "absolute", "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": 1}]}},
+              options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8, "alignValue": "left",
+                       "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}}),
+        panel(12, "diagnoser suggestions for vLLM targets",
+              "The flag changes diagnoser proposes now for vLLM targets, in vLLM's flags (diagnoser_suggestion_info"
+              "{engine=\"vllm\"}: flag, current -> proposed), and whether diagnoser's last scrape of each vLLM target worked "
+              "(diagnoser_scrape_up).",
+              [target('max by (target, rule, flag, current, proposed) (diagnoser_suggestion_info{engine="vllm"})', "", "A", instant=True, fmt="table"),
+               target('max by (target) (diagnoser_scrape_up{engine="vllm"})', "", "B", instant=True, fmt="table")],
+              (w, 40, w, 8), kind="table", transformations=[{"id": "merge", "options": {}}]),
+    ]
+    ref = '{__name__=~"vllm[:_]num_requests_running"'
+    variables = [
+        datasource_var(),
+        query_var("instance", "Instance", f"label_values({ref}}}, instance)"),
+        query_var("model", "Model", f'label_values({ref}, instance=~"$instance"}}, model_name)'),
+        query_var("engine", "Engine (DP)", f'label_values({ref}, instance=~"$instance", model_name=~"$model"}}, engine)'),
+    ]
+    findings_ann = {
+        "name": "diagnoser findings",
+        "datasource": DS,
+        "enable": True,
+        "iconColor": "orange",
+        "expr": 'max by (target, rule, severity) (diagnoser_finding_active{engine="vllm"}) > 0',
+        "step": "30s",
+        "titleFormat": "{{rule}} ({{severity}})",
+        "textFormat": "{{target}}",
+        "tagKeys": "rule,severity",
+    }
+    alerts_ann = {**ALERTS_ANNOTATION, "expr": 'ALERTS{alertstate="firing", alertname=~"(Diagnoser|VLLM).+"}'}
+    return dashboard(
+        "vllm-overview", "vLLM overview",
+        "vLLM's /metrics: load, KV cache, throughput, preemptions, latency and prefix cache, per instance, model and "
+        "data-parallel engine, and what diagnoser found on vLLM targets. Works with both the vllm: and vllm_ "
+        "spellings and with V0 and V1 names.",
+        panels, variables, [findings_ann, alerts_ann], ["vllm", "diagnoser"],
+    )
+
+
+DASHBOARDS = {"dashboards/sglang-overview.json": sglang_overview, "dashboards/diagnoser-findings.json": diagnoser_findings,
+              "dashboards/vllm-overview.json": vllm_overview}
 
 
 def rendered_dashboards() -> dict[str, str]:

@@ -2,12 +2,14 @@
 
 ``python -m diagnoser.outputs.promgen`` rewrites the committed files under ``rules/`` and
 ``dashboards/``; ``--check`` exits 1 when a committed file differs from what the catalogue gives
-(tests/test_alert_rules.py runs the same check). Two groups come out:
+(tests/test_alert_rules.py runs the same check). Three kinds come out:
 
 - ``diagnoser``: one alert per rule in ``diagnoser.rules.REGISTRY`` on the exporter's
   ``diagnoser_finding_active{rule,severity,target}`` gauge, plus alerts on the exporter's own health;
 - ``sglang``: direct alerts on raw SGLang series for teams that run no diagnoser. Every selector takes
-  both the ``sglang:`` and the ``sglang_`` spelling (docs/sglang.md#spelling, the colon-to-underscore trap).
+  both the ``sglang:`` and the ``sglang_`` spelling (docs/sglang.md#spelling, the colon-to-underscore trap);
+- ``vllm``: the same for raw vLLM series (``vllm:``/``vllm_``, V0 and V1 names; docs/vllm.md#metrics), with
+  the advice in vLLM's flags.
 
 The YAML is written by a small emitter (every scalar is a JSON string, which YAML reads as a
 double-quoted scalar), so generating needs no YAML library at run time.
@@ -216,6 +218,78 @@ def sglang_alerts(for_override: str | None = None, runbook_base: str = RUNBOOK_B
     ]
 
 
+# raw vLLM alerts (docs/vllm.md#metrics): both spellings, the V0 and V1 names of a renamed series in one regex,
+# grouped per V1 data-parallel engine (the ``engine`` label; V0 series have none)
+VLLM_BY = "job, instance, model_name, engine"
+
+
+def vl(names: str, extra: str = "") -> str:
+    """A selector over both spellings and every name of a vLLM series: ``{__name__=~"vllm[:_]NAMES"}``."""
+    sel = f'__name__=~"vllm[:_]{names}"'
+    return "{" + sel + (", " + extra if extra else "") + "}"
+
+
+def vllm_alerts(for_override: str | None = None, runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    w = RAW_WINDOW
+    usage = f"max_over_time((max by ({VLLM_BY}) ({vl('(kv|gpu)_cache_usage_perc')}))[{w}:])"
+    waiting = f"avg_over_time((max by ({VLLM_BY}) ({vl('num_requests_waiting')}))[{w}:])"
+    preempted = f"sum by ({VLLM_BY}) (increase({vl('num_preemptions_total')}[{w}])) > 0"
+    where = "{{ $labels.instance }} ({{ $labels.model_name }}{{ if $labels.engine }}, engine {{ $labels.engine }}{{ end }})"
+    return [
+        {
+            "alert": "VLLMKVCacheFullWithWaiting",
+            "expr": f"{usage} >= {KV_USAGE_HIGH}\nand on ({VLLM_BY})\n{waiting} >= 1",
+            "for": for_override or "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"vLLM KV cache near full while requests wait on {where}",
+                "description": (
+                    f"KV cache usage on {where} peaked at {{{{ $value | humanizePercentage }}}} in the last {w}"
+                    " while on average at least one request waited. The KV blocks, not compute, cap the batch:"
+                    " raise --gpu-memory-utilization (the share of the whole GPU for weights, activations and KV),"
+                    " use --kv-cache-dtype fp8, or lower --max-model-len. Usage above 0.9 with nothing waiting is healthy."
+                ),
+                "runbook_url": runbook(runbook_base, "kv_saturation"),
+            },
+        },
+        {
+            "alert": "VLLMPreemptionsRising",
+            "expr": preempted,
+            "for": for_override or "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"vLLM keeps preempting requests on {where}",
+                "description": (
+                    f"{{{{ $value | printf \"%.0f\" }}}} requests were preempted on {where} in the last {w}"
+                    " (KV cache full), and preemptions went on for the whole alert window. A preempted request"
+                    " is recomputed (or swapped back on V0), so throughput drops and tail latency rises. Lower"
+                    " --max-num-seqs or --max-num-batched-tokens, or grow the KV cache (--gpu-memory-utilization,"
+                    " --kv-cache-dtype fp8)."
+                ),
+                "runbook_url": runbook(runbook_base, "kv_retraction"),
+            },
+        },
+        {
+            "alert": "VLLMMetricsEndpointDown",
+            "expr": 'up{job=~".*vllm.*"} == 0',
+            "for": for_override or "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "vLLM /metrics on {{ $labels.instance }} is down",
+                "description": (
+                    "Prometheus could not scrape {{ $labels.instance }} (job {{ $labels.job }}) for 2"
+                    " minutes: the server is down, still starting (loading weights, compiling), or overloaded."
+                ),
+                "runbook_url": runbook_base.rstrip("/"),
+            },
+        },
+    ]
+
+
+def vllm_rule_file(for_override: str | None = None, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
+    return {"groups": [{"name": "vllm-direct", "rules": vllm_alerts(for_override, runbook_base)}]}
+
+
 def diagnoser_rule_file(for_override: str | None = None, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
     findings = [finding_alert(r, for_override, runbook_base) for r in REGISTRY]
     return {
@@ -354,6 +428,7 @@ def rendered_files(for_override: str | None = None, runbook_base: str = RUNBOOK_
     files = {
         "rules/diagnoser-alerts.yml": to_yaml(diagnoser_rule_file(for_override, runbook_base), GENERATED),
         "rules/sglang-alerts.yml": to_yaml(sglang_rule_file(for_override, runbook_base), GENERATED),
+        "rules/vllm-alerts.yml": to_yaml(vllm_rule_file(for_override, runbook_base), GENERATED),
         "rules/tests/diagnoser-alerts.test.yml": to_yaml(finding_tests(runbook_base), GENERATED),
     }
     files.update(grafana.rendered_dashboards())

@@ -101,7 +101,10 @@ class ReplayIngest:
         if t.config_report is not None:
             return  # config is read once per target, like a live run
         paths = set(t.raw_config)
-        if not any(p in paths for p in (*self.adapter.server_info_paths, *self.adapter.model_info_paths, self.adapter.loads_path)):
+        models_path = getattr(self.adapter, "models_path", None)
+        version_path = getattr(self.adapter, "version_path", None)
+        if not any(p in paths for p in (*self.adapter.server_info_paths, *self.adapter.model_info_paths, self.adapter.loads_path,
+                                        models_path, version_path)):
             return
         rep = InputReport(kind="server_info", source=t.tl.target)
         for p in self.adapter.server_info_paths:
@@ -115,6 +118,13 @@ class ReplayIngest:
                 self._guard(rep, p, self.adapter.ingest_model_info, t.raw_config[p], t.tl, p.lstrip("/"))
                 rep.scrapes += 1
                 break
+        if models_path and isinstance(t.raw_config.get(models_path), dict):  # vLLM's /v1/models names the engine
+            self._guard(rep, models_path, self.adapter.ingest_models, t.raw_config[models_path], t.tl, models_path.lstrip("/"))
+            rep.scrapes += 1
+        ver = t.raw_config.get(version_path) if version_path else None
+        if isinstance(ver, dict) and isinstance(ver.get("version"), str) and version_path:
+            self._guard(rep, version_path, self.adapter.ingest_version, ver, t.tl, version_path.lstrip("/"), t.version)
+            rep.scrapes += 1
         if self.adapter.loads_path in t.raw_config:
             rep.scrapes += 1
         t.config_report = rep

@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ CONFIG_FILES = {
     "model_info.json": "/model_info",
     "get_model_info.json": "/get_model_info",
     "v1_loads.json": "/v1/loads",
+    "version.json": "/version",  # vLLM's (SGLang serves no /version)
+    "v1_models.json": "/v1/models",
 }
 LOG_FILES = ("server.log",)
 # what a run directory's files may hold (checked before reading; a symlink to a device is refused):
@@ -43,6 +46,8 @@ MAX_JSON_FILE = 8 * 1024 * 1024
 MAX_LOG_FILE = 512 * 1024 * 1024
 _EPOCH_RE = re.compile(r"(\d{9,11}(?:\.\d+)?)\.prom$")
 _STAMP_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
+# vLLM's line head stamp, ``LEVEL MM-DD HH:MM:SS`` (vllm/logger.py): no year
+_YEARLESS_RE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
 
 
 @dataclass(slots=True)
@@ -88,6 +93,52 @@ def line_time(line: str) -> float | None:
         return None
     frac = m.group(7)
     return ts + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def record_engines(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The engine of each recorded target, from what its records show (diagnoser.engines.detect): a vLLM
+    ``/version`` or ``/v1/models`` owned by ``vllm``, else its first scrape's series. Only engines other
+    than SGLang (the default, which bundles have always held) are returned, so SGLang bundles stay as they
+    were; a replay decides from the data again either way."""
+    from diagnoser.engines import detect
+
+    out: dict[str, str] = {}
+    for r in records:
+        tgt = r.get("target")
+        if not isinstance(tgt, str) or tgt in out:
+            continue
+        if r.get("kind") == "config" and isinstance(r.get("data"), dict):
+            data = r["data"]
+            if r.get("path") == "/version" or (r.get("path") == "/v1/models" and any(
+                    isinstance(m, dict) and m.get("owned_by") == "vllm" for m in data.get("data") or [])):
+                out[tgt] = "vllm"
+        elif r.get("kind") == "scrape" and isinstance(r.get("text"), str):
+            got = detect.exposition_engine(r["text"])
+            if got:
+                out[tgt] = got[0]
+    return {t: e for t, e in out.items() if e != "sglang"}
+
+
+def yearless_time(line: str, near: float) -> float | None:
+    """A vLLM head stamp (``INFO 12-02 15:03:43``, no year) as UTC epoch seconds, in the year that puts
+    it closest to ``near`` (a recorded scrape time): a run that spans New Year keeps its order."""
+    m = _YEARLESS_RE.search(line, 0, 160)
+    if not m:
+        return None
+    mo, d, h, mi, s = (int(x) for x in m.groups()[:5])
+    y0 = time.gmtime(near).tm_year
+    best: float | None = None
+    for y in (y0 - 1, y0, y0 + 1):
+        try:
+            ts = float(calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)))
+        except (ValueError, OverflowError):
+            continue
+        if time.gmtime(ts).tm_mday != d:  # 29 February in a common year
+            continue
+        if best is None or abs(ts - near) < abs(best - near):
+            best = ts
+    frac = m.group(6)
+    return None if best is None else best + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
 def _read_json(path: str) -> tuple[Any, str]:
@@ -139,7 +190,7 @@ def _load_directory(path: str) -> ReplaySource:
     log_records: list[dict[str, Any]] = []
     for lp in logs:
         try:
-            log_records.extend(_log_records(lp, target, problems))
+            log_records.extend(_log_records(lp, target, problems, t_first))
         except OSError as e:
             problems.append(f"{lp} could not be read ({_why(e)}) and was skipped")
     if log_records:
@@ -177,11 +228,13 @@ def _load_directory(path: str) -> ReplaySource:
     for r in records:
         if r["kind"] == "config" and isinstance(r["data"].get("version"), str):
             version = r["data"]["version"]
+    engine = record_engines(records).get(target)
     man = {
         "kind": "manifest", "format": "directory", "format_version": 1,
-        "targets": [{"name": target, "url": ""}] if scrapes else [],
+        "targets": [{"name": target, "url": "", **({"engine": engine} if engine else {})}] if scrapes else [],
         "logs": [{"source": lp, "target": target} for lp in logs],
-        "sglang_version": version, "interval_s": None, "window": {"start": t_first},
+        "sglang_version": version if engine != "vllm" else None, "interval_s": None, "window": {"start": t_first},
+        **({"engine_version": version} if engine == "vllm" and version else {}),
     }
     src = ReplaySource(path=root, kind="directory", manifest=man, records=_time_sorted(records), problems=problems)
     n_scrapes = sum(1 for r in records if r["kind"] == "scrape")
@@ -190,8 +243,10 @@ def _load_directory(path: str) -> ReplaySource:
     return src
 
 
-def _log_records(path: str, target: str, problems: list[str]) -> list[dict[str, Any]]:
+def _log_records(path: str, target: str, problems: list[str], near: float | None = None) -> list[dict[str, Any]]:
     """A log file as log records, each line timed by its own stamp (untimed lines take the last one).
+    A vLLM stamp has no year: with scrapes beside the log (``near``, the first scrape's time) it takes the
+    year that puts it closest to them; a log alone keeps only full stamps.
     At most :data:`MAX_LOG_FILE` bytes are read (up to the last whole line), and the cut is said."""
     out: list[dict[str, Any]] = []
     data, size = read_regular(path, MAX_LOG_FILE)
@@ -207,7 +262,10 @@ def _log_records(path: str, target: str, problems: list[str]) -> list[dict[str, 
     first_line = 1
     cur_t: float | None = None
     for i, raw in enumerate(lines, start=1):
-        t = line_time(raw[:160].decode("utf-8", errors="replace"))
+        head = raw[:160].decode("utf-8", errors="replace")
+        t = line_time(head)
+        if t is None and near is not None:
+            t = yearless_time(head, near)
         if t is not None:
             last = t
         t_line = last
@@ -278,12 +336,15 @@ def write_source(src: ReplaySource, out: str, every: int = 1, name: str | None =
         return os.path.basename(str(s)) if name else str(s)
 
     iv = src.interval() * max(1, every) if scr else None
+    engines = {**record_engines(src.records), **{t["name"]: t["engine"] for t in src.manifest.get("targets", [])
+                                                 if isinstance(t.get("engine"), str)}}
+    extra_version = {"engine_version": src.manifest["engine_version"]} if isinstance(src.manifest.get("engine_version"), str) else {}
     man = manifest(
-        targets=[{"name": rename[t], "url": rename[t]} for t in src.targets],
+        targets=[{"name": rename[t], "url": rename[t], **({"engine": engines[t]} if t in engines else {})} for t in src.targets],
         logs=[{"source": src_name(lg.get("source")), "target": rename.get(lg.get("target"), lg.get("target"))}
               for lg in src.manifest.get("logs", [])],
         start=t0, interval=iv or 0.0, planned_duration=t1 - t0, sglang_version=src.manifest.get("sglang_version"),
-        converted_from=os.path.basename(src.path.rstrip("/")), thinned_every=max(1, every),
+        converted_from=os.path.basename(src.path.rstrip("/")), thinned_every=max(1, every), **extra_version,
         **({"note": note} if note else {}),
     )
     man["created"] = src.manifest.get("created") or man["created"]

@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse
 from diagnoser.fleet import collect_prometheus
 from diagnoser.fleet.capacity import loads, summarize
 from diagnoser.live import LiveMonitor, LiveTarget
-from diagnoser.web.views import fmt, health
+from diagnoser.web.views import ENGINE_NAMES, fmt, health
 
 PER_PAGE = (25, 50, 100, 200)
 DEFAULT_PER = 50
@@ -66,7 +66,8 @@ def _row(t: Any, findings: list[Any]) -> dict[str, Any]:
     firing = [f for f in findings if f.state == "firing"]
     worst = max((int(f.severity) for f in firing), default=0)
     row: dict[str, Any] = {"id": t.index, "name": t.name, "page": f"/target/{t.index}", "model": t.model_name,
-                           "health": health(t, findings), "version": t.version, "findings": len(firing),
+                           "health": health(t, findings), "version": t.version, "engine": getattr(t, "engine", "sglang"),
+                           "engine_name": ENGINE_NAMES.get(getattr(t, "engine", "sglang"), "SGLang"), "findings": len(firing),
                            "worst": {3: "critical", 2: "warning", 1: "info"}.get(worst, ""),
                            "rules": sorted({f.rule for f in firing})}
     for key, (_h, sig, f) in COLUMNS.items():

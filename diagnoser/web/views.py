@@ -150,6 +150,9 @@ def window_doc(t: Any) -> dict[str, Any]:
     return out
 
 
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}  # as the projects write their names
+
+
 def finding_doc(f: Any) -> dict[str, Any]:
     d = redact_strings(f.to_dict())
     d["severity"] = f.severity.label
@@ -169,6 +172,8 @@ def target_summary(snap: Any, t: Any) -> dict[str, Any]:
         "health": health(t, findings),
         "kind": "url" if t.is_url else "log",
         "version": t.version,
+        "engine": getattr(t, "engine", "sglang"),
+        "engine_name": ENGINE_NAMES.get(getattr(t, "engine", "sglang"), "SGLang"),
         "model_name": redact_text(t.model_name),
         "last_error": redact_text(t.last_error),
         "last_scrape": stamp(t.last_scrape_ts),
