@@ -187,6 +187,9 @@ def main() -> int:
             ok = False
     print(f"target: at 10,000 all judged, a pass < {TARGET_S:g} s, peak RSS < {TARGET_RSS / 1e9:g} GB "
           f"(median of {a.repeat}; RSS the largest; KiB/tgt excludes the interpreter and imports)")
+    if not any(n >= 10000 for n, *_rest in rows):
+        print("target not checked (it is at 10,000 targets)" if ok else "NOT EVERY TARGET JUDGED")
+        return 0 if ok else 1
     print("target met" if ok else "TARGET MISSED (see the load average: the ratios are the stable figures)")
     return 0 if ok else 1
 
