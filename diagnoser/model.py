@@ -45,10 +45,18 @@ class Evidence:
     bound: str = ""  # a quantile known only as more than ``observed``: its range ("> 100 s"), shown instead
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        if all(type(x) in _SCALARS for x in (self.observed, self.threshold, self.signal, self.window, self.source, self.bound)):
+            # the common case (scalars only): what asdict gives, without its deep copy
+            d = {"signal": self.signal, "observed": self.observed, "threshold": self.threshold, "window": self.window,
+                 "source": self.source, "bound": self.bound}
+        else:
+            d = asdict(self)  # (containers are deep-copied)
         if not self.bound:
             del d["bound"]
         return d
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -247,3 +248,49 @@ def test_total_json_loads() -> None:
     from diagnoser.jsonout import loads
 
     assert loads(b'{"a\\ud800": ["x\\udc00", {"b": "\\ud83d\\ude00"}], "c": "\xff"}') == {"a\ufffd": ["x\ufffd", {"b": "\U0001f600"}], "c": "\ufffd"}
+
+
+def _redact_strings_plain(obj: Any, depth: int = 0) -> Any:
+    """The reference for redact_strings: every string through redact_string, every key through redact_text,
+    one call each, no memo (the walk before issue 26's fleet speed work)."""
+    from diagnoser.redact import _PLAIN, MAX_DEPTH, TOO_DEEP, redact_string, redact_text
+
+    if isinstance(obj, str):
+        return redact_string(obj, depth)
+    if isinstance(obj, dict | list | tuple) and depth >= MAX_DEPTH:
+        return TOO_DEEP
+    if isinstance(obj, dict):
+        return {(redact_text(k) if isinstance(k, str) else k): (v if type(v) in _PLAIN else _redact_strings_plain(v, depth + 1))
+                for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [v if type(v) in _PLAIN else _redact_strings_plain(v, depth + 1) for v in obj]
+    return obj
+
+
+def test_redact_strings_walk_equals_the_plain_walk(data_dir: Path) -> None:
+    """The memoised walk gives exactly what the plain one does: on hostile strings repeated at different
+    depths (JSON held in strings near the depth cap, keys that look like JSON, surrogates, str subclasses,
+    tuples, non-string keys) and on a real report document."""
+    import json
+
+    from diagnoser.redact import MAX_DEPTH, redact_strings
+
+    class S(str):
+        pass
+
+    secret_json = json.dumps({"api_key": "sk-walk-1", "inner": json.dumps({"token": "tk-walk-2"})})
+    leaves = ["http://u:pw-walk-3@h:1/x", secret_json, " " + secret_json, "--api-key sk-walk-4 --port 1", "x\ud800y",
+              S("--api-key sk-walk-5"), "prometheus@2026-12-01T00:00:00Z sglang:num_running_reqs", "", "{", "[1, 2]",
+              "a" * 500 + " token=tk-walk-6", 1.5, None, True, 7]
+    doc: Any = {"leaves": leaves, ("t", 1): leaves[:3], 3: "k", '{"api_key": "sk-key-7"}': 1, "api_key": "kept-by-text"}
+    node = doc
+    for d in range(MAX_DEPTH + 3):  # the same strings at every depth, up to past the cap
+        node["down"] = {"d": d, "same": list(leaves), "tup": tuple(leaves[:4])}
+        node = node["down"]
+    assert redact_strings(doc) == _redact_strings_plain(doc)
+    assert repr(redact_strings(doc)) == repr(_redact_strings_plain(doc))  # types too (a tuple becomes a list in both)
+    metrics = (RUN / "metrics_final.prom").read_bytes()  # a real report and server info, secrets planted
+    client = make_client(transport=httpx.MockTransport(lambda r: httpx.Response(200, content=metrics)))
+    col = collect_once(ADAPTER, ["http://u:hunter2@127.0.0.1:30000"], [], duration=0, client=client)
+    real = {"info": _payload(), "doc": build(col, SimpleNamespace(findings=[], errors=[])), "raw": col.raw_config}
+    assert redact_strings(real) == _redact_strings_plain(real)

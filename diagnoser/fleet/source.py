@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -39,6 +40,7 @@ MAX_POINTS = 500  # per series and pass: keeps memory bounded whatever --range/-
 AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
 HELD_ANSWERS = WORKERS  # answers in flight or read and waiting to be parsed (each at most MAX_ANSWER_BYTES)
+_BATCH = True  # _values_batch first (tests/test_fleet_speed.py turns it off for the reference path)
 PASS_QUERIES = 3  # a pass may take as long as this many queries' deadlines, whatever is left then is missing and said
 
 
@@ -231,6 +233,40 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(ts, kind="stable")
         ts, vs = ts[order], vs[order]
     return ts, vs
+
+
+def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """:func:`_values` for every series of one answer at once: one pass over all its points (``float`` on
+    each time and value, as :func:`_values` does), the finiteness and time-order checks done once on the
+    whole answer. None when anything is not plain (a ``values`` that is not a list, a pair that does not
+    convert, a value that is not finite, points out of order): the caller then takes :func:`_values` per
+    series, which counts what it drops. Same arrays as :func:`_values` (tests/test_fleet_speed.py)."""
+    if not all(type(v) is list for v in lists):
+        return None
+    n = [len(v) for v in lists]
+    total = sum(n)
+    flat = list(chain.from_iterable(lists))
+    try:
+        ts = np.fromiter(map(float, map(_first, flat)), np.float64, total)
+        vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        return None
+    del flat
+    if not (np.isfinite(ts).all() and np.isfinite(vs).all()):
+        return None
+    ends = np.cumsum(n)
+    if total > 1:
+        back = ts[1:] < ts[:-1]
+        inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
+        back[inner] = False
+        if bool(back.any()):
+            return None
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    a = 0
+    for b in ends.tolist():
+        out.append((ts[a:b], vs[a:b]) if b > a else (_EMPTY, _EMPTY))
+        a = b
+    return out
 
 
 def _dropped_message(dropped: dict[str, int]) -> str:
@@ -580,6 +616,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
     exports the same numbers)."""
     cache: dict[float, str] = {}
     groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]]]] = {}
+    picked: list[tuple[dict[str, str], Timeline, Any]] = []
     for r in result:
         if not isinstance(r, dict):
             targets.drop("shape")
@@ -591,7 +628,10 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         tl = targets.resolve(metric)
         if tl is None or id(tl) in done:
             continue
-        pts = _values(r.get("values"), targets)
+        picked.append((metric, tl, r.get("values")))
+    arrays = _values_batch([p[2] for p in picked]) if _BATCH else None
+    for k, (metric, tl, values) in enumerate(picked):
+        pts = arrays[k] if arrays is not None else _values(values, targets)
         if not len(pts[0]):
             continue
         rank = M.rank_key(metric) if q.per_rank else ""
