@@ -52,10 +52,14 @@ UNKNOWN_MODEL = "(unknown model)"
 
 
 def group_of(tl: Timeline) -> str:
-    """Replicas of one model compare with each other: the model name, else the job. Targets with
-    neither (e.g. two unrelated logs) are never compared (the fleet rules skip UNKNOWN_MODEL)."""
+    """Replicas of one model on one engine compare with each other: the model name, else the job (with the
+    engine when it is not SGLang). Targets with neither (e.g. two unrelated logs) are never compared (the fleet rules skip UNKNOWN_MODEL)."""
     labels = tl.meta.get("labels", {})
-    return str(labels.get("model_name") or tl.cfg("served_model_name") or labels.get("job") or UNKNOWN_MODEL)
+    model = str(labels.get("model_name") or tl.cfg("served_model_name") or labels.get("job") or UNKNOWN_MODEL)
+    engine = getattr(tl, "engine", None) or "sglang"
+    # replicas of one model on two engines are not replicas of each other: their pools, flags and versions
+    # mean different things (a vLLM pool of blocks beside SGLang's token pool is not drift)
+    return model if engine == "sglang" or model == UNKNOWN_MODEL else f"{model} ({engine})"
 
 
 def _mean(tl: Timeline, signal: str) -> float | None:
