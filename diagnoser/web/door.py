@@ -135,7 +135,12 @@ def protocol(door: Door) -> type[H11Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                door.waiting.pop(self, None)  # a pipelined request was in already (uvicorn started it): its deadline
+                self._door_arm(door.request_timeout)
+            else:
                 door.waiting[self] = None  # kept alive: the next head has its deadline too
                 door.waiting.move_to_end(self)
                 self._door_arm(door.head_timeout)
