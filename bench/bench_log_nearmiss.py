@@ -1,11 +1,15 @@
 """Near-miss junk lines against plain junk on the bulk log path (issue 26).
 
-    .venv/bin/python bench/bench_log_nearmiss.py [--lines 200000] [--rounds 3] [--compare DIR]
+    .venv/bin/python bench/bench_log_nearmiss.py [--lines 200000] [--rounds 3] [--prefix both|with|without] [--compare DIR]
 
-A near-miss line has SGLang's prefix and a batch head but nothing the reader takes
+A near-miss line has a batch head but nothing the reader takes
 (``[2026-11-29 09:32:06] Decode batch, #x: 12, #y: 3, z: 5``); plain junk has the same prefix and length
-without any word the reader looks for. Before issue 26's fix every near-miss line went to the per-line
-reference parser (and was counted as recognised); now the bulk reader decides them once per message shape.
+without any word the reader looks for. Both are measured with SGLang's time prefix and without any prefix
+(``Decode batch, #x: 12, …`` at the start of the line: a log piped through ``cut`` or pasted), each against
+plain junk of the same shape. Before issue 26's fix every near-miss line went to the per-line reference
+parser (and was counted as recognised); then the bulk reader decided prefixed ones once per message shape
+(bare ones still went to the reference parser, 13–21× junk); now bare ones that only tick the untimed
+clock are decided once per shape too, and residual near-miss lines are read by a five-group regex.
 
 Method: each log (``--lines`` lines of one kind, written to a temp file) is read by ``LogReader.feed_stream``
 in one process (``workers=0``), in a fresh child process per measurement; the figure is the child's CPU time
@@ -57,11 +61,11 @@ print(json.dumps({"cpu": cpu, "read": rd.report.lines_read, "recognised": rd.rep
 """
 
 
-def _write(path: Path, kind: str, n: int) -> None:
+def _write(path: Path, kind: str, n: int, prefix: bool = True) -> None:
     make = KINDS[kind]
     with path.open("w") as fh:
         for i in range(n):
-            fh.write(f"[2026-11-29 09:{i // 60 % 60:02d}:{i % 60:02d}] {make(i)}\n")
+            fh.write(f"[2026-11-29 09:{i // 60 % 60:02d}:{i % 60:02d}] {make(i)}\n" if prefix else f"{make(i)}\n")
 
 
 def _measure(repo: Path, path: Path, scan: bool, rounds: int) -> dict[str, float]:
@@ -86,21 +90,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefix", choices=("both", "with", "without"), default="both",
+                    help="lines with SGLang's time prefix, without any (a log piped through another tool), or both")
     ap.add_argument("--compare", type=Path, help="another checkout measured the same way (e.g. main)")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     repos = [("this", ROOT)] + ([("compare", args.compare.resolve())] if args.compare else [])
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        files = {}
-        for kind in KINDS:
-            files[kind] = Path(tmp) / (kind.replace(" ", "_").replace("(", "").replace(")", "") + ".log")
-            _write(files[kind], kind, args.lines)
+        shapes = {"both": (True, False), "with": (True,), "without": (False,)}[args.prefix]
+        files: dict[tuple[bool, str], Path] = {}
+        for prefix in shapes:
+            for kind in KINDS:
+                stem = kind.replace(" ", "_").replace("(", "").replace(")", "")
+                files[prefix, kind] = Path(tmp) / f"{stem}{'' if prefix else '_noprefix'}.log"
+                _write(files[prefix, kind], kind, args.lines, prefix)
         print(f"{args.lines:,} lines a log, best of {args.rounds} rounds, load {load:.2f} at start")
         for name, repo in repos:
-            for scan in (True, False):
-                path_name = "compiled scanner" if scan else "regex path"
-                res = {kind: _measure(repo, files[kind], scan, args.rounds) for kind in KINDS}
+            for prefix, scan in ((p, s) for p in shapes for s in (True, False)):
+                path_name = ("compiled scanner" if scan else "regex path") + (", lines with the time prefix" if prefix else ", lines without a prefix")
+                res = {kind: _measure(repo, files[prefix, kind], scan, args.rounds) for kind in KINDS}
                 base = res["plain junk"]["cpu"]
                 print(f"\n{name} ({repo}), {path_name}:")
                 print(f"  {'log':<24} {'CPU s':>7} {'µs/line':>8} {'× junk':>7} {'recognised':>12}")

@@ -64,6 +64,7 @@ class Hostile:
             "/bomb/metrics": (200, {"Content-Encoding": "gzip"}, bomb),
             "/nested/metrics": (200, {"Content-Encoding": "gzip, gzip"}, gzip.compress(bomb)),
             "/hop/metrics": (302, {"Location": "/nested/metrics"}, b""),
+            "/hopbomb/metrics": (302, {"Location": "/bomb/metrics"}, b""),  # a same-origin redirect to the bomb: followed
             "/series/metrics": (200, {}, many_series(300_000)),
             "/label/metrics": (200, {}, huge_label(20 * 1024 * 1024)),
         }
@@ -261,6 +262,52 @@ def test_serve_memory_stays_flat_under_a_target_sending_the_maximum(hostile: Hos
         assert max(samples) < GB, samples
         assert late < early + 100 * 1024 * 1024, samples  # flat: not growing poll after poll
         assert max(slow) < 1.0, slow
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_serve_behind_a_redirect_to_a_gzip_bomb_stays_bounded_and_says_the_cut(hostile: Hostile) -> None:
+    """``serve`` polling every second a target whose /metrics redirects (same origin: followed) to 16 KB of
+    gzip that inflates to 256 MiB (the attack climbed to 3.7 GB every 12 s with /healthz ok): memory stays
+    under 1 GB and flat, /healthz answers, and the target is down with the cut said in one sentence."""
+    import httpx
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", "serve", "--url", hostile.url("hopbomb"), "--port", str(port),
+                             "--interval", "1", "--timeout", "5"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code in (200, 503):
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        samples, slow = [], []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 16:
+            time.sleep(2.0)
+            t = time.monotonic()
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            slow.append(time.monotonic() - t)
+            samples.append(_rss(proc.pid))
+        page = httpx.get(f"http://127.0.0.1:{port}/target/0", headers={"Accept": "application/json"}, timeout=5).text
+        print("serve RSS MiB", [s // 2**20 for s in samples], "healthz s", [round(x, 3) for x in slow])
+        assert max(samples) < GB, samples
+        assert max(samples[-3:]) < max(samples[:3]) + 100 * 1024 * 1024, samples  # flat
+        # (each poll inflates and checks 32 MiB, ~0.15 s of CPU a second: on a loaded machine /healthz
+        # waits for CPU, so its bound here is the request's own timeout, not the slowloris test's 1 s)
+        assert max(slow) < 5.0, slow
+        assert "sent more than 32 MiB after decompression" in page and '"health": "down"' in page, page[:2000]
     finally:
         proc.terminate()
         try:

@@ -164,3 +164,66 @@ def test_bulk_equals_reference_with_wrapped_near_miss_lines(shape: str, scan: bo
     data = SHAPES[shape](_log(5, 2000, [p for p in PREFIXES if b"-13-" not in p]))  # (the wrappers need a real date)
     for chunk in (1 << 23, 5555):
         _assert_same(data, chunk)
+
+
+@pytest.mark.parametrize("seed", [6, 7, 8])
+def test_parse_near_equals_parse_re_on_blocks_without_bulk_shapes(seed: int) -> None:
+    """The scanner's residual lines that cannot be a bulk shape (no ``INFO:``, ``#running-req: `` or
+    ``#new-seq: ``) are read by ``parse_near`` with a five-group regex: on seeded blocks of every near-miss
+    kind, prefix, impossible stamp and junk line, its result is ``parse_re``'s, key by key."""
+    rnd = random.Random(seed)
+    data = _log(seed, 4000)
+    lines = [ln for ln in data.split(b"\n") if not any(w in ln for w in logfast.SHAPE_WORDS)]
+    lines += [b"", b"[2026-11-29 09:33:01] Decode batch", b"Decode batch, #x: 1", b"caf\xc3\xa9 batch", b"x\x00y"]
+    rnd.shuffle(lines)
+    for size in (len(lines), 700, 31):
+        for at in range(0, len(lines), size):
+            block = b"\n".join(lines[at:at + size])
+            assert not any(w in block for w in logfast.SHAPE_WORDS)
+            want, got = logfast.BlockParser().parse_re(block), logfast.BlockParser().parse_near(block)
+            assert got.keys() == want.keys()
+            for key in want:
+                assert got[key] == want[key], key
+    assert want["inert"] > 0 and want["refs"]
+
+
+NO_PREFIX = [b"", b"  ", b"\t", b"sglang-1  | ", b"(SGLangEngine pid=12) "]
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanner", "regex"])
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_bulk_equals_reference_with_bare_near_miss_lines(seed: int, scan: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near-miss heads with no prefix at all (their only effect on the reference parser is the untimed
+    clock's tick), mixed with bare real decode lines (read at the untimed clock: their times check the ticks
+    line by line), prefixed lines, millisecond stamps and bare lines behind blanks or a compose/Ray name
+    (the reference parser's own path): the bulk reader gives exactly the reference parser's result."""
+    if not scan:
+        monkeypatch.setattr(logfast, "SCAN", None)
+    rnd = random.Random(seed)
+    out = []
+    for i in range(4000):
+        r = rnd.random()
+        if r < 0.1:
+            out.append(REAL % (i % 60))
+        elif r < 0.15:
+            out.append(b"[2026-11-29 09:33:%02d.%03d] Decode batch, #x: %d" % (i % 60, rnd.randint(0, 999), i))
+        elif r < 0.25:
+            out.append((REAL % 0).split(b"] ", 1)[1])  # a bare real decode line: read, at the untimed clock
+        elif r < 0.3:
+            out.append(b"lorem ipsum %d" % i)
+        else:
+            msg, _ = rnd.choice(NEAR)
+            out.append(rnd.choice(NO_PREFIX) + msg % rnd.randint(0, 10**rnd.randint(1, 6)))
+    data = b"\n".join(out) + b"\n"
+    for chunk in (1 << 23, 7777, 901):
+        ref = _assert_same(data, chunk)
+    assert ref["clock"][2] > 1000 and 0 < ref["report"]["lines_recognized"] < 4000  # many untimed lines, some read
+    _assert_same(data, 20000, workers=2)
+
+
+def test_a_log_of_bare_near_miss_lines_only_ticks_the_clock() -> None:
+    """A log of nothing but bare near-miss heads: nothing recognised, one untimed second a line, on the
+    bulk path as on the reference."""
+    data = b"\n".join(b"Decode batch, #x: %d, #y: 3" % i for i in range(5000)) + b"\n"
+    ref = _assert_same(data, 65536)
+    assert ref["report"]["lines_recognized"] == 0 and ref["clock"] == (5000.0, False, 5000)

@@ -184,6 +184,8 @@ def main(cmd: str, argv: list[str]) -> int:
     from diagnoser.web import create_app
     from diagnoser.web.door import (
         BACKLOG,
+        KEEP_ALIVE_S,
+        MAX_HEAD_BYTES,
         Door,
         HostCheck,
         default_max_connections,
@@ -201,7 +203,7 @@ def main(cmd: str, argv: list[str]) -> int:
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"diagnose serve: http://{shown}:{args.port}/ ({len(monitor.targets)} target(s), every {args.interval:g} s; /metrics for Prometheus)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False, http=protocol(door),
-                            timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024, backlog=BACKLOG)
+                            timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES, backlog=BACKLOG)
     server = uvicorn.Server(config)
 
     quick_accept_retry()

@@ -17,9 +17,8 @@ Every fetch has a deadline for the whole request (``--timeout`` by default: conn
 together), not only for each read: a server that trickles its answer at 2 bytes/s is cut off at the
 deadline with one sentence, like one that does not answer. A watchdog thread (:class:`Reaper`) shuts
 the socket at the deadline, which also ends a trickle of the headers: on the plain-http path the
-connection's own, through httpx the socket opened for the request (httpcore's ``trace`` extension); a
-request on a kept-alive httpx connection opened earlier has per-read timeouts only, and its header
-trickle is bounded by the caller (``--once`` abandons the request, watch/serve mark the target down).
+connection's own, through httpx the socket the request goes out on (httpcore's ``trace`` extension:
+the one opened for it, or the kept-alive connection the pool assigned it, :class:`_StreamWatch`).
 
 Every body is read through :class:`BoundedBody` (:func:`read_bounded` for httpx, the same class on the
 plain path): capped after decompression with a running total, one layer of gzip/deflate at most, and a
@@ -472,19 +471,24 @@ def _size_text(n: int) -> str:
 
 
 class _StreamWatch:
-    """Captures the socket httpcore opens for a request (its ``trace`` extension), so that the deadline can
-    shut it: a server trickling its headers is then cut at the deadline as on the plain-http path. A
-    request on a kept-alive connection opened earlier has no such event (its header time is bounded by
-    the read timeout and the caller)."""
+    """Finds the socket a request goes out on, so that the deadline can shut it: a server trickling its
+    headers (or body) is then cut at the deadline as on the plain-http path, where the per-read timeout
+    never trips. Two ways, both httpcore's ``trace`` extension: a fresh connection reports the socket it
+    opened (``connection.connect_tcp.complete``); a request on a kept-alive connection opened earlier is
+    looked up, when its head goes out (``http11.send_request_headers.started``, which carries the
+    request), among the connection pool's queued requests, each with the connection assigned to it."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "pool")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: Any = None) -> None:
         self.stream: Any = None
+        self.pool = pool
 
     def trace(self, name: str, info: dict[str, Any]) -> None:
         if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
             self.stream = info.get("return_value")
+        elif name == "http11.send_request_headers.started" and self.stream is None and self.pool is not None:
+            self.stream = _pooled_stream(self.pool, info.get("request"))
 
     def shut(self) -> None:
         st = self.stream
@@ -494,6 +498,32 @@ class _StreamWatch:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def _pool_of(client: httpx.Client, url: httpx.URL) -> Any:
+    """The httpcore connection pool behind ``client`` for ``url`` (None for another transport: a test's
+    MockTransport, which has no socket)."""
+    try:
+        transport = client._transport_for_url(url)  # the mount (proxy) for this URL, or the default
+    except Exception:  # noqa: BLE001 — a private helper that changed: no pool, the read timeout bounds the request
+        return None
+    return getattr(transport, "_pool", None)
+
+
+def _pooled_stream(pool: Any, request: Any) -> Any:
+    """The network stream of the connection the pool assigned to ``request`` (httpcore 1.x:
+    ``ConnectionPool._requests`` of ``PoolRequest(request, connection)``; ``HTTPConnection._connection``
+    is the HTTP/1.1 connection, whose ``_network_stream`` is the socket's stream)."""
+    if request is None:
+        return None
+    try:
+        for pr in list(getattr(pool, "_requests", ())):
+            if pr.request is request:
+                inner = getattr(pr.connection, "_connection", None)
+                return getattr(inner, "_network_stream", None)
+    except Exception:  # noqa: BLE001 — httpcore's internals changed: no stream, the read timeout bounds the request
+        return None
+    return None
 
 
 class DeadlineExceeded(Exception):
@@ -528,7 +558,7 @@ def read_bounded(client: httpx.Client, url: str, *, max_bytes: int, deadline: fl
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceeded
-        watch = _StreamWatch()
+        watch = _StreamWatch(_pool_of(client, current))
         guard = REAPER.arm(deadline + DEADLINE_GRACE_S, watch.shut)
         location = ""
         reader: BoundedBody | None = None

@@ -12,6 +12,11 @@ from diagnoser.redact import redact
 from diagnoser.sources.http import Fetched, client_timeout, display_url, too_slow
 from diagnoser.sources.http import fetch as _fetch
 
+# the most each answer may hold, after decompression (README: "Bounded input")
+SERVER_INFO_MAX_BYTES = 8 * 1024 * 1024
+MODEL_INFO_MAX_BYTES = 1024 * 1024  # /model_info and /v1/models
+LOADS_MAX_BYTES = 4 * 1024 * 1024
+
 
 def _json(text: str) -> Any:
     try:
@@ -36,7 +41,7 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
         return _fetch(client, url, max_bytes, what, min(deadline, time.monotonic() + client_timeout(client)))
 
     for path in adapter.server_info_paths:
-        f = fetch(client, base + path, 8 * 1024 * 1024, "server info")
+        f = fetch(client, base + path, SERVER_INFO_MAX_BYTES, "server info")
         if f.ok:
             data = _json(f.text)
             if isinstance(data, dict):
@@ -54,7 +59,7 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
             report.messages.append(f.error)
             return report, raw
     for path in adapter.model_info_paths:
-        f = fetch(client, base + path, 1024 * 1024, "model info")
+        f = fetch(client, base + path, MODEL_INFO_MAX_BYTES, "model info")
         if f.ok:
             data = _json(f.text)
             if isinstance(data, dict):
@@ -65,7 +70,7 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
                 break
     models_path = getattr(adapter, "models_path", None)
     if models_path:
-        f = fetch(client, base + models_path, 1024 * 1024, "models")
+        f = fetch(client, base + models_path, MODEL_INFO_MAX_BYTES, "models")
         data = _json(f.text) if f.ok else None
         if isinstance(data, dict):
             raw[models_path] = redact(data)
@@ -80,7 +85,7 @@ def fetch_config(client: Any, base: str, adapter: Any, sink: SignalSink, version
             raw[version_path] = redact(data)
             adapter.ingest_version(raw[version_path], sink, version_path.lstrip("/"), version)
             report.scrapes += 1
-    f = fetch(client, base + adapter.loads_path, 4 * 1024 * 1024, "loads")
+    f = fetch(client, base + adapter.loads_path, LOADS_MAX_BYTES, "loads")
     if f.ok:
         data = _json(f.text)
         if isinstance(data, dict):

@@ -37,6 +37,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 60.0
+KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive: an idle kept-alive connection is closed after this
+MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11_max_incomplete_event_size: the most a request head may hold
 RESERVED_FDS = 64  # files the process needs besides the connections (poller sockets, logs, the loop, stdio)
 # the listen backlog, and the connections asyncio accepts in one loop turn before their protocols run
 # and the cap can close any: kept free under the file limit. Should a burst still find no file left,
@@ -135,7 +137,12 @@ def protocol(door: Door) -> type[H11Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                door.waiting.pop(self, None)  # a pipelined request was in already (uvicorn started it): its deadline
+                self._door_arm(door.request_timeout)
+            else:
                 door.waiting[self] = None  # kept alive: the next head has its deadline too
                 door.waiting.move_to_end(self)
                 self._door_arm(door.head_timeout)
@@ -226,4 +233,4 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-__all__ = ["Door", "HostCheck", "default_max_connections", "host_of", "protocol"]
+__all__ = ["KEEP_ALIVE_S", "MAX_HEAD_BYTES", "Door", "HostCheck", "default_max_connections", "host_of", "protocol"]

@@ -29,6 +29,9 @@ Exactness (tests compare both paths on every real log and on generated logs):
   reference parser only when it reads something from it (``logformats.batch_reads``, decided once per
   message with its digits made alike); else it is a bulk row that moves the clock and gives its prefix's
   hints (its shape), not a recognised line, as the reference parser has it;
+* a batch head with no prefix at all (``Decode batch, #x: 1`` at the start of the line) that the
+  reference parser reads nothing from only ticks its untimed clock (decided by the reference parser once
+  per line with its digits made alike, ``_only_ticks``); the ticks are repeated in line order, not fed;
 * points from reference lines and bulk points are merged per series in line order, and the parser's
   clock (``last_ts``) is set as if every line had been fed.
 """
@@ -116,6 +119,21 @@ TRIGGER_BYTES_RE = re.compile("|".join(re.escape(t) for t in TRIGGERS).encode())
 BLOCK_RE = re.compile(rb"^(?:" + FAST_RE.pattern + rb"|(?P<other>.*))$", re.MULTILINE)
 _G = {name: i - 1 for name, i in BLOCK_RE.groupindex.items()}
 NGROUPS = BLOCK_RE.groups
+# A line without these words cannot be an access, decode or prefill line of the bulk regex (each of those
+# alternatives holds one literally): behind the prefix only the near-miss alternative can take it, and
+# NEAR_BLOCK_RE (:func:`near_block_re`), that alternative alone, takes it exactly as BLOCK_RE does (same prefix, same order).
+SHAPE_WORDS = (b"INFO:", b"#running-req: ", b"#new-seq: ")
+assert SHAPE_WORDS[0] in _ACCESS and SHAPE_WORDS[1] in _DECODE and SHAPE_WORDS[2] in _PREFILL
+_NEAR_BLOCK: list[re.Pattern[bytes]] = []  # NEAR_BLOCK_RE, compiled on first use (most logs never need it)
+
+
+def near_block_re() -> re.Pattern[bytes]:
+    """NEAR_BLOCK_RE: a line of a block through the prefix and the near-miss alternative, else ``other``."""
+    if not _NEAR_BLOCK:
+        rx = re.compile(rb"^(?:" + _PREFIX + _NEAR + rb"|(?P<other>.*))$", re.MULTILINE)
+        assert rx.groupindex == {"stamp": 1, "frac": 2, "tags": 3, "near": 4, "other": 5}
+        _NEAR_BLOCK.append(rx)
+    return _NEAR_BLOCK[0]
 
 # what the reference parser's version hints look at, per kind (with the rank tag names and whether the
 # stamp has milliseconds): header form, trailing comma, graph label, which optional fields are present
@@ -237,6 +255,49 @@ def unwrap_block(block: bytes, decided: dict[bytes, bool] | None = None) -> tupl
     return (b"\n".join(lines), wrapped) if wrapped else (block, {})  # (lines changed only when something was taken off)
 
 
+_BARE_HEADS = (b"Decode batch", b"Prefill batch")
+_PRINTABLE = bytes(range(32, 127))
+
+
+class _Watch:
+    """A sink that only notes whether anything was written to it (the probe of :func:`_only_ticks`)."""
+
+    __slots__ = ("wrote",)
+
+    def __init__(self) -> None:
+        self.wrote = False
+
+    def add(self, *a: Any, **k: Any) -> None:
+        self.wrote = True
+
+    def add_event(self, *a: Any, **k: Any) -> None:
+        self.wrote = True
+
+    def set_config(self, *a: Any, **k: Any) -> None:
+        self.wrote = True
+
+
+def _only_ticks(raw: bytes) -> bool:
+    """Whether the reference parser, fed this line, does nothing but tick its untimed clock: not
+    recognised, no point, event or config, no count, no version hint, ``untimed_lines`` + 1 and
+    ``last_ts`` + 1 s. Asked of a fresh parser (the path such a line takes reads no parser state but the
+    clock it ticks: ``SGLangLogParser._located`` with an empty prefix, ``_untimed_ts``, ``_batch``)."""
+    from diagnoser.engines.sglang.logs import SGLangLogParser  # loaded already: it made the bulk reader
+
+    sink = _Watch()
+    p = SGLangLogParser(sink, "probe")  # type: ignore[arg-type]
+    p.last_ts = 1000.0
+    version = (p.version.low, p.version.high, p.version.exact, p.version.reasons, p.version.conflicts)
+    try:
+        ok = p.feed(raw.decode("ascii"), 1)
+    except Exception:  # noqa: BLE001 — whatever the reference does with it, the reference does it
+        return False
+    return (ok is False and not sink.wrote and p.last_ts == 1001.0 and p.untimed_lines == 1 and not p.kinds
+            and not p.status_codes and not p.access_paths and p.access_last is None and p.dropped_values == 0
+            and not p.saw_date and p.first_stamp is None and not p.graph_labels and not p._pending
+            and not p._hints and version == (p.version.low, p.version.high, p.version.exact, p.version.reasons, p.version.conflicts))
+
+
 class BlockParser:
     """The pure half (see the module doc); one per process, it keeps only caches and the shapes it
     has already reported."""
@@ -249,6 +310,7 @@ class BlockParser:
         self._floats: dict[bytes, float] = {}
         self._wrappers: dict[bytes, bool] = {}  # unwrap_block's decisions, per shape of what precedes SGLang's prefix
         self._near: dict[bytes, bool] = {}  # batch_reads of batch heads the shapes do not take, digits made alike
+        self._bare: dict[bytes, bool] = {}  # bare batch heads (no prefix) that only tick the untimed clock, digits alike
 
     def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
         t = self._tags.get(tags)
@@ -282,7 +344,40 @@ class BlockParser:
         if wrapped:  # the reference parser reads each line as it was in the file
             out["refs"] = [(i, wrapped.get(i, raw)) for i, raw in out["refs"]]
             out["shapes"] = [(key, row, wrapped.get(row, raw)) for key, row, raw in out["shapes"]]
+        out["refs"], out["ticks"] = self._bare_ticks(out["refs"])
         return out
+
+    def _bare_ticks(self, refs: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], list[int]]:
+        """``refs`` without the bare batch heads the reference parser reads nothing from, and those
+        lines' rows. A bare head is a line that *begins* with ``Decode batch``/``Prefill batch`` (no prefix
+        at all: a log piped through ``cut``, a paste), printable ASCII, shorter than the reader's junk
+        limit. For the reference parser such a line is an untimed line that reads nothing
+        (``Decode batch, #x: 1``): its only effect is the untimed clock's tick (``untimed_lines`` + 1,
+        ``last_ts`` + 1 s: ``SGLangLogParser._untimed_ts``), which :meth:`BulkReader.apply` repeats in
+        order. Whether a line is such a tick is decided by the reference parser itself
+        (:func:`_only_ticks`) once per line with its digits made alike: nothing on that path tells one
+        digit from another (``batch_reads``; ``find_head``; ``is_side_line``, whose words have none)."""
+        if not refs:
+            return refs, []
+        heads = _BARE_HEADS
+        if not any(raw.startswith(heads) for _, raw in refs):
+            return refs, []
+        known = self._bare
+        keep: list[tuple[int, bytes]] = []
+        ticks: list[int] = []
+        for i, raw in refs:
+            if raw.startswith(heads) and len(raw) < 65535 and not raw.translate(None, _PRINTABLE):
+                key = raw.translate(_DIGITS_ALIKE)
+                tick = known.get(key)
+                if tick is None:
+                    if len(known) > 4096:
+                        known.clear()
+                    tick = known[key] = _only_ticks(raw)
+                if tick:
+                    ticks.append(i)
+                    continue
+            keep.append((i, raw))
+        return keep, ticks
 
     def parse_re(self, block: bytes) -> dict[str, Any]:
         """:meth:`parse` with the bulk regex alone (the reference for the compiled scanner)."""
@@ -417,23 +512,97 @@ class BlockParser:
             out["shapes"] = []
         return out
 
+    def parse_residual(self, block: bytes) -> dict[str, Any]:
+        """The compiled scanner's residual lines: through :meth:`parse_near` when no line of them can be
+        an access, decode or prefill line (none holds one of :data:`SHAPE_WORDS`: near-miss heads and
+        other lines only), else through :meth:`parse_re`. Both give the same result on such a block."""
+        if any(w in block for w in SHAPE_WORDS):
+            return self.parse_re(block)
+        return self.parse_near(block)
+
+    def parse_near(self, block: bytes) -> dict[str, Any]:
+        """:meth:`parse_re` for a block none of whose lines holds one of :data:`SHAPE_WORDS`: the same
+        result with NEAR_BLOCK_RE (:func:`near_block_re`: five groups a line, not BLOCK_RE's fifty). A near-miss head
+        the reference parser reads something from, or whose stamp no calendar has, is a reference line."""
+        tuples = near_block_re().findall(block)
+        n = len(tuples)
+        stamp_c, frac_c, tags_c, near_c, other_c = zip(*tuples, strict=True)
+        del tuples
+        stamps = self._stamps
+        if len(stamps) > 100_000:
+            stamps.clear()
+            stamps[b""] = 0.0
+        uniq = set(stamp_c)
+        for u in uniq.difference(stamps):
+            t = _stamp(u)
+            stamps[u] = None if t is None else float(t)
+        near_rows = list(compress(range(n), near_c))
+        unbulk = set(self._near_reads(near_c)) if near_rows else set()
+        bad = any(stamps[u] is None for u in uniq)
+        if bad:
+            unbulk.update(i for i in near_rows if stamps[stamp_c[i]] is None)
+        others = list(compress(range(n), other_c))
+        lines: list[bytes] | None = None
+        if unbulk:
+            near_rows = [i for i in near_rows if i not in unbulk]
+            lines = block.split(b"\n")
+            others = sorted(others + list(unbulk))
+        trig = TRIGGER_BYTES_RE.search
+        refs: list[tuple[int, bytes]] = []
+        for i in others:
+            raw = lines[i] if i in unbulk else other_c[i]  # type: ignore[index]
+            if trig(raw) or not raw.isascii() or b"\x00" in raw or len(raw) >= 65535:
+                refs.append((i, raw))
+        out: dict[str, Any] = {"n": n, "bulk_rows": near_rows, "inert": len(near_rows), "refs": refs}
+        if not near_rows:
+            out.update(ts=[], series={}, kinds={}, status={}, paths={}, access_last=-1, shapes=[])
+            return out
+        # the time of every row (0.0 for the rows that are not bulk lines, as parse_re has it)
+        ts: list[float] = list(map(stamps.__getitem__, stamp_c))  # type: ignore[arg-type]
+        if unbulk:
+            for i in unbulk:
+                ts[i] = 0.0
+        if bad:
+            ts = [0.0 if t is None else t for t in ts]
+        if frac_c.count(b"") < n:
+            fr = self._fracs
+            for u in set(frac_c).difference(fr):
+                fr[u] = float("0." + u.decode())
+            fracs = list(map(fr.__getitem__, frac_c))
+            if unbulk:
+                for i in unbulk:
+                    fracs[i] = 0.0
+            ts = list(map(operator.add, ts, fracs))
+        kc = {"tags": tuple(map(tags_c.__getitem__, near_rows)), "frac": tuple(map(frac_c.__getitem__, near_rows))}
+        names_of = {t: self._tag(t)[1] for t in set(kc["tags"])}
+        shapes: list[tuple[tuple[Any, ...], int]] = []
+        self._shapes("near", near_rows, kc, ((), ()), names_of, shapes)
+        shapes.sort(key=operator.itemgetter(1))
+        if shapes and lines is None:
+            lines = block.split(b"\n")
+        out.update(ts=ts, series={}, kinds={}, status={}, paths={}, access_last=-1,
+                   shapes=[(key, row, lines[row]) for key, row in shapes])  # type: ignore[index]
+        return out
+
     def _near_reads(self, near_c: tuple[bytes, ...]) -> list[int]:
         """The rows of batch heads (the ``near`` group) the reference parser reads something from
         (:func:`~diagnoser.engines.sglang.logformats.batch_reads`), decided once per message with its
         digits made alike: the decision does not depend on them (a field name with a digit would
         break that: checked at import)."""
-        rows = list(compress(range(len(near_c)), near_c))
-        keys = [near_c[i].translate(_DIGITS_ALIKE) for i in rows]
         known = self._near
-        got = list(map(known.get, keys))
-        if None in got:
-            if len(known) > 4096:
-                known.clear()
-            for i, k in zip(rows, keys, strict=True):
-                if k not in known:
-                    known[k] = batch_reads(near_c[i].decode("ascii"))
-            got = list(map(known.__getitem__, keys))
-        return list(compress(rows, got))
+        reads: dict[bytes, bool] = {b"": False}
+        for u in set(near_c):  # each distinct message once (a log repeats its messages)
+            if u:
+                k = u.translate(_DIGITS_ALIKE)
+                v = known.get(k)
+                if v is None:
+                    if len(known) > 4096:
+                        known.clear()
+                    v = known[k] = batch_reads(u.decode("ascii"))
+                reads[u] = v
+        if not any(reads.values()):
+            return []
+        return list(compress(range(len(near_c)), map(reads.__getitem__, near_c)))
 
     def _shapes(
         self,
@@ -535,6 +704,9 @@ class BulkReader:
         refs = parsed["refs"]
         if hint_lines:
             refs = sorted(refs + list(hint_lines.items()))
+        ticks = parsed.get("ticks")
+        if ticks:  # bare batch heads that only tick the untimed clock: runs of them, in line order with the rest
+            refs = self._with_ticks(refs, rows, ticks)
 
         # reference lines, in order, with the clock set as if the bulk lines had been fed
         recognized = len(rows) - parsed.get("inert", 0)  # batch heads read nothing from: only the clock
@@ -553,6 +725,15 @@ class BulkReader:
                             parser.first_stamp = _day(float(ts[rows[0]]))
                         if rows[b] > last_state:
                             parser.last_ts = float(ts[rows[b]])
+                    if raw.__class__ is tuple:  # a run of k bare ticks, the last on line last_row
+                        k, last_row = raw
+                        t = parser.last_ts if parser.last_ts is not None else 0.0
+                        for _ in range(k):
+                            t += 1.0  # one second a line, as _untimed_ts adds it (not k at once: the same rounding)
+                        parser.last_ts = t
+                        parser.untimed_lines += k
+                        last_state = last_row
+                        continue
                     rec.cur = L
                     if L in hint_lines:
                         self._hints_only(raw, first_line_no + L)
@@ -585,6 +766,21 @@ class BulkReader:
         self._emit(parsed["series"], ts, first_line_no, rec)
         self.bulk_lines += len(rows)
         return recognized
+
+    @staticmethod
+    def _with_ticks(refs: list[tuple[int, Any]], rows: Any, ticks: list[int]) -> list[tuple[int, Any]]:
+        """``refs`` and the tick rows in line order, each run of ticks with no bulk row or reference line
+        between them as one ``(first row, (count, last row))``."""
+        import numpy as np
+
+        t = np.asarray(ticks, dtype=np.int64)
+        ref_rows = np.fromiter((L for L, _ in refs), dtype=np.int64, count=len(refs))
+        bb = np.searchsorted(rows, t)
+        rb = np.searchsorted(ref_rows, t)
+        starts = np.flatnonzero(np.concatenate(([True], (bb[1:] != bb[:-1]) | (rb[1:] != rb[:-1]))))
+        ends = np.append(starts[1:], len(t)) - 1
+        runs = [(int(t[a]), (int(b - a + 1), int(t[b]))) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return sorted(refs + runs, key=operator.itemgetter(0)) if refs else runs
 
     def _hints_only(self, raw: bytes, line_no: int) -> None:
         """Feed one bulk line to the reference parser for its version hints only: its points and

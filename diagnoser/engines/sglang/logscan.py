@@ -5,7 +5,7 @@ columns in place of lists.
 ``_scan.scan`` (``_scan.c``, built at install when a C compiler is there) takes the lines whose shape it
 knows for certain — the bulk regex's decode, prefill and access lines with numbers it can convert
 exactly — and returns them as columns; it hands every other line back untouched, and those go through
-``parse_re`` as before. The two parts are merged by row. ``tests/test_log_scan.py`` holds the scanner
+``parse_re`` as before (``parse_near`` when none of them can be a bulk shape: ``parse_residual``). The two parts are merged by row. ``tests/test_log_scan.py`` holds the scanner
 to the regex path line by line; ``tests/test_log_bulk.py`` holds both to the reference line parser.
 """
 
@@ -74,7 +74,7 @@ def parse(bp: BlockParser, block: bytes) -> dict[str, Any]:
     rrows = np.frombuffer(rrows_b, np.int32).astype(np.int64)
 
     before = set(bp.reported)
-    sub: dict[str, Any] | None = bp.parse_re(residual) if len(rrows) else None
+    sub: dict[str, Any] | None = bp.parse_residual(residual) if len(rrows) else None
     tag_info = [bp._tag(t) for t in tags]
 
     series: dict[tuple[str, str], tuple[Any, Any]] = {}
