@@ -1,7 +1,10 @@
 """One diagnosis of a live vLLM ``/metrics`` by diagnoser against the same by vllm-doctor, same run.
 
-Both tools read one real vLLM 0.32 CPU recording (``tests/data/vllm-cpu-real/kv-full-preemption``) served by
-``diagnose replay-server`` on loopback. Each round runs, one after the other, ``vllm-doctor diagnose URL -o json``
+Both tools read one real vLLM 0.32 CPU recording (``tests/data/vllm-cpu-real/kv-full-preemption``) on
+loopback: by default one scrape of it under load (``--scrape 4``: KV usage 1.0, 11 waiting, 78 preemptions)
+served as it was recorded, with the run's ``/version`` and ``/v1/models``; ``--scrape 0`` plays the whole
+recording with ``diagnose replay-server`` instead (its start-up log comes first, so a tool scraping early
+reads the first, idle scrape). Each round runs, one after the other, ``vllm-doctor diagnose URL -o json``
 (one scrape, the way it reads a ``/metrics`` URL) and ``diagnose --once --url URL --duration D --format json``
 (diagnoser samples for ``D`` seconds, default 0: the first scrape only, like vllm-doctor). The
 wall time of each process (start-up included, as a user meets it) is taken per round; the ratio is
@@ -22,8 +25,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +54,28 @@ def wait_up(url: str, timeout: float = 120.0) -> None:
     raise SystemExit(f"replay-server did not answer at {url}")
 
 
+def serve_scrape(n: int) -> ThreadingHTTPServer:
+    """Serve the recording's n-th scrape at /metrics (and /version, /v1/models) as the server answered."""
+    body = {"/metrics": (sorted((RECORDING / "metrics").glob("*.prom"))[n - 1].read_bytes(), "text/plain; version=0.0.4; charset=utf-8"),
+            "/version": ((RECORDING / "version.json").read_bytes(), "application/json"),
+            "/v1/models": ((RECORDING / "v1_models.json").read_bytes(), "application/json")}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            got = body.get(self.path.split("?")[0])
+            self.send_response(200 if got else 404)
+            self.send_header("Content-Type", got[1] if got else "text/plain")
+            self.end_headers()
+            self.wfile.write(got[0] if got else b"not found")
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 def timed(cmd: list[str]) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -60,10 +87,17 @@ def main() -> int:
     ap.add_argument("vllm_doctor", help="path to the vllm-doctor executable (its own venv)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", default="0", help="diagnoser's sampling window (default 0: one scrape)")
+    ap.add_argument("--scrape", type=int, default=4, help="serve this recorded scrape (1-based); 0: replay-server, the whole recording")
     a = ap.parse_args()
-    port = free_port()
-    server = subprocess.Popen([*DIAGNOSE, "replay-server", str(RECORDING), "--port", str(port), "--loop", "--speed", "4"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server: subprocess.Popen[bytes] | None = None
+    one: ThreadingHTTPServer | None = None
+    if a.scrape:
+        one = serve_scrape(a.scrape)
+        port = int(one.server_address[1])
+    else:
+        port = free_port()
+        server = subprocess.Popen([*DIAGNOSE, "replay-server", str(RECORDING), "--port", str(port), "--loop", "--speed", "4"],
+                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_up(url + "/metrics")
@@ -81,8 +115,11 @@ def main() -> int:
             print(f"round {i + 1}: vllm-doctor {vd_t[-1]:.2f} s exit {rc} health {vd['health']} {vd_fired}; "
                   f"diagnoser {dg_t[-1]:.2f} s exit {rc2} engine {dg.get('engine')} {dg_fired}")
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+        if one is not None:
+            one.shutdown()
     v, d = statistics.median(vd_t), statistics.median(dg_t)
     print(f"median wall time: vllm-doctor {v:.2f} s, diagnoser {d:.2f} s; ratio diagnoser/vllm-doctor {d / v:.2f}")
     return 0 if d <= v else 1
