@@ -147,7 +147,7 @@ def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
 
 
 # rules that say *what* happens (requests wait, the batch is small), not why: a cause rule names the why
-SYMPTOMS = frozenset({"queue_buildup", "low_batch_occupancy"})
+SYMPTOMS = frozenset({"queue_buildup", "low_batch_occupancy", "high_latency"})
 INPUT_RULES = frozenset({"source_unreachable", "metrics_disabled", "insufficient_data"})
 FATAL = frozenset({"engine_crash", "oom"})  # the server stopped serving: that comes before any slowness
 
@@ -173,10 +173,11 @@ def cause_rank(rule: str, severity: Severity | str) -> tuple[int, int, int]:
 # what a cause explains: the findings on its target that follow from it (the queue_buildup note names
 # kv_saturation, max_running_requests_cap and prefill_stall as the causes of a queue)
 EXPLAINS: dict[str, frozenset[str]] = {
-    "kv_saturation": frozenset({"kv_retraction", "queue_buildup", "low_batch_occupancy"}),
-    "kv_pool_too_small": frozenset({"kv_saturation", "kv_retraction", "queue_buildup", "low_batch_occupancy"}),
-    "max_running_requests_cap": frozenset({"queue_buildup"}),
-    "prefill_stall": frozenset({"queue_buildup"}),
+    "kv_saturation": frozenset({"kv_retraction", "queue_buildup", "low_batch_occupancy", "high_latency"}),
+    "kv_pool_too_small": frozenset({"kv_saturation", "kv_retraction", "queue_buildup", "low_batch_occupancy", "high_latency"}),
+    "max_running_requests_cap": frozenset({"queue_buildup", "high_latency"}),
+    "prefill_stall": frozenset({"queue_buildup", "high_latency"}),
+    "prefill_decode_interference": frozenset({"high_latency"}),
     "client_bound": frozenset({"low_batch_occupancy"}),
     "oom": frozenset({"engine_crash", "kv_retraction"}),
     "engine_crash": frozenset({"source_unreachable"}),

@@ -17,7 +17,9 @@ CATALOGUE = ["kv_saturation", "kv_retraction", "queue_buildup", "low_batch_occup
              "dp_imbalance", "prefill_decode_interference", "oom", "runaway_generation", "source_unreachable",
              "metrics_disabled", "insufficient_data",
              # issue 15: crashes, a pool too small for its requests, the PD hand-over
-             "engine_crash", "engine_leak", "kv_pool_too_small", "pd_transfer", "request_outcomes"]
+             "engine_crash", "engine_leak", "kv_pool_too_small", "pd_transfer", "request_outcomes",
+             # issue 28: vllm-doctor's TTFT/TPOT thresholds, judged on the canonical latency signals
+             "high_latency"]
 
 
 def test_catalogue_has_exactly_the_issue_names() -> None:

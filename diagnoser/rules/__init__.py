@@ -27,6 +27,7 @@ from diagnoser.rules.in03_insufficient_data import InsufficientData
 from diagnoser.rules.kv01_kv_saturation import KVSaturation
 from diagnoser.rules.kv02_kv_retraction import KVRetraction
 from diagnoser.rules.kv03_kv_pool_too_small import KVPoolTooSmall
+from diagnoser.rules.lt01_high_latency import HighLatency
 from diagnoser.rules.oc01_low_batch_occupancy import LowBatchOccupancy
 from diagnoser.rules.oc02_client_bound import ClientBound
 from diagnoser.rules.pd01_pd_transfer import PDTransfer
@@ -58,6 +59,7 @@ REGISTRY: list[type[Rule]] = [
     EngineLeak,
     RunawayGeneration,
     RequestOutcomes,  # after the capacity causes: a queue-full 503 or a timeout is theirs when they are found
+    HighLatency,  # the symptom the client feels, after every cause
     SourceUnreachable,
     MetricsDisabled,
     InsufficientData,

@@ -24,6 +24,11 @@ Evidence:
     Cached and new prefill tokens (or the hit-rate gauge), the first/second half hit rates, KV usage,
     the HiCache host pool size.
 
+    On each engine. On SGLang: `#cached-token` against `#new-token` in the Prefill line,
+    `sglang:cache_hit_rate`, and whether the radix cache is off. On vLLM: `Prefix cache hit rate: H%` in
+    the stats line, V0's `vllm:gpu_prefix_cache_hit_rate`, or V1's `vllm:prefix_cache_hits_total` over
+    `vllm:prefix_cache_queries_total` per scrape interval (tokens), and `--enable-prefix-caching`.
+
 Fix:
     (a) Turn HiCache off when the workload shares no prefixes, or check the routing keeps sessions on one
     server. (b) `--enable-hierarchical-cache` with a host pool (`--hicache-ratio` 2 by default) keeps

@@ -27,6 +27,11 @@ Evidence:
     The eager share, the largest batch that ran on a graph, the smallest that ran eagerly, the p95
     batch, and the captured maximum from the config when known.
 
+    On each engine. On SGLang: `cuda graph: True/False` in the Decode line or `sglang:is_cuda_graph`,
+    against `--cuda-graph-max-bs` or the captured sizes. Cannot judge vLLM yet: vLLM reports no per-step
+    graph use; its capture sizes (`cudagraph_capture_sizes` in the engine config line) and
+    `--enforce-eager` are read as configuration only.
+
 Fix:
     Raise the captured maximum to cover the operating batch: `--cuda-graph-max-bs` (0.3.5–0.5.13) or
     `--cuda-graph-max-bs-decode` (0.5.14+) set to the next power of two at or above the p95 batch

@@ -17,6 +17,10 @@ Why it matters:
 Evidence:
     Mean running requests per rank, the max/mean ratio, queues per rank.
 
+    On each engine. On SGLang: running requests per `dp_rank` (label or `[DP n]` log prefix). On vLLM: the
+    V1 metrics' `engine` label (one data-parallel engine each, read as `dp0`, `dp1`…); V0 has one engine,
+    so nothing to compare.
+
 Fix:
     Balance the dispatch: the DP controller's load-balance method (shortest queue or fewest tokens
     instead of round robin), or the router's cache-aware policy with a lower balance threshold. Long

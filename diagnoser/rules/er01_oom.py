@@ -14,6 +14,11 @@ Why it matters:
 Evidence:
     Each OOM line with its line number and phase; the batch sizes and token usage just before it.
 
+    On each engine. On SGLang: Python tracebacks with an out-of-memory exception, SGLang's own
+    allocation-failure lines and start-up memory errors. On vLLM: the same traceback reader (CUDA and
+    torch out-of-memory errors in vLLM's tracebacks); SGLang's own allocation-failure lines have no vLLM
+    counterpart.
+
 Fix:
     The tuning guide: OOM in prefill → lower `--chunked-prefill-size` (e.g. 4096 or 2048); OOM in
     decode → lower `--max-running-requests`; no KV room at startup → raise `--mem-fraction-static`

@@ -28,6 +28,10 @@ Evidence:
     message and the innermost engine frames, and what the log said just before (a request rejected as
     too long, an out-of-memory message).
 
+    On each engine. On SGLang: scheduler and detokenizer exceptions, crash notices, fatal lines and failed
+    health checks. On vLLM: tracebacks (same reader) and vLLM's fatal lines (an engine core that died, a
+    failed start-up).
+
 Fix:
     Depends on the cause, named in the finding: out of memory → see `oom` (lower
     `--chunked-prefill-size` for prefill, `--max-running-requests` for decode, leave activation room

@@ -14,6 +14,9 @@ Why it matters:
 Evidence:
     The leak lines (with the pool state they print) and how many there were.
 
+    On each engine. On SGLang: its own leak check's message (KV or request slots not freed). Cannot judge
+    vLLM: vLLM has no such self-check, so there is nothing to read.
+
 Fix:
     Restart the server to get the slots back, then upgrade SGLang (leaks are engine bugs, often in
     retraction, abort, PD or speculative paths): report the line with the server arguments and the

@@ -21,6 +21,9 @@ Evidence:
     request, see `diagnoser/fleet/capacity.py`). Every number cites the Prometheus series it came
     from.
 
+    On each engine: Engine-neutral over the fleet: queue and running requests per replica, from `sglang:`
+    or `vllm:` series through Prometheus (`model_name` label on both).
+
 Fix:
     Route by load. With sglang-router / the SGLang model gateway, check the routing policy and the
     worker list (prefix/session affinity concentrates traffic that shares prefixes or sessions); with

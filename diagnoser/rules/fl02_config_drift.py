@@ -20,6 +20,11 @@ Evidence:
     For each drifted replica: its value and where it was read, against the value of the majority and
     how many replicas use it.
 
+    On each engine. On SGLang: version ranges from metric names and labels, server info and the flags
+    named above. On vLLM: the version from `/version` or metric names and the flags from
+    `vllm:cache_config_info` (block size, GPU blocks, `gpu_memory_utilization`) and the server args when
+    read.
+
 Fix:
     Bring the odd replicas in line with the majority: the rule proposes the majority's value for a
     flag that differs (the spelling for the replica's version). When no value has a majority it says

@@ -13,6 +13,8 @@ Why it matters:
 Evidence:
     The last error (one sentence naming the cause), the number of scrapes tried.
 
+    On each engine: Engine-neutral: whether the URL answered at all, the same for SGLang and vLLM.
+
 Fix:
     Check the host and port (SGLang's default is 30000), that the server is running and that no
     firewall or proxy blocks it; raise `--timeout` for an overloaded server.

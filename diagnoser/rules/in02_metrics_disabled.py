@@ -13,6 +13,9 @@ Why it matters:
 Evidence:
     The HTTP answer from `/metrics` or the `enable_metrics=False` server argument, with its source.
 
+    On each engine. On SGLang: a 404 from `/metrics` or `enable_metrics=False` in the server args. vLLM
+    always serves `/metrics`, so on vLLM the rule only sees a 404 from a proxy in front of it.
+
 Fix:
     Restart SGLang with `--enable-metrics` (no measurable cost), then point `--url` at the server.
 

@@ -17,6 +17,9 @@ Why it matters:
 Evidence:
     The number of readings of each load signal, lines read and recognised, scrapes.
 
+    On each engine: Engine-neutral: the number of readings and scrapes of the canonical signals, whichever
+    engine produced them.
+
 Fix:
     Nothing to fix. For a firmer diagnosis sample longer (`--duration 60s`), pass the full server log
     (`--log`, at `--log-level info` for the batch lines), or scrape `/metrics` with `--url`;

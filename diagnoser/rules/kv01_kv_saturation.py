@@ -35,6 +35,15 @@ Evidence:
     running_reqs against max_running_requests, the pool size and retraction events; every number
     cites the log line or scrape that shows it.
 
+    On each engine. On SGLang: token usage (`sglang:token_usage`, `token usage:` in the Decode line), the
+    queue (`#queue-req`, `sglang:num_queue_reqs`), retractions (the retract line,
+    `sglang:num_retracted_reqs`), `new_token_ratio` and the Prefill line's request sizes. On vLLM: usage
+    from `vllm:kv_cache_usage_perc` (V1; `vllm:gpu_cache_usage_perc` before the rename and on V0) or `GPU
+    KV cache usage: X%` in the stats line, the queue from `vllm:num_requests_waiting` or
+    `Waiting:`/`Pending: M reqs`, preemptions (vLLM's retraction) from `vllm:num_preemptions_total`, the
+    stats line's `Preemptions: P` (0.32) and V0's preemption warning. The admission test is SGLang's
+    `PrefillAdder` arithmetic; on vLLM the finding stands on the usage, queue and preemption tests.
+
 Fix:
     Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free
     for activations and graphs (SGLang's tuning guide: `available_gpu_mem` 5–8 GB is right); when the pool is

@@ -20,6 +20,12 @@ Evidence:
     jump, the line or scrape of the first event; for the implied case, the pinned usage and the drop with
     line numbers. A big log judged on its newest part gets a note with the retractions counted before it.
 
+    On each engine. On SGLang: the `KV cache pool is full. Retract requests.` lines,
+    `sglang:num_retracted_reqs` and `new_token_ratio` after each retraction. On vLLM a preemption is the
+    retraction: the increments of `vllm:num_preemptions_total` between scrapes, the stats line's
+    `Preemptions: P` (0.32) and V0's `… is preempted by PreemptionMode.RECOMPUTE` warning with its
+    cumulative count; vLLM has no `new_token_ratio`, so that part of the evidence is absent.
+
 Fix:
     SGLang's tuning guide: occasional retraction (about once a minute) is fine; frequent retraction
     means raising `--schedule-conservativeness` (e.g. 1.0 → 1.3) so admission reserves more room for

@@ -24,6 +24,12 @@ Evidence:
     The pool size and where it was read, the rejected request's length and the allowed length, the
     context length and the prefill budget when known.
 
+    On each engine. On SGLang: `max_total_num_tokens` (start-up line or gauge), the context length,
+    `--chunked-prefill-size` and rejected requests that do not fit. On vLLM: `KV cache size: N tokens` or
+    `# GPU blocks` x block size (also `vllm:cache_config_info`'s `num_gpu_blocks` and `block_size`),
+    `--max-model-len` / `Using max model len`, `Maximum concurrency for L tokens per request`, and the
+    start-up error that a request of the model length cannot be stored in the KV cache.
+
 Fix:
     Give the pool more memory or make tokens cheaper: raise `--mem-fraction-static` (the KV budget is
     the memory free after the weights minus the share kept for activations), `--kv-cache-dtype

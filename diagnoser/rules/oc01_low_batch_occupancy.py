@@ -15,6 +15,11 @@ Evidence:
     running_reqs (median, p95) against max_running_requests, the number of requests the KV pool would
     hold at the observed tokens per request, token usage and the queue.
 
+    On each engine. On SGLang: `#running-req` and `sglang:num_running_reqs` against
+    `--max-running-requests` and the KV pool. On vLLM: `vllm:num_requests_running` or `Running: N reqs`
+    against `--max-num-seqs` (non-default args or the engine config line) and the KV pool (`KV cache
+    size`, `# GPU blocks` x block size).
+
 Fix:
     Depends on the cause, named in the summary: an empty queue and low usage → the client sends too
     little (`client_bound`: raise client concurrency); a full pool held by a few requests →

@@ -16,6 +16,11 @@ Evidence:
     In-flight requests observed (running p95 and `http_requests_active`), the queue, KV usage, and the
     concurrency that would fill the server with the observed tokens per request.
 
+    On each engine. On SGLang: running requests, the queue and token usage from the Decode line or
+    `sglang:` gauges. On vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    `vllm:kv_cache_usage_perc` (or the stats line's `Running`, `Waiting`/`Pending`, `GPU KV cache usage`),
+    with `--max-num-seqs` as the slot count.
+
 Fix:
     Raise the client's concurrency (`--max-concurrency` in bench_serving, the worker pool of your
     batch job) toward the concurrency reported. No server flag changes help.

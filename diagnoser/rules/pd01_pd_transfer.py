@@ -22,6 +22,10 @@ Evidence:
     The bootstrap / in-flight queues against running and waiting requests, per rank when ranks print
     them; failed requests and their reasons; the transfer rates.
 
+    On each engine. On SGLang: the PD bootstrap, in-flight and transfer queues, transfer failures and KV
+    transfer rates of a disaggregated deployment. Cannot judge vLLM yet: its disaggregated prefill (KV
+    connectors) is not read.
+
 Fix:
     A transfer rate in MB/s means the KV goes over TCP or a wrong NIC: point the transfer engine at the
     RDMA devices (`--disaggregation-ib-device`, e.g. `mlx5_0,mlx5_1`) and use an RDMA backend

@@ -31,6 +31,12 @@ Evidence:
     prefill_new_tokens against the cap, the share of capped batches, the queue / pending tokens at those
     batches, token usage; for a stall, the longest wait without admission with its first and last line.
 
+    On each engine. On SGLang: the Prefill line (`#new-seq`, `#new-token`, `#cached-token`),
+    `--chunked-prefill-size` and `--max-prefill-tokens`. On vLLM there is no per-batch prefill line:
+    prompt tokens computed per scrape interval come from V1's prefix-cache counters
+    (`vllm:prefix_cache_queries_total` minus `_hits_total`), the budget from `--max-num-batched-tokens`;
+    the admission test is SGLang's. A vLLM log alone cannot show a prefill stall yet.
+
 Fix:
     (1) Raise `--chunked-prefill-size` (and `--max-prefill-tokens` when it is the smaller) to the default
     class, `target_chunk` (8192; [defaults](docs/sglang.md#batching-flags): 4096–8192 below 160 GiB), or

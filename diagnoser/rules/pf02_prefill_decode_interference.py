@@ -15,6 +15,11 @@ Evidence:
     The longest run: number of prefill batches, tokens, running requests, the first and last line; or
     the gen-throughput dip with the scrape times.
 
+    On each engine. On SGLang: consecutive Prefill lines with their `#running-req`, and the decode
+    throughput between them. Cannot judge vLLM yet: vLLM V1 mixes prefill chunks into decode steps
+    (chunked prefill) and prints no per-batch prefill line, so the running requests starved by a prefill
+    are not observable.
+
 Fix:
     `--enable-mixed-chunk` (mix decode tokens into prefill batches), a smaller
     `--chunked-prefill-size` / `--max-prefill-tokens` (shorter prefill steps, each one interrupts

@@ -22,6 +22,12 @@ Evidence:
     Queue length (p50, max), share of readings with a queue, the growth rate per minute (least-squares
     slope), the p95 queue time, the running batch while requests waited.
 
+    On each engine. On SGLang: `#queue-req` (Decode and Prefill lines), `sglang:num_queue_reqs`, the
+    queue-time histogram, PD bootstrap queues and `max_running_requests` reductions. On vLLM:
+    `vllm:num_requests_waiting` (summed over V1's `engine` ranks), `Waiting:` (V1) or `Pending:` (V0) in
+    the stats line, and the p95 of `vllm:request_queue_time_seconds`; the PD and reduction parts are
+    SGLang's only.
+
 Fix:
     The queue is a symptom; the cause is named by `kv_saturation` (pool full),
     `max_running_requests_cap` (slot cap), `prefill_stall` (admission) or plain overload (add

@@ -19,6 +19,11 @@ Evidence:
     Running requests, token usage, KV tokens per request and their growth, with the lines they come
     from.
 
+    On each engine. On SGLang: `#token` / `sglang:num_used_tokens` against the running requests and the
+    pool. On vLLM: used tokens are KV usage x the pool (`vllm:kv_cache_usage_perc` x `num_gpu_blocks` x
+    block size from `vllm:cache_config_info`, block-granular), against `vllm:num_requests_running`;
+    without the pool size vLLM cannot be judged.
+
 Fix:
     On the client: set `max_tokens` / `max_new_tokens` and honour EOS / stop strings (issue #2746 was fixed
     by switching the benchmark client). Server flags do not fix it; `--context-length` bounds the worst

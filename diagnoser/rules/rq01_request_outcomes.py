@@ -21,6 +21,11 @@ Evidence:
     Requests counted and failed by status (access log), the longest prompt rejected and the allowed
     length, the aborted-request counter's increase and the finished requests, with their sources.
 
+    On each engine. On SGLang: abort and error counters, HTTP responses, access lines and requests
+    rejected as too long. On vLLM: uvicorn access lines (status codes) and requests rejected for exceeding
+    the model length; `vllm:request_success_total` is read as completions (its `finished_reason` split
+    into abort and error is not yet).
+
 Fix:
     Context length: raise `--context-length` to the next power of two above the longest prompt rejected
     (at most the KV pool: a request must fit in it), or cut prompts on the client (or

@@ -26,6 +26,11 @@ Evidence:
     running_reqs at the cap, the cap and where it was read, the queue, token usage, the requested vs
     effective value for a startup reduction.
 
+    On each engine. On SGLang: `#running-req` against the effective `max_running_requests` (server args,
+    or the `max_running_requests=` start-up line and its later reductions). On vLLM:
+    `vllm:num_requests_running` or `Running: N reqs` against `--max-num-seqs` (non-default args, the
+    engine config line), with the queue and KV usage as above.
+
 Fix:
     Raise `--max-running-requests` to the smallest of: what the pool allows at the observed tokens per
     request (pool × 0.9 / tokens per request), the demand seen (running + waiting while busy, × 1.25) and

@@ -16,6 +16,10 @@ Evidence:
     Mean accept length and rate with the lines they come from, the draft length (configured or
     inferred), the batch size.
 
+    On each engine. On SGLang: `accept len` in the Decode line, `sglang:spec_accept_length` and
+    `spec_accept_rate`, against the draft settings. On vLLM: the `SpecDecoding metrics:` log line (V1:
+    mean acceptance length and acceptance rate) or V0's `Speculative metrics:` acceptance rate.
+
 Fix:
     First make the draft match the target (same chat template, domain, tokenizer): that is the usual
     cause. Then shorten the draft to what is accepted: `--speculative-num-steps` ≈ the accept length
