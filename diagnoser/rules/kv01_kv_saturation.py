@@ -41,8 +41,9 @@ Evidence:
     from `vllm:kv_cache_usage_perc` (V1; `vllm:gpu_cache_usage_perc` before the rename and on V0) or `GPU
     KV cache usage: X%` in the stats line, the queue from `vllm:num_requests_waiting` or
     `Waiting:`/`Pending: M reqs`, preemptions (vLLM's retraction) from `vllm:num_preemptions_total`, the
-    stats line's `Preemptions: P` (0.32) and V0's preemption warning. The admission test is SGLang's
-    `PrefillAdder` arithmetic; on vLLM the finding stands on the usage, queue and preemption tests.
+    stats line's `Preemptions: P` (0.32) and V0's preemption warning. The admission test is the engine's
+    own (`ctx.mech`): SGLang's `PrefillAdder` reservation arithmetic, vLLM's free-block test
+    (`kv_cache_manager.allocate_slots`: the next prompt's blocks against the free blocks, nothing reserved).
 
 Fix:
     Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free

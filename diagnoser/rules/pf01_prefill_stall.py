@@ -35,7 +35,8 @@ Evidence:
     `--chunked-prefill-size` and `--max-prefill-tokens`. On vLLM there is no per-batch prefill line:
     prompt tokens computed per scrape interval come from V1's prefix-cache counters
     (`vllm:prefix_cache_queries_total` minus `_hits_total`), the budget from `--max-num-batched-tokens`;
-    the admission test is SGLang's. A vLLM log alone cannot show a prefill stall yet.
+    the admission test is vLLM's step budget (the mean prompt against what the decoders leave of
+    `--max-num-batched-tokens`). A vLLM log alone cannot show a prefill stall yet.
 
 Fix:
     (1) Raise `--chunked-prefill-size` (and `--max-prefill-tokens` when it is the smaller) to the default
