@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a load tool's result file (SGLang bench_serving JSONL, vLLM bench serve, GenAI-Perf, AIPerf, "
                         "GuideLLM JSON): set what the client saw beside the server's numbers over the same window")
     p.add_argument("--verbose", "-v", action="store_true", help="the evidence with its sources, the assumptions and every rule checked")
+    p.add_argument("--save", action="store_true", help="--once: keep this run's verdict in the local history ('diagnose history list')")
+    p.add_argument("--history-db", default=None, metavar="PATH", help="the history file --save writes (default: see 'diagnose history --help')")
     p.add_argument("--for", dest="for_s", type=parse_duration, default=None, help="watch mode: how long a condition must hold before its finding fires (default: each rule's own)")
     return p
 
@@ -345,6 +347,18 @@ def run_once(args: argparse.Namespace) -> int:
             return 2
     col = gather(args, adapter)
     report, doc = analyse(args, col, adapter)
+    if args.save:
+        from pathlib import Path
+
+        from diagnoser.cli.history import HistoryError, save
+        from diagnoser.outputs.termsafe import term_safe
+
+        try:
+            run_id = save(doc, Path(args.history_db) if args.history_db else None)
+            if args.format == "text":
+                print(term_safe(f"diagnose: saved as run {run_id} ('diagnose history show {run_id}')"), file=sys.stderr)
+        except HistoryError as e:
+            print(term_safe(f"diagnose: {e}"), file=sys.stderr)
     if args.format == "json":
         from diagnoser.jsonout import dumps  # imported here: the text report (the default) does not need it
 
