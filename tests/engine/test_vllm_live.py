@@ -1,0 +1,89 @@
+"""diagnoser's live surfaces against one real vLLM 0.32.0 server on CPU under a ``--max-num-seqs 2`` cap:
+
+* ``diagnose --once --url`` (text and JSON) reads it as vLLM 0.32.0 and names the slot cap as the top
+  cause, with the fix in vLLM's spelling (``--max-num-seqs``);
+* ``diagnose serve`` watching that server and an SGLang target (``diagnose replay-server`` serving a real
+  SGLang 0.5.23 recording, tests/data/sglang-cpu-real/kv-full-retract, to spare the memory of a second
+  engine) shows both targets, each with its engine, in ``/index.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.serve_proc import Serve
+from tests.engine import vllm_support
+from tests.engine.conftest import diagnose_bin
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.engine
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_vllm_live_once_and_serve_beside_sglang(vllm_factory: Any, tmp_path: Path) -> None:
+    eng = vllm_factory(["--max-model-len", "512", "--max-num-seqs", "2"], "vllm-live")
+    stop = threading.Event()
+    load = threading.Thread(target=vllm_support.run_load, args=(eng.url, 4000, 16, 128), kwargs={"stop": stop, "timeout": 400},
+                            daemon=True)
+    load.start()
+    port = free_port()
+    replay = subprocess.Popen([diagnose_bin(), "replay-server", str(DATA / "sglang-cpu-real" / "kv-full-retract"), "--port", str(port),
+                               "--loop"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    serve = None
+    try:
+        time.sleep(8)
+        # 1. --once --url: the engine, its release, the top cause and vLLM's flag
+        p = subprocess.run([diagnose_bin(), "--once", "--url", eng.url, "--duration", "12", "--interval", "2", "--format", "json"],
+                           capture_output=True, text=True, timeout=180)
+        assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr[-2000:]
+        doc = json.loads(p.stdout)
+        assert doc["engine"] == "vllm" and doc["version"] == vllm_support.VLLM_VERSION, (doc.get("engine"), doc.get("version"))
+        top = next(iter(doc["top"].values()))
+        assert top["rule"] == "max_running_requests_cap", [(f["rule"], f["severity"]) for f in doc["findings"]]
+        assert top["suggestion"] and top["suggestion"]["flag"] == "--max-num-seqs" and top["suggestion"]["current"] == 2, top
+        text = subprocess.run([diagnose_bin(), "--once", "--url", eng.url, "--duration", "6", "--interval", "2"],
+                              capture_output=True, text=True, timeout=120)
+        assert "vllm" in text.stdout.lower() and "--max-num-seqs" in text.stdout, text.stdout[-3000:]
+        assert "--max-running-requests" not in text.stdout, text.stdout[-3000:]  # SGLang's spelling never reaches a vLLM user
+
+        # 2. serve: the vLLM server and an SGLang target side by side, each with its engine
+        sglang_url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(sglang_url + "/metrics", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        serve = Serve(["--url", eng.url, "--url", sglang_url, "--interval", "2", "--for", "0"], tmp_path / "serve.log")
+
+        def both() -> Any:
+            targets = serve.get("/index.json").json()["targets"]  # type: ignore[union-attr]
+            return targets if len(targets) == 2 and all(t["scrapes"] >= 3 for t in targets) else None
+
+        targets = serve.wait_for(both, timeout=60, what="both targets scraped")
+        by_url = {t["name"]: t for t in targets}  # type: ignore[union-attr]
+        v, s = by_url[eng.url], by_url[sglang_url]
+        assert v.get("engine") == "vllm" and s.get("engine") == "sglang", targets
+        assert v["version"] == vllm_support.VLLM_VERSION and s["version"] == "0.5.23", targets
+        assert "max_running_requests_cap" in {f["rule"] for f in v["findings"]}, v["findings"]
+        assert {"kv_saturation", "kv_retraction", "queue_buildup"} & {f["rule"] for f in s["findings"]}, s["findings"]
+    finally:
+        stop.set()
+        if serve is not None:
+            serve.close()
+        replay.terminate()
+        try:
+            replay.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            replay.kill()
+        eng.stop()
