@@ -220,3 +220,25 @@ class VllmRecorder(support.RunRecorder):
         self.scrapes = 0
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
+
+
+def sanitize_run(run: Path, model: Path, py: Path) -> None:
+    """Rewrite machine paths in a kept run directory the way tests/data/vllm-cpu-real/ holds them: the model
+    directory as ``tiny-llama``, the venv's site-packages as ``site-packages/``, the Python install as
+    ``python3.X/``. Done on the copy kept by ``DIAGNOSER_RECORD_TO`` only."""
+    import re
+    import sysconfig
+
+    site = str(py.parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages") + "/"
+    stdlib = sysconfig.get_paths()["stdlib"].rstrip("/") + "/"
+    subs = [(str(model), "tiny-llama"), (site, "site-packages/"), (stdlib, f"python{sys.version_info[0]}.{sys.version_info[1]}/"),
+            (str(support.cache_root()), "CACHE")]
+    for f in run.rglob("*"):
+        if f.is_file() and f.suffix in (".log", ".json", ".prom"):
+            text = f.read_text(errors="surrogateescape")
+            new = text
+            for a, b in subs:
+                new = new.replace(a, b)
+            new = re.sub(r"/tmp/pytest-of-[^/\s'\"]+/pytest-\d+/[^/\s'\"]+/", "RUN/", new)
+            if new != text:
+                f.write_text(new, errors="surrogateescape")
