@@ -154,6 +154,9 @@ def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -
         if tl is None or not f.suggestions and f.rule != "kv_saturation":
             continue
         try:
+            if (tl.engine or "sglang") != "sglang":  # the capacity planner is SGLang's memory model
+                _enrich_pool_scaling(f, tl)
+                continue
             if f.target not in planners:
                 planner, notes = planners[f.target] = planner_for(tl, extras, version_tuple(tl))
                 if any(x.rule == "kv_saturation" and x.target == f.target for x in report.findings):
@@ -163,6 +166,35 @@ def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -
             _enrich_finding(f, *planners[f.target], tl=by_target.get(f.target))
         except Exception as e:  # isolation: the findings stand without numbers; the error is listed
             report.errors.append(RuleError("capacity", f.target, f"{type(e).__name__}: {e}"))
+
+
+def _enrich_pool_scaling(f: Finding, tl: Timeline) -> None:
+    """A non-SGLang target (vLLM): the what-if is KV-pool scaling from the observed pool, not SGLang's
+    memory model. FP8 KV doubles the tokens; a larger ``--num-gpu-blocks-override`` scales them by the
+    blocks. Hook: vLLM's memory arithmetic (engines/vllm/memory.py, ``plan --engine vllm``) sizes
+    ``--gpu-memory-utilization`` and ``--max-model-len`` when it is integrated here."""
+    from diagnoser.capacity.serverstate import prompt_tokens
+    from diagnoser.evaluate import request_tokens
+
+    pool = tl.cfg("max_total_tokens") or tl.cfg("kv_pool_tokens_log")
+    if not isinstance(pool, int | float) or pool <= 0:
+        return
+    full = request_tokens(tl) or prompt_tokens(tl)
+    out = []
+    for s in f.suggestions:
+        new = None
+        if s.flag == "--kv-cache-dtype" and str(s.proposed).lower().startswith("fp8"):
+            new, how = 2 * pool, "FP8 KV stores a token in half the bytes"
+        elif s.flag == "--num-gpu-blocks-override" and _num(s.proposed) and _num(s.current):
+            new, how = pool * float(s.proposed) / float(s.current), "the pool is the blocks x block size"  # type: ignore[arg-type]
+        if new is None:
+            out.append(s)
+            continue
+        fit = f"; at {full:,.0f} tokens per request it holds about {pool / full:,.1f} → {new / full:,.1f} requests at once" if full else ""
+        eff = f"KV pool {int(pool):,} → {int(new):,} tokens ({how}){fit}"
+        out.append(replace(s, effect=f"{eff} — {s.effect}" if s.effect else eff,
+                           assumptions=tuple(s.assumptions) + ("the what-if scales the observed pool; weights and activations unchanged",)))
+    f.suggestions = out
 
 
 def _enrich_finding(f: Finding, planner: Planner, notes: list[str], tl: Timeline | None = None) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from diagnoser.mechanism import mechanism_of
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules import REGISTRY, Rule
 from diagnoser.rules.base import RuleContext
@@ -138,7 +139,8 @@ def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
         return "not_judged", f"no {', '.join(signals)} readings in the inputs"
     parts = [_plural(n, f"{sig} reading") for sig, n in read] + [_plural(n, f"{k} event") for k, n in seen]
     if not parts and rule.events:  # a rule on log events: none of them is its answer
-        return "fine", f"no {', '.join(rule.events)} events in the inputs"
+        kinds = [ctx.mech.words.get(k, k) for k in rule.events if k not in ctx.mech.no_events]  # as the engine names them
+        return "fine", f"no {', '.join(kinds)} events in the inputs" if kinds else "the engine logs none of the events it reads"
     if not parts:
         return "fine", "its condition did not hold"
     return "fine", f"read {', '.join(parts)}: its condition did not hold"
@@ -275,6 +277,35 @@ def _extra_flags(s: Suggestion) -> list[tuple[str, str]]:
     return out
 
 
+def mechanism_for(tl: Timeline | None) -> Any:
+    """The mechanism of the timeline's engine (diagnoser/mechanism.py): SGLang's when none is named."""
+    from diagnoser.engines.auto import AutoAdapter
+
+    return mechanism_of(AutoAdapter().for_timeline(tl))
+
+
+def state_for(tl: Timeline, extras: dict[str, Any] | None = None) -> Any:
+    """The state the engine's vetting reads: its own (vLLM), else SGLang's ServerState."""
+    from diagnoser.capacity.serverstate import prompt_tokens, server_state
+
+    got = mechanism_for(tl).state_of(tl.cfg, version_tuple(tl))
+    if got is None:
+        return server_state(tl, extras)
+    if hasattr(got, "prompt_tokens"):
+        got.prompt_tokens = prompt_tokens(tl)
+    if hasattr(got, "request_tokens"):
+        got.request_tokens = request_tokens(tl)
+    return got
+
+
+def request_tokens(tl: Timeline) -> float | None:
+    """Mean tokens a finished request held at its full length (prompt + output per request), from the counters."""
+    from diagnoser.timeline.derived import window_rate
+
+    p, o, r = window_rate(tl, "prompt_tps").value, window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "request_rate").value
+    return (p + o) / r if p is not None and o is not None and r else None
+
+
 def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any, tl: Timeline | None = None) -> tuple[Suggestion | None, str]:
     """Pass one suggestion through SGLang's scheduler and memory model
     (:func:`diagnoser.engines.sglang.scheduler_model.vet`): (the suggestion, possibly capped or rewritten
@@ -283,9 +314,7 @@ def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any, t
     With the target's timeline, a rewrite that would repeat or escalate a value its log's last start-up
     failed with (:func:`failed_at_startup`) is refused: the suggestion stays as proposed (the rewrite rests
     on a pool that start-up never had), and a cap that lands there is dropped."""
-    from diagnoser.engines.sglang.scheduler_model import vet
-
-    v = vet(s.flag, current, s.proposed, state)
+    v = mechanism_for(tl).vet(s.flag, current, s.proposed, state)
     if v.kind == "ok":
         return s, ""
     where = f" ({v.cites})" if v.cites else ""
@@ -317,7 +346,6 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
     Run after every step that adds or changes suggestions (the rules, then ``advice.enrich``). The
     current value is the suggestion's own, else the one in the inputs; the other changes a suggestion
     needs (its projection's ``extra_flags``) are checked against the suggestions kept."""
-    from diagnoser.capacity.serverstate import server_state
 
     by_target = {tl.target: tl for tl in timelines}
     states: dict[str, Any] = {}
@@ -339,7 +367,7 @@ def check_suggestions(report: Report, timelines: list[Timeline], extras: dict[st
                 continue
             if tl is not None and s.flag not in NEVER_PROPOSE and not (current is not None and _norm(current) == _norm(s.proposed)):
                 if f.target not in states:
-                    states[f.target] = server_state(tl, extras)
+                    states[f.target] = state_for(tl, extras)
                 vetted, why = vet_suggestion(f, s, states[f.target], current, tl)
                 if vetted is None:
                     _drop(report, f, s, why)
@@ -405,6 +433,8 @@ def _at_release(f: Finding, s: Suggestion, tl: Timeline | None) -> tuple[Suggest
     from diagnoser.engines.sglang import flags
 
     version = version_tuple(tl) if tl is not None else None
+    if tl is not None and (tl.engine or "sglang") != "sglang":
+        return s, ""  # another engine's flags are spelled per release by its adapter (engines/vllm/flags.py)
     if version is None or not s.flag.startswith("--") or not flags.known_flag(s.flag):
         return s, ""
     rf = flags.respell(s.flag, version)

@@ -38,6 +38,7 @@ import numpy as np
 
 from diagnoser.capacity.pool import pool_count
 from diagnoser.capacity.serverstate import server_state
+from diagnoser.mechanism import KVInputs
 from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
 from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
 
@@ -45,9 +46,7 @@ if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
 
 CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")  # (and "report": not a running reading)
-CLIP = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
-FIT_SHARE = 0.8  # running at this share of what the pool holds at full length fills it
 
 
 @dataclass
@@ -148,11 +147,17 @@ def _build(ctx: RuleContext) -> Admission:
     lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
     if a.cap:
         lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
-    if a.budget:
+    if a.budget and ctx.mech.reserves_output:
         lab[wait & (lab == "none") & _budget_spent(ctx, a)] = "budget"
+    elif a.budget and a.prompt is not None:
+        # vLLM (v1/core/sched/scheduler.py): the running requests take their tokens first, one per decoder and
+        # a chunk of the remaining budget per prompt still prefilling; a waiting request is admitted only with
+        # budget left. With the mean prompt longer than what the decoders leave, a prompt mid-prefill takes
+        # every token left in the step, so the step budget is what holds the queue
+        lab[wait & (lab == "none") & (a.prompt > a.budget - run)] = "budget"
     a.open = wait & (lab == "none")
     a.kv_arith = np.zeros(len(p), dtype=bool)
-    arith = _reservation_full(a, _ratio_at(ctx, a))
+    arith = _reservation_full(ctx, a, _ratio_at(ctx, a))
     if arith is not None:
         a.kv_arith |= a.open & arith
     with np.errstate(invalid="ignore"):
@@ -168,7 +173,7 @@ def _build(ctx: RuleContext) -> Admission:
     held = _held(a) if not a.cap else _held(a, 0.8)
     if held is not None:
         at = wait & (lab == "none") & (run == held)
-        if a.cap and held < a.cap and arith is None and not _usage_high(a):
+        if a.cap and held < a.cap and arith is None and not _usage_high(a) and ctx.mech.reserves_output:
             a.kv_how = a.kv_how or "inferred"
             lab[at] = "kv"
             a.kv_arith |= at
@@ -236,30 +241,24 @@ def _ratio_at(ctx: RuleContext, a: Admission) -> Any:
 
 
 def _ratio(ctx: RuleContext) -> float | None:
+    """The engine's output-reservation ratio (SGLang's new_token_ratio as read, else its start from
+    --schedule-conservativeness; None on an engine that reserves nothing, such as vLLM)."""
     r = ctx.stats("new_token_ratio")
-    if r["n"]:
-        return float(r["p50"])
     c = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
-    st = server_state_of(ctx)
-    if isinstance(c, int | float) and not isinstance(c, bool):
-        return min(0.7 * float(c), 1.0)
-    return 0.7 if st.args_known else None
-
-
-def _reservation_full(a: Admission, ratio: Any) -> Any:
-    """Per reading, whether free + evictable KV is below the next request's need after the running
-    requests' reservations (``PrefillAdder.add_one_req`` -> ``NO_TOKEN``); None without the sizes."""
-    if not a.pool or a.prompt is None or a.output is None or a.ratio is None or not len(a.usage):
+    read = float(r["p50"]) if r["n"] else None
+    if read is None and not ctx.mech.reserves_output:
         return None
-    free = a.pool * (1.0 - np.nan_to_num(a.usage, nan=0.0))
-    held = a.pool * np.nan_to_num(a.usage, nan=0.0) / np.maximum(a.running, 1.0)  # tokens per running request
-    generated = np.clip(held - a.prompt, 0.0, a.output)
-    reserved = a.running * np.minimum(a.output - generated, CLIP) * ratio
-    need = a.prompt + min(a.output, CLIP) + 1
-    # or the running batch already fills the pool at its full length: the ratio has decayed (it falls each
-    # decode step), and these requests are retracted when they grow (the footprint test)
-    full = a.running >= FIT_SHARE * a.pool / max(a.prompt + a.output, 1.0)
-    return ((free - reserved) < need) | full
+    return ctx.mech.admission_ratio(c, read, server_state_of(ctx).args_known if ctx.mech.reserves_output else False)
+
+
+def _reservation_full(ctx: RuleContext, a: Admission, ratio: Any) -> Any:
+    """Per reading, whether the next waiting request does not fit by the engine's admission arithmetic
+    (``ctx.mech.kv_blocked``: SGLang's reservation test, vLLM's free-block test); None without the sizes."""
+    if a.prompt is None or (ctx.mech.reserves_output and (a.output is None or a.ratio is None)):
+        return None
+    bs = ctx.cfg("block_size")
+    return ctx.mech.kv_blocked(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running, prompt=a.prompt, output=a.output,
+                                        ratio=ratio, block_size=int(bs) if isinstance(bs, int | float) and bs > 0 else None))
 
 
 def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
@@ -371,6 +370,11 @@ def prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
 
 
 def _prefill_budget(ctx: RuleContext) -> tuple[int | None, str, str]:
+    if not ctx.mech.reserves_output:  # vLLM: one step's token budget, decode and prefill tokens together
+        v = ctx.cfg("max_num_batched_tokens")
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v), "max_num_batched_tokens", ctx.timeline.cfg_source("max_num_batched_tokens")
+        return None, "", ""
     known = []
     for name in ("chunked_prefill_size", "max_prefill_tokens"):
         v = ctx.cfg(name, ctx.cfg(f"arg.{name}"))

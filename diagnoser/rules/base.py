@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from diagnoser.floor import is_floor
+from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
 from diagnoser.timeline import Series, Timeline, summarize
@@ -51,6 +52,15 @@ class RuleContext:
     @property
     def target(self) -> str:
         return self.timeline.target
+
+    @property
+    def mech(self) -> Mechanism:
+        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine import."""
+        return mechanism_of(self.adapter)
+
+    def word(self, key: str) -> str:
+        """The engine's word for a behaviour (``preemption`` on vLLM, ``retraction`` on SGLang)."""
+        return self.mech.words.get(key, key)
 
     def flag(self, concept: str) -> str:
         return str(self.adapter.flag(concept, self.version))
@@ -361,6 +371,16 @@ def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any
             hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
+
+
+def cap_name(ctx: RuleContext) -> str:
+    """The running-request cap as the engine names it in its config (evidence labels)."""
+    return "max_running_requests" if ctx.mech.reserves_output or not ctx.mech.name else "max_num_seqs"
+
+
+def pool_name(ctx: RuleContext) -> str:
+    """The KV pool's size as the engine names it (evidence labels)."""
+    return "max_total_tokens" if ctx.mech.reserves_output or not ctx.mech.name else "KV cache size (tokens)"
 
 
 def next_pow2(n: float) -> int:

@@ -57,6 +57,7 @@ from diagnoser.rules.base import (
     WINDOW_READINGS,
     Rule,
     RuleContext,
+    cap_name,
     evidence,
     fmt_int,
     next_pow2,
@@ -161,7 +162,7 @@ class CudaGraphDisabledOrExceeded(Rule):
         certain = isinstance(ctx_len, int | float) and ctx_len > 0 and captured < min(cap, pool / ctx_len)
         src = ctx.timeline.cfg_source("cuda_graph_max_bs_captured") or ctx.timeline.cfg_source("arg.cuda_graph_max_bs") or ctx.timeline.cfg_source("arg.cuda_graph_max_bs_decode")
         evs = [evidence("largest captured decode batch", int(captured), f"<= {t['startup_share']:.0%} of {reach}", "", src),
-               evidence("max_running_requests (effective)", cap, None, "", cap_src),
+               evidence(f"{cap_name(ctx)} (effective)", cap, None, "", cap_src),
                evidence(f"requests the pool holds at {per:,} tokens each", fit, None, "", pool_src)]
         proposed = min(512, next_pow2(reach))
         summary = (f"CUDA graphs are captured only up to batch {int(captured)}, while the server admits up to {cap} requests and the pool "

@@ -197,23 +197,4 @@ def _auto_fraction_fix(ctx: RuleContext, cur: Any) -> tuple[float, str] | None:
     off (``--chunked-prefill-size -1``): SGLang reserved 1.5 x --max-prefill-tokens MB of activations
     (memory_hook.py at v0.5.23). The memory it saw follows from the fraction it logged; the fix is the
     fraction the same formula gives with its default chunk, which leaves a KV pool and starts."""
-    from diagnoser.engines.sglang.scheduler_model import CPU_DEFAULT_CHUNK, auto_mem_fraction
-
-    chunk = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
-    if not isinstance(cur, int | float) or cur > 0.05 or not isinstance(chunk, int | float) or chunk > 0:
-        return None
-    mpt = ctx.cfg("max_prefill_tokens", ctx.cfg("arg.max_prefill_tokens"))
-    mpt = int(mpt) if isinstance(mpt, int | float) and mpt > 0 else 16384
-    tp = ctx.cfg("arg.tp_size")
-    tp = int(tp) if isinstance(tp, int | float) and tp > 0 else 1
-    reserved = 512 + max(mpt, 2048) * 1.5 + tp / 8 * 1024
-    memory = reserved / (1.0 - float(cur))  # fraction = (memory - reserved) / memory
-    fixed = auto_mem_fraction(memory, CPU_DEFAULT_CHUNK, tp=tp)
-    prop = round(int(fixed * 20) / 20, 2)  # down to a multiple of 0.05: the activations keep their reserve
-    if prop <= 0:
-        return None
-    return prop, (f"chunked prefill is off (--chunked-prefill-size {int(chunk)}), so SGLang reserved 1.5 x --max-prefill-tokens {mpt:,} = "
-                  f"{reserved / 1024:.1f} GB for activations of about {memory / 1024:.1f} GB and set the automatic fraction to {float(cur):g} "
-                  f"(python/sglang/srt/arg_groups/memory_hook.py at v0.5.23): no KV pool fits. With its default {CPU_DEFAULT_CHUNK:,}-token chunk "
-                  f"the same formula gives {fixed:.3f}; an explicit {prop:g} starts with a KV pool (or set --chunked-prefill-size {CPU_DEFAULT_CHUNK} "
-                  "and let SGLang size it)")
+    return ctx.mech.startup_fraction_fix(ctx.cfg, cur)

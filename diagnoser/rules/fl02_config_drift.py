@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from diagnoser.engines.sglang.versions import NEWEST_KNOWN
+from diagnoser.mechanism import mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule
 from diagnoser.timeline import Timeline
@@ -184,7 +184,7 @@ class ConfigDrift(Rule):
             for target, (v, src) in vals.items():
                 if _key(v) == top:
                     continue
-                version = _best(by_name[target])
+                version = _best(by_name[target], adapter)
                 flag = self._flag(adapter, concept, version)
                 e = Evidence(f"{concept} [{target}]", v, f"{major_val} on {n_top} of {len(vals)} replicas", "", src)
                 s = Suggestion(flag=flag, current=v, proposed=major_val,
@@ -246,9 +246,12 @@ def _key(v: Any) -> Any:
     return str(v).strip().lower()
 
 
-def _best(tl: Timeline) -> tuple[int, int, int] | None:
+def _best(tl: Timeline, adapter: Any = None) -> tuple[int, int, int] | None:
     v = tl.meta.get("version_best")
     if v:
         return tuple(v)  # type: ignore[return-value]
-    return None if tl.version else NEWEST_KNOWN
+    if tl.version:
+        return None
+    pick = getattr(adapter, "for_timeline", None)  # the target's own engine: its newest release read
+    return mechanism_of(pick(tl) if pick is not None else adapter).newest_known
 

@@ -77,7 +77,8 @@ class InsufficientData(Rule):
         if scrapes:
             what.append(f"{scrapes} scrape(s)")
         inputs = f" ({', '.join(what)})" if what else ""
-        notes = ["For a firmer diagnosis sample longer (--duration 60s), pass the full server log with its Decode/Prefill batch lines, or scrape /metrics with --url."]
+        lines = "Decode/Prefill batch lines" if ctx.mech.reserves_output else "periodic stats lines"
+        notes = [f"For a firmer diagnosis sample longer (--duration 60s), pass the full server log with its {lines}, or scrape /metrics with --url."]
         if idle:
             summary = (f"The server was idle in all {best} reading(s){inputs}: nothing running and nothing waiting. "
                        "Healthy-idle: there is no load to diagnose.")

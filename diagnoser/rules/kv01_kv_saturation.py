@@ -80,7 +80,16 @@ from diagnoser.rules.admission import (
     retraction_count,
     retractions,
 )
-from diagnoser.rules.base import Rule, RuleContext, ev, evidence, fmt_int, pool_phrase, tokens_per_request
+from diagnoser.rules.base import (
+    Rule,
+    RuleContext,
+    ev,
+    evidence,
+    fmt_int,
+    pool_name,
+    pool_phrase,
+    tokens_per_request,
+)
 from diagnoser.rules.er01_oom import oom_detail
 from diagnoser.rules.proposals import pool_suggestions
 
@@ -159,12 +168,13 @@ class KVSaturation(Rule):
             ran = f"{running['max']:.0f}" if running["min"] == running["max"] else f"{running['min']:.0f}–{running['max']:.0f}"
             parts.append(f"{ran} ran" + (f" of {a.cap} slots" if a.cap else ""))
         if pool:
-            evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
+            evs.append(evidence(pool_name(ctx), pool, None, "", pool_src))
             parts.append(pool_phrase(pool, pool_src))
         if n_retract:
-            evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
-            parts.append(f"{n_retract} retraction event(s)" + ("" if peak >= high else
-                         " — SGLang retracts only when the pool cannot hold the next decode tokens, so the pool ran out between the readings"))
+            evs.append(evidence(f"{ctx.word('preemption')} events", n_retract, None, ctx.window_text(), retract_src))
+            parts.append(f"{n_retract} {ctx.word('preemption')} event(s)" + ("" if peak >= high else
+                         f" — {ctx.word('engine')} {ctx.word('preempt')}s only when the pool cannot hold the next decode tokens, "
+                         "so the pool ran out between the readings"))
         ushare = float(np.count_nonzero(kv & by_usage)) / n_wait if n_wait else 0.0  # critical: the pool reads full, not only reserved
         crit = (ushare >= t["critical_share"] or fshare >= t["critical_share"]) and n_wait > 0 and n_retract > 0
         conf = "high" if path_kv and path_retract else "low" if only_arith and not path_retract else "medium"
@@ -188,8 +198,10 @@ class KVSaturation(Rule):
             return None
         evs, parts = [], []
         if n_retract:
-            evs.append(evidence("retraction events", n_retract, None, ctx.window_text(), retract_src))
-            parts.append(f"{n_retract} retraction line(s): SGLang retracts running requests only when decode needs more KV slots than are free or evictable")
+            evs.append(evidence(f"{ctx.word('preemption')} events", n_retract, None, ctx.window_text(), retract_src))
+            parts.append(f"{n_retract} retraction line(s): SGLang retracts running requests only when decode needs more KV slots than are free or evictable"
+                         if ctx.mech.reserves_output else
+                         f"{n_retract} preemption(s): vLLM preempts a running request only when another cannot get a KV block")
         if dec:
             e = dec[0]
             evs.append(evidence("decode out of memory", str(e.fields.get("text", ""))[:120], None, "", e.source))
@@ -202,11 +214,13 @@ class KVSaturation(Rule):
             parts.append(txt)
         pool, pool_src = admission(ctx).pool, admission(ctx).pool_src
         if pool:
-            evs.append(evidence("max_total_tokens", pool, None, "", pool_src))
+            evs.append(evidence(pool_name(ctx), pool, None, "", pool_src))
             parts.append(pool_phrase(pool, pool_src))
         notes = ["No token-usage reading is in the inputs: the pool is judged from SGLang's own message; "
-                 "a Decode batch line or a /metrics scrape would show how often it is full."]
-        kinds = (["retraction"] if n_retract else []) + (["decode out of memory"] if dec else [])
+                 "a Decode batch line or a /metrics scrape would show how often it is full."] if ctx.mech.reserves_output else [
+                 "No KV usage reading is in the inputs: the pool is judged from vLLM's preemptions; its stats line or a /metrics scrape "
+                 "would show how often it is full."]
+        kinds = ([ctx.word("preemption")] if n_retract else []) + (["decode out of memory"] if dec else [])
         return self.finding(ctx, "The KV pool ran out: " + "; ".join(parts) + ".", evs, pool_suggestions(ctx, pool),
                             confidence="low" if n_retract + len(dec) <= 1 else "medium", notes=notes,
                             basis={"events": n_retract + len(dec), "kind": ", ".join(kinds)})

@@ -31,6 +31,14 @@ Fix:
     at v0.5.23), so from 1.43 up a larger value changes nothing and none is proposed; `ignore_eos` requests
     (`--ignore-eos`) reserve their whole max_new_tokens whatever the ratio, so none is proposed for them.
 
+    On vLLM the same events are preemptions (`vllm:num_preemptions_total`; V0's `is preempted by
+    PreemptionMode.RECOMPUTE` warning): a running request that cannot get a KV block preempts another, which
+    is recomputed later (`vllm/v1/core/sched/scheduler.py`). vLLM reserves nothing for future output, so
+    there is no conservativeness to raise: the fix is a larger pool (`--num-gpu-blocks-override` when it
+    sized the pool, else `--gpu-memory-utilization` up to 0.95 on a GPU, and FP8 KV), and only when
+    none of those is in reach, `--max-num-seqs` down to the requests the pool holds at their full length (else a
+    note says to cap it on the new pool if preemptions persist)
+    (`docs/vllm.md#mechanism`).
 Known false positives:
     A retraction during a burst at the start of a benchmark is normal. The implied case cannot tell a
     retraction from a request that finished while another was admitted in the same interval.
@@ -48,6 +56,10 @@ References:
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
 
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, readings_basis, suggest
@@ -95,6 +107,8 @@ class KVRetraction(Rule):
         if reqs > n:
             rank_txt += f", {reqs} requests in all"
         notes = _before_window(ctx)
+        if not ctx.mech.reserves_output:  # vLLM: preemption by recompute, no output reservation to raise
+            return self._preempted(ctx, n, when, rank_txt, frequent, evs, notes, minutes)
         if frequent:
             summary = f"Decode retracted requests {n} times{when}{rank_txt}: frequent (the tuning guide calls about once a minute fine)."
             return self.finding(ctx, summary, evs, [self._conservativeness(ctx)], confidence="high", severity=Severity.WARNING,
@@ -102,6 +116,41 @@ class KVRetraction(Rule):
         summary = f"Decode retracted requests {n} time(s){when}{rank_txt}: occasional, which the tuning guide calls fine."
         return self.finding(ctx, summary, evs, [], confidence="high" if minutes else "medium", severity=Severity.INFO,
                             basis={"events": n, "kind": "retraction"}, notes=notes)
+
+    def _preempted(self, ctx: RuleContext, n: int, when: str, rank_txt: str, frequent: bool, evs: list[Evidence], notes: list[str],
+                   minutes: float | None) -> Finding:
+        """vLLM: a running request that cannot get a KV block preempts the lowest-priority running one, whose
+        blocks are freed and whose prompt and output are computed again when it is rescheduled
+        (``_preempt_request`` in vllm/v1/core/sched/scheduler.py; V0's RECOMPUTE mode in vllm/core/scheduler.py).
+        The fixes vLLM's own tuning docs name: a larger KV pool, or fewer requests at once (--max-num-seqs)."""
+        evs = [replace(e, signal=e.signal.replace("retraction events", "preemptions").replace("retractions per minute", "preemptions per minute"))
+               for e in evs]
+        basis = {"events": n, "kind": "preemption"}
+        if not frequent:
+            return self.finding(ctx, f"vLLM preempted requests {n} time(s){when}{rank_txt}: occasional (each one is recomputed).", evs, [],
+                                confidence="high" if minutes else "medium", severity=Severity.INFO, basis=basis, notes=notes)
+        from diagnoser.rules.admission import admission, fit_at_full_length
+        from diagnoser.rules.proposals import vllm_pool_suggestions
+
+        a = admission(ctx)
+        sugg = vllm_pool_suggestions(ctx, a.pool)
+        foot, fit = fit_at_full_length(ctx)
+        cap = a.cap if not a.cap_inferred else None
+        ran = float(np.nanmax(a.running)) if len(a.running) else 0.0
+        if cap and fit and int(fit) >= 1 and int(fit) < cap and ran > fit:
+            if sugg:  # a larger pool comes first; a cut sized on today's pool would contradict it
+                notes = [*notes, f"If preemptions persist after the pool change, cap --max-num-seqs at the requests the new pool holds at their "
+                                 f"full length ({foot:,.0f} tokens each; today's pool holds about {fit:.1f})."]
+            else:
+                sugg.append(suggest(ctx, "max_running_requests", cap, int(fit),
+                                    f"the KV pool ({a.pool:,} tokens) holds about {fit:.1f} requests at their full length (the mean prompt + output is "
+                                    f"{foot:,.0f} tokens), but up to {ran:.0f} ran: vLLM admits into the pool and preempts the requests it cannot grow, "
+                                    "and no larger pool is in reach from the inputs",
+                                    "no preemptions (each recomputes a request's prompt and output), at the same or a little less throughput",
+                                    ("the requests keep the mean length seen",)))
+        summary = (f"vLLM preempted requests {n} times{when}{rank_txt}: frequent; each preempted request loses its KV blocks and is "
+                   "recomputed from its prompt when rescheduled.")
+        return self.finding(ctx, summary, evs, sugg, confidence="high", severity=Severity.WARNING, basis=basis, notes=notes)
 
     def _conservativeness(self, ctx: RuleContext):  # type: ignore[no-untyped-def]
         cur = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
@@ -146,6 +195,14 @@ class KVRetraction(Rule):
             if a < 0.5 * b:
                 sev = Severity.WARNING
                 extra = f"; generation fell from about {b:.0f} to {a:.0f} tok/s afterwards"
+        if not ctx.mech.reserves_output:
+            from diagnoser.rules.proposals import vllm_pool_suggestions
+
+            summary = (f"No preemption was counted, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} while the running "
+                       f"count went {r1:.0f} -> {r2:.0f} (no request finished to free the blocks): a preemption is implied{extra}.")
+            return self.finding(ctx, summary, evs, vllm_pool_suggestions(ctx, ctx.memo.get("admission").pool if ctx.memo.get("admission") else None),
+                                confidence="low", severity=sev, basis=readings_basis(ctx, "token_usage"),
+                                notes=["vllm:num_preemptions_total in a /metrics scrape would confirm it (V1 logs no preemption line)."])
         summary = (f"No retraction line was captured, but the pool was pinned at {u1:.2f} and then dropped to {u2:.2f} "
                    f"while the running count went {r1:.0f} -> {r2:.0f} (no request finished to free the slots): "
                    f"a retraction is implied{extra}.")

@@ -121,15 +121,18 @@ class KVPoolTooSmall(Rule):
             pool = shown
         elif pool and ctx.stats("token_usage")["n"] < WINDOW_READINGS:
             # from start-up lines: with a window of usage readings, kv_saturation judges the pool under the real load
-            budget, b_src = _int(ctx, "max_prefill_tokens", "arg.max_prefill_tokens")
+            vllm = not ctx.mech.reserves_output  # vLLM: the step budget is --max-num-batched-tokens, no default assumed
+            name = "max_num_batched_tokens" if vllm else "max_prefill_tokens"
+            budget, b_src = _int(ctx, name, f"arg.{name}")
             budget_known = budget is not None
-            budget = budget or int(ctx.thresholds["prefill_budget"])
+            budget = budget or (0 if vllm else int(ctx.thresholds["prefill_budget"]))
+            flag = ctx.flag(name)
             sev = Severity.WARNING
-            if pool < budget:
+            if budget and pool < budget:
                 parts.append(f"The KV pool holds {fmt_int(pool)} tokens, less than one prefill batch "
-                             f"({fmt_int(budget)}, {'--max-prefill-tokens' if budget_known else 'the --max-prefill-tokens default'})")
+                             f"({fmt_int(budget)}, {flag if budget_known else f'the {flag} default'})")
                 if budget_known:
-                    evs.append(evidence("max_prefill_tokens", budget, None, "", b_src))
+                    evs.append(evidence(name, budget, None, "", b_src))
             elif ctx_len and pool < ctx_len:
                 # certain for a request that long, but only a workload that sends such requests meets it: info
                 sev = Severity.INFO

@@ -39,6 +39,12 @@ Fix:
     Lower `--schedule-conservativeness` (the tuning guide: usage < 0.9 with a queue → e.g. 0.3), which
     lowers the future-token reservation that blocks admission.
 
+    On vLLM the budget is the step's `--max-num-batched-tokens`, decode and prefill tokens together
+    (`docs/vllm.md#mechanism`): when it held the queue in `cap_share` of the readings
+    with one (the mean prompt is longer than what the decoders leave of it, so a prompt mid-prefill takes
+    the rest of every step) and KV has room, the fix is `--max-num-batched-tokens` raised to vLLM's
+    default class (2,048) or enough for the mean prompt in one step, at most `--max-num-seqs` ×
+    `--max-model-len`.
 Known false positives:
     A small chunk size chosen on purpose to protect decode latency (see
     `prefill_decode_interference`, the opposite trade-off). A stall while the scheduler waits on a
@@ -86,7 +92,44 @@ class PrefillStall(Rule):
         a = admission(ctx)
         if a.share("slots") + a.share("kv") >= 0.5:
             return None  # the slot cap or the KV reservation holds the queue, not the prefill budget (SGLang tests slots first)
+        if not ctx.mech.reserves_output:
+            return self._step_budget(ctx)
         return self._capped(ctx) or self._stall(ctx)
+
+    def _step_budget(self, ctx: RuleContext) -> Finding | None:
+        """vLLM: the step's token budget (``--max-num-batched-tokens``) held the queue in most readings with one,
+        by the admission model's arithmetic (the mean prompt is longer than what the decoders leave of the
+        budget, so a prompt mid-prefill takes the rest of every step: v1/core/sched/scheduler.py)."""
+        t = ctx.thresholds
+        a = admission(ctx)
+        share = a.share("budget")
+        if a.n_wait < 3 or share < t["cap_share"] or not a.budget or a.prompt is None:
+            return None
+        u = ctx.stats("token_usage")
+        if u["p95"] is not None and u["p95"] >= t["kv_room"]:
+            return None
+        steps = -(-a.prompt // a.budget)
+        run = ctx.stats("running_reqs")
+        want = max(2 * a.budget, 2048, int(2 ** np.ceil(np.log2(max(a.prompt + (run["p95"] or 0), 1.0)))))
+        proposed = min(want, max(int(t["target_chunk"]), 2 * a.budget))
+        seqs, mml = ctx.cfg("max_running_requests"), ctx.cfg("context_len")
+        if isinstance(seqs, int | float) and isinstance(mml, int | float) and seqs > 0 and mml > 0:
+            proposed = min(proposed, int(seqs * mml))  # above max_num_seqs x max_model_len no step can use it
+        evs = [evidence("share of readings with a queue held by the step token budget", round(share, 2), t["cap_share"], ctx.window_text(), a.first("budget")),
+               evidence("max_num_batched_tokens", a.budget, None, "", a.budget_src),
+               evidence("mean prompt (uncached tokens per finished request)", round(a.prompt), f"> {a.budget} - running", ctx.window_text(),
+                        "prompt tokens / finished requests")]
+        summary = (f"In {share:.0%} of the {a.n_wait} readings with a queue the step token budget held the waiting requests: "
+                   f"--max-num-batched-tokens {a.budget:,} is below the mean prompt of {a.prompt:,.0f} tokens, so each prompt takes about "
+                   f"{steps:.0f} steps to prefill and uses the budget the waiting requests need, while slots and KV were free.")
+        sugg = []
+        if proposed > a.budget:
+            sugg.append(suggest(ctx, "max_num_batched_tokens", a.budget, proposed,
+                                f"each step schedules at most {a.budget:,} tokens (decode and prefill together); a prompt of {a.prompt:,.0f} tokens "
+                                f"needs {steps:.0f} steps; vLLM's default for an API server below 70 GiB is 2,048 (vllm/engine/arg_utils.py)",
+                                f"a mean prompt prefills in {-(-a.prompt // proposed):.0f} step(s) instead of {steps:.0f}: lower TTFT and a shorter queue",
+                                ("longer steps slow the decode of the running requests a little (prefill and decode share a step)",)))
+        return self.finding(ctx, summary, evs, sugg, confidence="medium", severity=Severity.WARNING)
 
     def _capped(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds

@@ -36,8 +36,16 @@ def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | 
                        "(twice that, with 25 % headroom)"))
     elif dem:
         bounds.append((dem * HEADROOM, f"{dem:,.0f} requests were in flight (running + waiting, median while busy), with 25 % headroom"))
-    if a.pool:
+    if a.pool and ctx.mech.reserves_output:
         bounds.append((a.pool // 2 * dp_ranks(ctx), "SGLang bounds the cap by pool // 2"))
+    elif a.pool:  # vLLM admits into the pool and preempts the requests it cannot grow (v1/core/sched/scheduler.py)
+        full = full_length(ctx) or tpr
+        if full:
+            bounds.append((a.pool * dp_ranks(ctx) / full, f"the KV pool holds about {a.pool * dp_ranks(ctx) / full:,.0f} requests at their full "
+                           f"length ({full:,.0f} tokens): beyond that vLLM preempts running requests"))
+        mnbt = ctx.cfg("max_num_batched_tokens")
+        if isinstance(mnbt, int | float) and not isinstance(mnbt, bool) and mnbt > 0:
+            bounds.append((float(mnbt), f"vLLM requires --max-num-batched-tokens ({int(mnbt):,}) >= --max-num-seqs"))
     if not bounds:
         return None, ""
     value, why = min(bounds, key=lambda b: b[0])
@@ -63,6 +71,8 @@ def pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion]:
     the demand seen; else a larger static fraction (not on CPU, not with 6 GB or less free) and FP8 KV;
     for a hybrid SWA model whose full pool is full and its SWA pool half empty, a lower
     --swa-full-tokens-ratio."""
+    if ctx.mech.name == "vllm":
+        return vllm_pool_suggestions(ctx, pool)
     state = server_state_of(ctx)
     pinned, pinned_why = state.pool_pinned()  # SGLang takes min(profile, --max-total-tokens)
     cap_tokens = state.cap_tokens or (pool if pinned else None)
@@ -97,6 +107,43 @@ def pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion]:
                            f"the full-attention pool is full ({full['max']:.2f}) while the sliding-window pool is at most {swa['max']:.2f} used",
                            "moves memory from the SWA pool to the full-attention pool, so more long requests fit",
                            ("the SWA pool stays below about half full at the new ratio",)))
+    return out
+
+
+def vllm_pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion]:
+    """vLLM's ways to a larger KV pool. ``--num-gpu-blocks-override`` when it (not memory) sized the pool,
+    bounded by the demand seen; else ``--gpu-memory-utilization`` (the share of the WHOLE GPU that weights,
+    activations and KV may take: the KV pool gets what is left of total x utilization after the profiled
+    weights and activations, vllm/v1/worker/gpu_worker.py ``determine_available_memory``), never above
+    0.95, not on CPU (its KV space is ``VLLM_CPU_KVCACHE_SPACE``); and FP8 KV (``--kv-cache-dtype fp8``:
+    half the bytes per token). The full memory model is engines/vllm/memory.py's (the capacity plan)."""
+    out: list[Suggestion] = []
+    cpu = str(ctx.cfg("device") or "").lower() == "cpu"
+    override, bs = ctx.cfg("num_gpu_blocks_override"), ctx.cfg("block_size")
+    if isinstance(override, int | float) and override > 0 and isinstance(bs, int | float) and bs > 0 and pool:
+        want = bounded_pool(ctx, pool, full_length(ctx))
+        blocks = int(-(-want // int(bs)))
+        out.append(suggest(ctx, "num_gpu_blocks_override", int(override), blocks,
+                           f"--num-gpu-blocks-override {int(override)} sizes the pool ({int(override)} blocks of {int(bs)} tokens = {pool:,} tokens), not memory",
+                           f"about {blocks * int(bs) / pool:.1f}x the KV tokens, so fewer preemptions and more requests decoding at once",
+                           ("the device has memory for the larger pool (drop the override to let vLLM size it from memory)",)))
+        return out
+    if cpu:
+        return out  # the CPU pool is VLLM_CPU_KVCACHE_SPACE (an environment variable, not a flag): said in the docs, not proposed
+    gmu = ctx.cfg("gpu_memory_utilization")
+    known = isinstance(gmu, int | float) and not isinstance(gmu, bool)
+    cur = float(gmu) if known else 0.9  # EngineArgs default (vllm/engine/arg_utils.py)
+    if cur < 0.95:
+        out.append(suggest(ctx, "gpu_memory_utilization", gmu if known else None, round(min(cur + 0.05, 0.95), 2) if known else "current + 0.05, at most 0.95",
+                           "--gpu-memory-utilization is the share of the whole GPU vLLM may use for weights, activations and KV; the KV pool "
+                           "gets what the profiled weights and activations leave of it" + ("" if known else "; the current value is not in the inputs "
+                                                                                          "(vLLM's default is 0.9)"),
+                           "each +0.01 adds about 1 % of the GPU's total memory to the KV pool",
+                           ("no other process uses the GPU's remaining memory",)))
+    dtype = ctx.cfg("kv_cache_dtype")
+    if dtype in (None, "auto", "bf16", "float16", "bfloat16", "fp16"):
+        out.append(suggest(ctx, "kv_cache_dtype", dtype, "fp8", "an 8-bit KV cache stores twice the tokens in the same memory",
+                           "about 2x the KV tokens at the same --gpu-memory-utilization", ("the model tolerates fp8 KV (check quality on your evals)",)))
     return out
 
 

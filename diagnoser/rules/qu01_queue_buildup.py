@@ -50,7 +50,7 @@ import numpy as np
 
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.admission import CLASSES, admission
-from diagnoser.rules.base import Rule, RuleContext, ev, evidence, slot_cap
+from diagnoser.rules.base import Rule, RuleContext, cap_name, ev, evidence, slot_cap
 from diagnoser.rules.columns import aligned, arrays
 from diagnoser.timeline import summarize
 
@@ -138,7 +138,8 @@ class QueueBuildup(Rule):
         if why:
             notes.append(why)
         if sev == Severity.INFO:
-            notes.append("A steady queue keeps batches full; the tuning guide calls 100–2000 waiting healthy for throughput.")
+            notes.append("A steady queue keeps batches full" + ("; SGLang's tuning guide calls 100–2000 waiting healthy for throughput."
+                                                                if ctx.mech.reserves_output else "."))
         return self.finding(ctx, "; ".join(parts) + ".", evs, [], confidence=conf, severity=sev, notes=notes)
 
     @staticmethod
@@ -154,6 +155,13 @@ class QueueBuildup(Rule):
         text = ", ".join(f"{_HELD[c]} in {v:.0%}" for c, v in sorted(shares, key=lambda cv: -cv[1]))
         top, _ = a.top()
         see = {"slots": "max_running_requests_cap", "kv": "kv_saturation", "budget": "prefill_stall", "transfer": "pd_transfer"}.get(top)
+        if top == "none" and not ctx.mech.reserves_output:
+            return ("Admission-limited queue: no --max-num-seqs cap, step token budget or KV block shortage the inputs show held the "
+                    "waiting requests; candidate causes: prefill compute itself when prompts are long (each step's budget is "
+                    "--max-num-batched-tokens), requests that had just arrived, a grammar or LoRA wait.")
+        if not ctx.mech.reserves_output:
+            return (f"What held the next waiting request back (vLLM's admission order: slots, step token budget, KV blocks), "
+                    f"over {a.n_wait} reading(s) with a queue: {text}" + (f"; see {see}." if see else "."))
         if top == "none":
             return ("Admission-limited queue: no slot cap, prefill budget, state pool or KV reservation the inputs show held the waiting "
                     "requests; candidate causes: the future-token reservation when the request sizes are not in the inputs (new_token_ratio x "
@@ -172,7 +180,7 @@ class QueueBuildup(Rule):
         if not offered or offered <= cap:
             return None
         src = red[0].source if red and not cc else cap_src
-        evs = [evidence("max_running_requests (effective)", cap, None, "", cap_src),
+        evs = [evidence(f"{cap_name(ctx)} (effective)", cap, None, "", cap_src),
                evidence(why.lstrip("-").replace("the requested ", "requested "), offered, None, "", src)]
         summary = (f"No queue length was read (no scheduler line or scrape), but only {cap} requests can run while {why} is "
                    f"{offered}: with that load about {offered - cap} requests wait at any moment.")

@@ -59,7 +59,7 @@ from typing import Any
 
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.admission import admission
-from diagnoser.rules.base import Rule, RuleContext, ev, evidence, suggest, tokens_per_request
+from diagnoser.rules.base import Rule, RuleContext, cap_name, ev, evidence, suggest, tokens_per_request
 from diagnoser.rules.proposals import bounded_slots, compound_after_slots
 
 
@@ -90,7 +90,7 @@ class MaxRunningRequestsCap(Rule):
             return None
         cap = a.cap
         evs = [evidence("max_running_requests (inferred: the running count held while requests waited)" if a.cap_inferred
-                        else "max_running_requests (effective)", cap, None, "", a.cap_src)]
+                        else f"{cap_name(ctx)} (effective)", cap, None, "", a.cap_src)]
         parts = []
         if runtime:
             qs = ctx.stats("queue_reqs")

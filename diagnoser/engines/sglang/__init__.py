@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.sglang import config, flags
 from diagnoser.engines.sglang.logs import SGLangLogParser
+from diagnoser.engines.sglang.mechanism import MECHANISM
 from diagnoser.engines.sglang.versions import VersionRange, parse_version
 from diagnoser.model import SignalSink
 
@@ -38,6 +39,7 @@ class SGLangAdapter:
     models_path = MODELS_PATH
     metrics_path = METRICS_PATH
     expected_log_formats = EXPECTED_LOG_FORMATS
+    mechanism = MECHANISM  # the admission arithmetic, vetting and wording the rules read (diagnoser/mechanism.py)
 
     def log_parser(self, sink: SignalSink, source_name: str) -> SGLangLogParser:
         return SGLangLogParser(sink, source_name)

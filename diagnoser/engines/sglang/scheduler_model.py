@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN, Version, fmt
+from diagnoser.mechanism import OK, Verdict
 
 TAG = "v0.5.23"
 
@@ -361,21 +362,7 @@ def _size(gib: float) -> str:
 
 
 # -- the checks --------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    kind: str  # "ok" | "noop" | "capped" | "rewrite"
-    reason: str = ""
-    flag: str | None = None  # capped / rewrite: the flag to propose
-    current: Any = None
-    proposed: Any = None
-    cites: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.kind == "ok"
-
-
-OK = Verdict("ok")
+# Verdict and OK are the engine-neutral ones (diagnoser/mechanism.py): every engine's vet answers in them
 
 _GRAPH_FLAGS = {"--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-bs", "--disable-cuda-graph",
                 "--cuda-graph-backend-decode", "--cuda-graph-max-bs-prefill"}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnoser.engines.vllm import config, flags
 from diagnoser.engines.vllm.logs import VLLMLogParser
+from diagnoser.engines.vllm.scheduler_model import MECHANISM
 from diagnoser.engines.vllm.versions import VersionRange, parse_version
 from diagnoser.model import SignalSink
 
@@ -38,6 +39,7 @@ class VLLMAdapter:
     models_path = MODELS_PATH
     metrics_path = METRICS_PATH
     expected_log_formats = EXPECTED_LOG_FORMATS
+    mechanism = MECHANISM  # vLLM's admission arithmetic, vetting and wording (engines/vllm/scheduler_model.py)
 
     def log_parser(self, sink: SignalSink, source_name: str) -> VLLMLogParser:
         return VLLMLogParser(sink, source_name)

