@@ -35,15 +35,25 @@ def test_vllm_live_once_and_serve_beside_sglang(vllm_factory: Any, tmp_path: Pat
     stop = threading.Event()
     load = threading.Thread(target=vllm_support.run_load, args=(eng.url, 4000, 16, 128), kwargs={"stop": stop, "timeout": 400},
                             daemon=True)
-    load.start()
     port = free_port()
+    sglang_url = f"http://127.0.0.1:{port}"
     replay = subprocess.Popen([diagnose_bin(), "replay-server", str(DATA / "sglang-cpu-real" / "kv-full-retract"), "--port", str(port),
                                "--loop"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     serve = None
     try:
-        time.sleep(8)
+        # serve starts before the load, so its start-up does not compete with 16 clients for the CPUs
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(sglang_url + "/metrics", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        serve = Serve(["--url", eng.url, "--url", sglang_url, "--interval", "2", "--for", "0"], tmp_path / "serve.log")
+        load.start()
+        time.sleep(15)
         # 1. --once --url: the engine, its release, the top cause and vLLM's flag
-        p = subprocess.run([diagnose_bin(), "--once", "--url", eng.url, "--duration", "12", "--interval", "2", "--format", "json"],
+        p = subprocess.run([diagnose_bin(), "--once", "--url", eng.url, "--duration", "16", "--interval", "2", "--format", "json"],
                            capture_output=True, text=True, timeout=180)
         assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr[-2000:]
         doc = json.loads(p.stdout)
@@ -60,21 +70,18 @@ def test_vllm_live_once_and_serve_beside_sglang(vllm_factory: Any, tmp_path: Pat
         assert "--max-running-requests" not in text.stdout, text.stdout[-3000:]  # SGLang's spelling never reaches a vLLM user
 
         # 2. serve: the vLLM server and an SGLang target side by side, each with its engine
-        sglang_url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if httpx.get(sglang_url + "/metrics", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        serve = Serve(["--url", eng.url, "--url", sglang_url, "--interval", "2", "--for", "0"], tmp_path / "serve.log")
+        kv = {"kv_saturation", "kv_retraction", "queue_buildup"}
 
-        def both() -> Any:
+        def both() -> Any:  # both scraped, each showing its own bottleneck
             targets = serve.get("/index.json").json()["targets"]  # type: ignore[union-attr]
-            return targets if len(targets) == 2 and all(t["scrapes"] >= 3 for t in targets) else None
+            rules = [{f["rule"] for f in t["findings"]} for t in targets]
+            return targets if len(targets) == 2 and "max_running_requests_cap" in rules[0] and kv & rules[1] else None
 
-        targets = serve.wait_for(both, timeout=60, what="both targets scraped")
+        try:
+            targets = serve.wait_for(both, timeout=120, what="both targets with their bottlenecks")
+        except AssertionError:
+            targets = serve.get("/index.json").json()["targets"]
+            raise AssertionError([(t["name"], t.get("engine"), t["scrapes"], [f["rule"] for f in t["findings"]]) for t in targets]) from None
         by_url = {t["name"]: t for t in targets}  # type: ignore[union-attr]
         v, s = by_url[eng.url], by_url[sglang_url]
         assert v.get("engine") == "vllm" and s.get("engine") == "sglang", targets
