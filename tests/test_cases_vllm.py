@@ -156,9 +156,11 @@ def test_real_cpu_slot_cap_log() -> None:
     common_checks(doc, log)
     found = {f["rule"]: f for f in doc["findings"]}
     assert "max_running_requests_cap" in found and "kv_saturation" not in found
-    # no --max-num-seqs proposal: two readings with a queue give no demand to bound it by, and the stats line
-    # gives no request length for what the 2M-token pool holds (a proposal must be bounded by both)
-    assert found["max_running_requests_cap"]["suggestions"] == []
+    # the two readings with a queue had 10 and 16 requests in flight at the cap of 8: a --max-num-seqs
+    # proposal, if any, is above the cap and bounded by that demand with its 25 % headroom (the stats line
+    # gives no request length, so the 2M-token pool does not bound it further)
+    for sg in found["max_running_requests_cap"]["suggestions"]:
+        assert sg["flag"] == "--max-num-seqs" and sg["current"] == 8 and 8 < sg["proposed"] <= 20, sg
 
 
 REAL_RUNS = DATA / "vllm-cpu-real"

@@ -35,7 +35,7 @@ def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | 
         bounds.append((2 * dem * HEADROOM, f"{dem:,.0f} requests were in flight while --max-queued-requests {int(mq)} turned more away "
                        "(twice that, with 25 % headroom)"))
     elif dem:
-        bounds.append((dem * HEADROOM, f"{dem:,.0f} requests were in flight (running + waiting, median while busy), with 25 % headroom"))
+        bounds.append((dem * HEADROOM, f"{dem:,.0f} requests were in flight (running + waiting, 90th percentile while busy), with 25 % headroom"))
     if a.pool and ctx.mech.reserves_output:
         bounds.append((a.pool // 2 * dp_ranks(ctx), "SGLang bounds the cap by pool // 2"))
     elif a.pool:  # vLLM admits into the pool and preempts the requests it cannot grow (v1/core/sched/scheduler.py)

@@ -79,6 +79,10 @@ def slope_per_min(ts: Any, vals: Any) -> float:
 _HELD = {"slots": "the slot cap (running at max_running_requests)", "kv": "the KV pool (the next request did not fit beside the running ones' reservation)",
          "budget": "the prefill budget (the last batch spent --chunked-prefill-size / --max-prefill-tokens)", "state": "the state pool",
          "transfer": "the PD prealloc/transfer queues", "none": "nothing (admitted at the next prefill)"}
+# the same classes under an engine that reserves no output (vLLM's V1 scheduler, ctx.mech.reserves_output False)
+_HELD_BLOCKS = {"slots": "the slot cap (running at --max-num-seqs)", "kv": "the KV pool (fewer free blocks than the next prompt needs)",
+                "budget": "the step token budget (--max-num-batched-tokens, after the decoders' tokens)", "state": "the state pool",
+                "transfer": "the KV transfer", "none": "nothing (admitted at the next step)"}
 
 
 class QueueBuildup(Rule):
@@ -158,7 +162,8 @@ class QueueBuildup(Rule):
         shares = [(c, a.share(c)) for c in CLASSES[:-1] if a.share(c) > 0]
         if not shares:
             return ""
-        text = ", ".join(f"{_HELD[c]} in {v:.0%}" for c, v in sorted(shares, key=lambda cv: -cv[1]))
+        held = _HELD if ctx.mech.reserves_output else _HELD_BLOCKS
+        text = ", ".join(f"{held[c]} in {v:.0%}" for c, v in sorted(shares, key=lambda cv: -cv[1]))
         top, _ = a.top()
         see = {"slots": "max_running_requests_cap", "kv": "kv_saturation", "budget": "prefill_stall", "transfer": "pd_transfer"}.get(top)
         if top == "none" and not ctx.mech.reserves_output:

@@ -32,7 +32,7 @@ from tests.engine import support, vllm_support
 from tests.engine.conftest import diagnose_bin
 from tests.engine.test_before_after import applied
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_engine]
 
 LOUD = ("warning", "critical")
 

@@ -25,7 +25,7 @@ from tests.engine import vllm_support
 from tests.engine.conftest import diagnose_bin
 from tests.helpers import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_engine]
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -177,10 +177,45 @@ def test_short_input(tmp_path: Path, rule: str, shape: str, kind: str, text: str
         assert CONF[f["confidence"]] <= (0 if n <= 1 else 1 if n < 5 else 2)
 
 
+def ttft_hist(counts: list[int]) -> str:
+    """SGLang's TTFT histogram with these cumulative bucket counts (le 0.1 … 30 s, then +Inf)."""
+    out = ["# TYPE sglang:time_to_first_token_seconds histogram"]
+    out += [f'sglang:time_to_first_token_seconds_bucket{{le="{le}"}} {c}' for le, c in zip((0.1, 0.5, 1, 2, 5, 10, 30), counts, strict=True)]
+    out += [f'sglang:time_to_first_token_seconds_bucket{{le="+Inf"}} {counts[-1]}', f"sglang:time_to_first_token_seconds_count {counts[-1]}",
+            "sglang:time_to_first_token_seconds_sum 0"]
+    return "\n".join(out) + "\n"
+
+
+# rules whose shortest input is two scrapes: a latency histogram judged over the window between them (one
+# scrape's cumulative histogram covers the server's whole life, not the window)
+TWO_SCRAPES: list[tuple[str, tuple[str, str], bool]] = [
+    ("high_latency", (scrape(10, 0, 0.3, extra=ttft_hist([0, 0, 0, 0, 0, 0, 0])),
+                      scrape(10, 0, 0.3, extra=ttft_hist([0, 0, 5, 10, 60, 100, 100]))), True),
+    ("high_latency", (scrape(10, 0, 0.3, extra=ttft_hist([0, 0, 0, 0, 0, 0, 0])),
+                      scrape(10, 0, 0.3, extra=ttft_hist([60, 95, 100, 100, 100, 100, 100]))), False),
+]
+
+
+@pytest.mark.parametrize(("rule", "texts", "fires"), TWO_SCRAPES, ids=[f"{c[0]}-two-scrapes-{'fires' if c[2] else 'silent'}" for c in TWO_SCRAPES])
+def test_two_scrapes(tmp_path: Path, rule: str, texts: tuple[str, str], fires: bool) -> None:
+    paths = []
+    for i, text in enumerate(texts):
+        paths += ["--metrics-file", str(tmp_path / f"m{i}.txt")]
+        (tmp_path / f"m{i}.txt").write_text(text)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = cli_main(["--once", "--format", "json", *paths])
+    assert rc in (0, 1)
+    got = by_rule(json.loads(buf.getvalue()))
+    assert (rule in got) == fires, got.get(rule) or sorted(got)
+
+
 def test_every_target_rule_has_short_inputs_both_ways() -> None:
     fires = {c[0] for c in CASES if c[4]}
     silent = {c[0] for c in CASES if not c[4]}
     input_rules = {"source_unreachable", "metrics_disabled", "insufficient_data", "low_cache_hit"}  # tested on their own inputs
+    fires |= {c[0] for c in TWO_SCRAPES if c[2]}
+    silent |= {c[0] for c in TWO_SCRAPES if not c[2]}
     for r in REGISTRY:
         if r.scope == "target" and r.name not in input_rules:
             assert r.name in fires and r.name in silent, f"{r.name} has no short input that fires or none that stays silent"

@@ -47,7 +47,10 @@ _HEAD_RE = re.compile(
     r"\[?(?P<file>[\w.-]+\.py):(?P<lineno>\d+)\]\s?")
 _OUTER_YEAR_RE = re.compile(r"(?<!\d)(\d{4})-\d\d-\d\d[T ]")
 _PROC_ONLY_RE = re.compile(r"^\s*\((?P<proc>[A-Za-z_][\w.-]*) pid=\d+\)\s+")
-_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+ - "(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (\S+) HTTP/[\d.]+" (\d{3})')
+_ACCESS_RE = re.compile(r'INFO:\s+[\w.:\[\]-]+ - "(GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (\S+) HTTP/[\d.]+" (\d{3})')
+# SGLang's endpoints that diagnoser itself probes when it does not yet know the engine: vLLM answers them 404,
+# and those answers are ours, not the clients' requests failing (request_outcomes must not count them)
+_OWN_PROBES = frozenset({"/server_info", "/get_server_info", "/get_server_args", "/model_info", "/get_model_info", "/v1/loads", "/load"})
 
 _STAT_FIELDS = (
     ("prompt_tps", re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")),
@@ -217,8 +220,10 @@ class VLLMLogParser:
         if "INFO:" in msg and " HTTP/" in msg:
             am = _ACCESS_RE.search(msg)
             if am:
-                self.status_codes[am.group(2)] += 1
-                self.access_paths[am.group(1).split("?", 1)[0]] += 1
+                method, path, code = am.group(1), am.group(2).split("?", 1)[0], am.group(3)
+                if not (method == "GET" and code == "404" and path in _OWN_PROBES):
+                    self.status_codes[code] += 1
+                    self.access_paths[f"{method} {path}"] += 1
                 self.access_last = (ts, line_no)
                 return True
         if "is preempted by" in msg:
