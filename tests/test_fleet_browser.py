@@ -43,7 +43,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve, Fl
 def rows(page: Any) -> list[dict[str, str]]:
     return page.eval_on_selector_all(
         "table.fleet-table tbody tr[data-target]",
-        "trs => trs.map(tr => ({name: tr.querySelector('.col-name').textContent, model: tr.querySelector('.col-model').textContent,"
+        "trs => trs.map(tr => ({name: tr.querySelector('.col-name a').textContent,"
+        " engine: (tr.querySelector('.col-name .engine') || {}).textContent, model: tr.querySelector('.col-model').textContent,"
         " health: tr.querySelector('.col-health').textContent.trim(), queue: tr.querySelector('.col-queue').textContent}))")
 
 
