@@ -28,7 +28,7 @@ def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | 
     bounds: list[tuple[float, str]] = []
     if a.pool and tpr:
         bounds.append((0.9 * a.pool * dp_ranks(ctx) / tpr, f"the pool holds about {0.9 * a.pool * dp_ranks(ctx) / tpr:,.0f} requests at {tpr:,.0f} tokens each"))
-    dem = a.demand()
+    dem = a.demand(90)
     mq = ctx.cfg("arg.max_queued_requests")
     full_queue = isinstance(mq, int | float) and mq > 0 and len(a.queue) and float(a.queue.max()) >= mq
     if dem and full_queue:  # the queue limit turned the rest away: the demand seen is a floor

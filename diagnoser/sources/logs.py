@@ -308,6 +308,7 @@ def _worker_init() -> None:
     import signal
 
     from diagnoser.engines.sglang.logfast import BlockParser
+    from diagnoser.engines.sglang.logs import SGLangLogParser
 
     # forked with SIGTERM blocked (_fork_pool): make it end the worker, then let it in
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -315,6 +316,7 @@ def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reading process's to handle
     gc.disable()
     _WORKER = BlockParser()
+    _WORKER.parser_cls = SGLangLogParser  # bare batch heads are asked of the reference parser (logfast._only_ticks)
 
 
 def _chunk(job: bytes | tuple[int, int]) -> bytes:

@@ -277,15 +277,15 @@ class _Watch:
         self.wrote = True
 
 
-def _only_ticks(raw: bytes) -> bool:
+def _only_ticks(raw: bytes, parser_cls: Any) -> bool:
     """Whether the reference parser, fed this line, does nothing but tick its untimed clock: not
     recognised, no point, event or config, no count, no version hint, ``untimed_lines`` + 1 and
     ``last_ts`` + 1 s. Asked of a fresh parser (the path such a line takes reads no parser state but the
     clock it ticks: ``SGLangLogParser._located`` with an empty prefix, ``_untimed_ts``, ``_batch``)."""
-    from diagnoser.engines.sglang.logs import SGLangLogParser  # loaded already: it made the bulk reader
-
+    if parser_cls is None:  # no reference parser to ask: the line goes the reference path
+        return False
     sink = _Watch()
-    p = SGLangLogParser(sink, "probe")  # type: ignore[arg-type]
+    p = parser_cls(sink, "probe")  # the bulk reader's own parser class (logs imports this module, never the reverse)
     p.last_ts = 1000.0
     version = (p.version.low, p.version.high, p.version.exact, p.version.reasons, p.version.conflicts)
     try:
@@ -310,6 +310,7 @@ class BlockParser:
         self._floats: dict[bytes, float] = {}
         self._wrappers: dict[bytes, bool] = {}  # unwrap_block's decisions, per shape of what precedes SGLang's prefix
         self._near: dict[bytes, bool] = {}  # batch_reads of batch heads the shapes do not take, digits made alike
+        self.parser_cls: Any = None  # the reference parser's class, set by BulkReader (asked by _only_ticks)
         self._bare: dict[bytes, bool] = {}  # bare batch heads (no prefix) that only tick the untimed clock, digits alike
 
     def _tag(self, tags: bytes) -> tuple[str, tuple[str, ...]]:
@@ -372,7 +373,7 @@ class BlockParser:
                 if tick is None:
                     if len(known) > 4096:
                         known.clear()
-                    tick = known[key] = _only_ticks(raw)
+                    tick = known[key] = _only_ticks(raw, self.parser_cls)
                 if tick:
                     ticks.append(i)
                     continue
@@ -671,6 +672,7 @@ class BulkReader:
         self.parser = parser
         scanner()  # imported here, in the reading process, before any worker process forks
         self.block_parser = BlockParser()
+        self.block_parser.parser_cls = type(parser)
         self.shapes: set[tuple[Any, ...]] = set()
         self.bulk_lines = 0
 
