@@ -88,6 +88,7 @@ from diagnoser.rules.admission import (
     admission,
     dp_ranks,
     fit_at_full_length,
+    full_pool,
     kv_reason,
     retraction_count,
     retractions,
@@ -103,7 +104,7 @@ from diagnoser.rules.base import (
     tokens_per_request,
 )
 from diagnoser.rules.er01_oom import oom_detail
-from diagnoser.rules.proposals import pool_suggestions
+from diagnoser.rules.proposals import pool_suggestions, seqs_cut
 
 __all__ = ["KVSaturation", "dp_ranks", "retraction_count", "retractions"]  # the last three: shared with kv02, compare, tests
 
@@ -153,19 +154,26 @@ class KVSaturation(Rule):
         only_arith = not np.any(kv & by_usage)  # then requests must also wait in most readings (a brief queue is no limit)
         path_kv = n_wait > 0 and wshare >= t["min_share"] and (not only_arith or np.count_nonzero(a.queue > 0) >= t["min_share"] * len(a.queue))
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (n_wait > 0 or fshare >= t["min_share"])
-        if not (path_kv or path_retract):
+        ref = full_pool(ctx, a, n_wait, n_retract)
+        path_full = ref is not None and ref.holds
+        if not (path_kv or path_retract or path_full):
             return None
         only_arith = only_arith and path_kv
+        refused_kv = a.refusal is not None and bool(np.any(kv & (a.refusal != "")))  # the engine's refusal held queued readings
         running, queue = ctx.stats("running_reqs"), ctx.stats("queue_reqs")
         pool, pool_src = a.pool, a.pool_src
         evs = [ev(ctx, "token_usage", peak, (wait_high if deep else high) if peak >= high or (path_kv and not only_arith) else
-                  t["retract_usage_floor"] if path_retract else None, at="max")]
+                  t["retract_usage_floor"] if path_retract else t["waiting_usage"] if path_full else None, at="max")]
         parts = [f"KV token usage peaked at {peak:.2f}"]
+        if ref is not None and (path_full or refused_kv):
+            parts.append(ref.sentence(ctx, evs))
         if path_kv:
             src = a.sources[int(kv.nonzero()[0][0])]
             evs.append(evidence("share of readings with a queue where the next request did not fit the KV pool", round(wshare, 2), t["min_share"],
                                 ctx.window_text(), src))
-            if only_arith:
+            if only_arith and refused_kv:
+                parts.append(f"the next request did not fit in {wshare:.0%} of the {n_wait} reading(s) with a queue")
+            elif only_arith:
                 parts.append(kv_reason(ctx, a, wshare, n_wait, evs))
             else:
                 parts.append(f"it was >= {wait_high if deep else high:.2f} (or the next request did not fit) while requests waited in {wshare:.0%} "
@@ -190,6 +198,8 @@ class KVSaturation(Rule):
         ushare = float(np.count_nonzero(kv & by_usage)) / n_wait if n_wait else 0.0  # critical: the pool reads full, not only reserved
         crit = (ushare >= t["critical_share"] or fshare >= t["critical_share"]) and n_wait > 0 and n_retract > 0
         conf = "high" if path_kv and path_retract else "low" if only_arith and not path_retract else "medium"
+        if path_full and not (path_kv or path_retract):
+            conf = "medium" if ref is not None and ref.n_full >= 3 else "low"
         tpr, _ = tokens_per_request(ctx)
         foot, _fit = fit_at_full_length(ctx)
         tpr = max(tpr or 0.0, foot or 0.0) or None
@@ -199,6 +209,8 @@ class KVSaturation(Rule):
             notes.append(f"{running['p50']:.0f} request(s) hold the whole pool (about {fmt_int(tpr)} tokens each): "
                          "bound max_tokens on the client first (see runaway_generation); no flag change is proposed.")
         sugg = [] if few else pool_suggestions(ctx, pool)
+        if not few and ref is not None and ref.n_full:
+            sugg += seqs_cut(ctx, ref)
         return self.finding(ctx, "; ".join(parts) + ".", evs, sugg, confidence=conf, severity=Severity.CRITICAL if crit else self.severity, notes=notes)
 
     def _ran_out(self, ctx: RuleContext) -> Finding | None:
