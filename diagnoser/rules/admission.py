@@ -500,9 +500,10 @@ class FullPool:
         src = admission(ctx).sources[k]
         evs.append(evidence(f"readings at usage >= {self.floor:.2f} where the pool took no further request of the running ones' size",
                             self.n_full, None, ctx.window_text(), src))
-        why = "; ".join(f"{n} {ctx.word(kind)}" for kind, n in self.kinds.items() if n)
+        why = "; ".join(f"{n} with {ctx.word(kind)}" for kind, n in self.kinds.items() if n)
+        cites = ctx.word("kv_refusal_cites")
         txt = (f"by {ctx.word('engine')}'s own admission test the pool could not take one more request of the running requests' mean size in "
-               f"{self.n_full} of the {self.n_high} reading(s) at usage >= {self.floor:.2f} ({why})")
+               f"{self.n_full} of the {self.n_high} reading(s) at usage >= {self.floor:.2f}: {why}" + (f" ({cites})" if cites != "kv_refusal_cites" else ""))
         if self.fit:
             evs.append(evidence("requests the pool holds at the running requests' size (running / usage)", round(self.fit, 1), None, "", self.fit_src))
             txt += f"; at their size the pool holds about {self.fit:,.1f} requests"

