@@ -45,6 +45,21 @@ Evidence:
     own (`ctx.mech`): SGLang's `PrefillAdder` reservation arithmetic, vLLM's free-block test
     (`kv_cache_manager.allocate_slots`: the next prompt's blocks against the free blocks, nothing reserved).
 
+    vLLM's refusal. On vLLM the mechanism also answers, per reading at usage >= `waiting_usage` (0.9), why
+    the pool takes no further request of the running requests' mean size (usage x pool / running):
+    `kv_full`, fewer free blocks than it needs, or `kv_watermark`, its blocks are free but not beside the
+    blocks admission keeps free. The reserve depends on the engine core (the `engine_core` fact, V0 or V1,
+    from the stats line's shape, the start-up line or V0/V1-only series): V0's `BlockSpaceManager` keeps 1 %
+    of the blocks (`vllm/core/block_manager.py` `can_allocate` at v0.2.7 and v0.10.2), V1's `KVCacheManager`
+    none (`vllm/v1/core/kv_cache_manager.py` at v0.10.2; `--watermark`, 0 by default, at 0.32.0). A
+    refused reading with a queue is a KV-held reading. V1 admits a request while its first chunk's blocks
+    are free and preempts a running request when another cannot get a block
+    (`vllm/v1/core/sched/scheduler.py`), so its full pool need not show a queue: on V1 the finding holds
+    when the refusal covers `min_share` of the busy readings at usage >= 0.9 and requests waited, were
+    preempted, or the refusal covers `min_share` of all busy readings. On either core it also holds when
+    the latest busy reading is refused and, in `min_share` of the readings with a queue, the requests in
+    flight (running + waiting) are more than the pool holds at the running requests' size.
+
 Fix:
     Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free
     for activations and graphs (SGLang's tuning guide: `available_gpu_mem` 5–8 GB is right); when the pool is
@@ -56,6 +71,16 @@ Fix:
     pool (the capacity model adds the numbers). HiCache does not help here: it grows the prefix cache,
     not the decode pool. `--cpu-offload-gb` is never suggested: it slows every step.
 
+    On vLLM: `--num-gpu-blocks-override` when it sized the pool; else `--gpu-memory-utilization` + 0.05 (at
+    most 0.95; not on the CPU build, nor under `--kv-cache-memory-bytes` or a block override, where vLLM
+    does not read it). When the current value and the start-up lines "Available KV cache memory" and the KV
+    cache size are in the log, the KV tokens it gains are sized by vLLM's budget (`total x utilization` less
+    weights, activations and non-torch memory, `determine_available_memory`): the device holds at least
+    (weights + KV) / utilization, so the gain is a lower bound. Then `--kv-cache-dtype fp8`. When the
+    refusal holds and as many requests or more were in flight, `--max-num-seqs` down to what the pool holds
+    at the running requests' size at the fullest refused reading (running / usage), or at their full length
+    when the finished requests give it: above it vLLM admits into a full pool and preempts.
+
 Known false positives:
     Usage above 0.9 with a short or empty queue is SGLang's own definition of healthy ([tuning
     guide](docs/sglang.md#tuning-guide)); this rule needs waiting requests or retractions as well, and the
@@ -64,6 +89,8 @@ Known false positives:
     footprint path uses the mean length of the requests that finished in the window: when only a few short
     requests finished, or lengths vary widely, the estimate is rough (confidence low), and it needs requests
     waiting in most readings as well.
+    On vLLM V1 a full pool with nothing waiting is found when the mechanism says it takes no more requests of
+    the running ones' size: many small requests at 0.92 usage leave room for more and are not.
 
 References:
     - How diagnoser reads SGLang: [`token_usage` and `num_used_tokens`](docs/sglang.md#metrics-scheduler),
