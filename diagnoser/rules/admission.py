@@ -494,8 +494,9 @@ class FullPool:
     holds: bool
     floor: float
 
-    def sentence(self, ctx: RuleContext, evs: list[Any]) -> str:
-        """The finding's words for the refusal, with its evidence appended to ``evs``."""
+    def sentence(self, ctx: RuleContext, evs: list[Any], why_no_queue: bool = True) -> str:
+        """The finding's words for the refusal, with its evidence appended to ``evs`` (``why_no_queue``: say
+        why a core that admits into a full pool shows no queue; not needed when the queue showed it)."""
         k = int(self.full.nonzero()[0][0]) if self.n_full else 0
         src = admission(ctx).sources[k]
         evs.append(evidence(f"readings at usage >= {self.floor:.2f} where the pool took no further request of the running ones' size",
@@ -512,7 +513,7 @@ class FullPool:
                                 ctx.window_text(), ""))
             txt += (f", fewer than were in flight (running + waiting) in {self.n_over} of the {self.n_queued} reading(s) with a queue"
                     + (", and it refused at the latest reading" if self.now_full else ""))
-        if self.admits_full:
+        if self.admits_full and why_no_queue:
             txt += f" — {ctx.word('admits_full')}"
         return txt
 

@@ -193,7 +193,7 @@ class KVSaturation(Rule):
                   t["retract_usage_floor"] if path_retract else t["waiting_usage"] if path_full else None, at="max")]
         parts = [f"KV token usage peaked at {peak:.2f}"]
         if ref is not None and (path_full or refused_kv):
-            parts.append(ref.sentence(ctx, evs))
+            parts.append(ref.sentence(ctx, evs, why_no_queue=not path_kv))
         if path_kv:
             src = a.sources[int(kv.nonzero()[0][0])]
             evs.append(evidence("share of readings with a queue where the next request did not fit the KV pool", round(wshare, 2), t["min_share"],
