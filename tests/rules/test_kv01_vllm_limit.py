@@ -172,7 +172,11 @@ def test_v1_healthy_server_gets_nothing_loud(tmp_path: Path) -> None:
 
 
 # -- V0 logs ---------------------------------------------------------------------------------------------
-FLOOD = [(92, 119, 0.555), (108, 147, 0.672), (123, 164, 0.789), (146, 190, 0.899), (157, 222, 0.987)]
+# a V0 pool of 2,000 blocks, each request holding 12 (it holds 166); prefill admits 15 a line, then 20, while
+# arrivals outrun it: at the last line 165 run and 20 blocks are free, the next request's 12 fit but not beside
+# the watermark's int(0.01 x 2,000) = 20 blocks
+BLOCKS, PER_REQ = 2000, 12
+FLOOD = [(r, w, r * PER_REQ / BLOCKS) for r, w in ((100, 120), (115, 150), (130, 180), (145, 210), (165, 240))]
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["v0.10.2-metrics.py", "v0.2.7-llm_engine.py"])
@@ -185,16 +189,22 @@ def test_v0_pool_filling_under_a_growing_queue(tmp_path: Path, old: bool) -> Non
     kv = by_rule(doc)["kv_saturation"]
     assert Severity.parse(kv["severity"]) >= Severity.WARNING and "watermark" in kv["summary"]
     r, _w, u = FLOOD[-1]
+    assert not v0_can_allocate(BLOCKS, r * PER_REQ, PER_REQ) and v1_allocate_slots(BLOCKS, r * PER_REQ, PER_REQ)
     seqs = next(s for s in kv["suggestions"] if s["flag"] == "--max-num-seqs")
-    assert seqs["proposed"] == int(r / u)
+    assert seqs["proposed"] == int(r / u) == BLOCKS // PER_REQ
 
 
 def test_the_same_numbers_in_v1s_shape_are_not_a_watermark_refusal(tmp_path: Path) -> None:
-    """V1 keeps no watermark: at 0.987 with 157 running one more request's 0.6 % of the pool is free, so V1
-    admits it and the last line is no refusal; the queue there is the step budget's, not the pool's."""
+    """V1 keeps no watermark: at the last line the next request's 12 blocks are among the 20 free, so V1
+    admits it and the line is no refusal; the queue there is the step budget's, not the pool's."""
     doc = diagnose(tmp_path, v1_log(FLOOD, step=5.0))
     assert core_of(doc) == "V1"
     assert "kv_saturation" not in by_rule(doc)
+
+
+def test_v0_healthy_server_gets_nothing_loud(tmp_path: Path) -> None:
+    doc = diagnose(tmp_path, v0_log([(12, 0, 0.2), (14, 0, 0.25), (13, 0, 0.22), (15, 0, 0.27), (12, 0, 0.21)], old=True))
+    assert core_of(doc) == "V0" and not loud(doc), loud(doc)
 
 
 def test_v0_queue_with_room_in_the_pool_is_not_kv(tmp_path: Path) -> None:
