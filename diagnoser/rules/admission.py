@@ -296,7 +296,8 @@ def _refusal(ctx: RuleContext, a: Admission) -> tuple[str | None, Any]:
     request of the running ones' mean size beside what admission keeps free; None on an engine without it)."""
     core = ctx.mech.engine_core(ctx.cfg, ctx.version)
     bs, wm = ctx.cfg("block_size"), ctx.cfg("kv_watermark")
-    got = ctx.mech.kv_refusal(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running, prompt=a.prompt, output=a.output,
+    # per pool: the running series sums the DP ranks, the usage is their mean, and each rank admits into its own pool
+    got = ctx.mech.kv_refusal(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running / dp_ranks(ctx), prompt=a.prompt, output=a.output,
                                        block_size=int(bs) if isinstance(bs, int | float) and not isinstance(bs, bool) and bs > 0 else None,
                                        core=core, watermark=float(wm) if isinstance(wm, int | float) and not isinstance(wm, bool) else None))
     if got is not None:
@@ -489,7 +490,7 @@ class FullPool:
     now_full: bool  # the latest busy reading is refused
     n_queued: int  # readings with a queue (and a usage reading)
     n_over: int  # of those, the requests in flight exceed what the pool holds at the running ones' size
-    fit: float | None  # requests the pool holds at the running ones' size, at the fullest refused reading
+    fit: float | None  # requests one pool (one DP rank) holds at the running ones' size, at the fullest refused reading
     fit_src: str
     holds: bool
     floor: float
@@ -553,7 +554,8 @@ def full_pool(ctx: RuleContext, a: Admission, n_wait: int, n_retract: int, min_s
     fit, fit_src = None, ""
     if n_full:
         k = int(np.argmin(np.where(full, fits, np.inf)))
-        fit, fit_src = float(fits[k]), f"{a.sources[k]} (running / usage)"
+        ranks = dp_ranks(ctx)
+        fit, fit_src = float(fits[k]) / ranks, f"{a.sources[k]} (running / usage" + (f" / {ranks} DP ranks)" if ranks > 1 else ")")
     confirmed = n_full > 0 and n_high > 0 and n_full >= share * n_high
     holds = confirmed and (
         (admits_full and (n_wait > 0 or n_retract > 0 or n_full >= share * n_busy))

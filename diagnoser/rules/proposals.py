@@ -167,16 +167,17 @@ def seqs_cut(ctx: RuleContext, ref: Any) -> list[Suggestion]:
     a = admission(ctx)
     fit, how = ref.fit, f"the pool holds about {ref.fit:,.1f} requests at the running requests' size when it refused (running / usage)"
     foot = a.full_length()
-    if a.pool and foot and a.pool * dp_ranks(ctx) / foot < fit:
-        fit = a.pool * dp_ranks(ctx) / foot
+    if a.pool and foot and a.pool / foot < fit:  # the cap is per engine (one DP rank's scheduler), like the pool
+        fit = a.pool / foot
         how = f"the pool of {a.pool:,} tokens holds about {fit:,.1f} requests at their full length ({foot:,.0f} tokens, mean prompt + output)"
     n = max(int(fit), 1)
     busy = (a.label != "report") & ((a.running > 0) | (a.queue > 0))
-    inflight = float(np.max(a.running[busy] + a.queue[busy])) if np.any(busy) else 0.0
+    inflight = float(np.max(a.running[busy] + a.queue[busy])) / dp_ranks(ctx) if np.any(busy) else 0.0  # per rank
     if inflight < n or (a.cap and not a.cap_inferred and n >= a.cap):
         return []  # the cap would not bind on the work seen, or it is already as low
     cur = a.cap if a.cap and not a.cap_inferred else None
-    why = (f"{how}, and up to {inflight:,.0f} requests were in flight (running + waiting): {ctx.word('engine')} admits them into the pool and "
+    per = ", per DP rank" if dp_ranks(ctx) > 1 else ""
+    why = (f"{how}, and up to {inflight:,.0f} requests were in flight (running + waiting{per}): {ctx.word('engine')} admits them into the pool and "
            f"{ctx.word('preempt')}s running requests that cannot get a block" + ("" if cur else
            "; the current value is not in the inputs (vLLM's API server defaults to 256, 1024 on a GPU of 70 GiB or more that is not an A100, "
            "128 per CPU rank)"))

@@ -160,6 +160,19 @@ def test_v1_full_pool_without_a_queue_is_found_and_sized(tmp_path: Path) -> None
     assert {"--gpu-memory-utilization", "--kv-cache-dtype"} <= {s["flag"] for s in kv["suggestions"]}
 
 
+def test_v1_data_parallel_cut_is_per_engine(tmp_path: Path) -> None:
+    """Two DP engines (``Engine 000`` / ``Engine 001``), each with its own pool and scheduler: --max-num-seqs
+    is per engine, so the cut is what one engine's pool holds, not the two summed."""
+    rows = [(8, 1, 0.93), (8, 1, 0.95), (8, 0, 0.96), (8, 1, 0.97)]
+    out = []
+    for i, (r, w, u) in enumerate(rows):
+        for eng in (0, 1):
+            out.append(line(FMT_0_10, T0 + i * 10.0, "loggers.py", 123, V1_STATS, eng, 0.0, 240.0, r, w, u * 100, 0.0))
+    kv = by_rule(diagnose(tmp_path, "\n".join(out) + "\n"))["kv_saturation"]
+    seqs = next(s for s in kv["suggestions"] if s["flag"] == "--max-num-seqs")
+    assert seqs["proposed"] == int(min(r / u for r, _w, u in rows))
+
+
 def test_v1_many_small_requests_at_high_usage_are_not_full(tmp_path: Path) -> None:
     """200 requests at 0.92: each holds under 0.5 % of the pool and 8 % is free, so vLLM admits more; nothing waits."""
     doc = diagnose(tmp_path, v1_log([(200, 0, 0.92), (205, 0, 0.93), (210, 0, 0.92), (204, 0, 0.93), (200, 0, 0.92)]))
