@@ -490,7 +490,7 @@ class FullPool:
     now_full: bool  # the latest busy reading is refused
     n_queued: int  # readings with a queue (and a usage reading)
     n_over: int  # of those, the requests in flight exceed what the pool holds at the running ones' size
-    fit: float | None  # requests one pool (one DP rank) holds at the running ones' size, at the fullest refused reading
+    fit: float | None  # requests one pool (one DP rank) holds at the running ones' size, the median over the refused readings
     fit_src: str
     holds: bool
     floor: float
@@ -553,7 +553,9 @@ def full_pool(ctx: RuleContext, a: Admission, n_wait: int, n_retract: int, min_s
     admits_full = not ctx.mech.queues_at_full_pool(a.core)
     fit, fit_src = None, ""
     if n_full:
-        k = int(np.argmin(np.where(full, fits, np.inf)))
+        # the median over the refused readings (a few grown requests at one reading do not set it alone)
+        on = full.nonzero()[0]
+        k = int(on[np.argsort(fits[on], kind="stable")[(len(on) - 1) // 2]])
         ranks = dp_ranks(ctx)
         fit, fit_src = float(fits[k]) / ranks, f"{a.sources[k]} (running / usage" + (f" / {ranks} DP ranks)" if ranks > 1 else ")")
     confirmed = n_full > 0 and n_high > 0 and n_full >= share * n_high

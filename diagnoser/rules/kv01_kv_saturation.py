@@ -78,7 +78,7 @@ Fix:
     weights, activations and non-torch memory, `determine_available_memory`): the device holds at least
     (weights + KV) / utilization, so the gain is a lower bound. Then `--kv-cache-dtype fp8`. When the
     refusal holds and as many requests or more were in flight, `--max-num-seqs` down to what the pool holds
-    at the running requests' size at the fullest refused reading (running / usage), or at their full length
+    at the running requests' size (running / usage, the median over the refused readings), or at their full length
     when the finished requests give it: above it vLLM admits into a full pool and preempts.
 
 Known false positives:

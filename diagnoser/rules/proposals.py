@@ -160,12 +160,12 @@ def seqs_cut(ctx: RuleContext, ref: Any) -> list[Suggestion]:
     and more work than that was in flight. Only on an engine that reserves nothing for future output (vLLM:
     it admits into the pool and preempts, recomputing, the running requests that cannot grow;
     v1/core/sched/scheduler.py, core/scheduler.py). The value is what the pool holds at the running
-    requests' size at the fullest refused reading (running / usage), and at most at their full length (pool /
+    requests' size (running / usage, the median over the refused readings), and at most at their full length (pool /
     mean prompt + output of the finished requests) when that is known: an upper bound, as they still grow."""
     if ctx.mech.reserves_output or not ref.fit or not ref.n_full:
         return []
     a = admission(ctx)
-    fit, how = ref.fit, f"the pool holds about {ref.fit:,.1f} requests at the running requests' size when it refused (running / usage)"
+    fit, how = ref.fit, f"the pool holds about {ref.fit:,.1f} requests at the running requests' size when it refused (running / usage, median)"
     foot = a.full_length()
     if a.pool and foot and a.pool / foot < fit:  # the cap is per engine (one DP rank's scheduler), like the pool
         fit = a.pool / foot
