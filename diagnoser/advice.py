@@ -171,8 +171,8 @@ def _enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any]) -
 def _enrich_pool_scaling(f: Finding, tl: Timeline) -> None:
     """A non-SGLang target (vLLM): the what-if is KV-pool scaling from the observed pool, not SGLang's
     memory model. FP8 KV doubles the tokens; a larger ``--num-gpu-blocks-override`` scales them by the
-    blocks. Hook: vLLM's memory arithmetic (engines/vllm/memory.py, ``plan --engine vllm``) sizes
-    ``--gpu-memory-utilization`` and ``--max-model-len`` when it is integrated here."""
+    blocks. ``--gpu-memory-utilization`` is sized by the rule itself, through vLLM's memory arithmetic
+    (``ctx.mech.memory_what_if``: engines/vllm/memory.py); ``--max-model-len`` is not proposed."""
     from diagnoser.capacity.serverstate import prompt_tokens
     from diagnoser.evaluate import request_tokens
 

@@ -52,6 +52,8 @@ class KVInputs:
     output: float | None  # mean output of a request (tokens)
     ratio: Any = None  # SGLang's new_token_ratio per reading (None elsewhere)
     block_size: int | None = None  # vLLM: tokens per KV block
+    core: str | None = None  # the engine core that admits ("V0" / "V1" on vLLM; None: unknown or one core only)
+    watermark: float | None = None  # share of the blocks admission keeps free (None: the core's default)
 
 
 class Mechanism(Protocol):
@@ -72,6 +74,31 @@ class Mechanism(Protocol):
     def kv_blocked(self, kv: KVInputs) -> Any:
         """Per reading, whether the next waiting request does not fit the pool by the engine's admission
         arithmetic (a bool array), or None when the inputs lack the sizes."""
+        ...
+
+    def kv_refusal(self, kv: KVInputs) -> Any:
+        """Per reading, why the pool takes no further request of the running ones' mean size, in the engine's
+        own KV terms: ``"kv_full"`` (fewer free blocks than that request needs), ``"kv_watermark"`` (it fits,
+        but not beside the blocks admission keeps free) or ``""`` (an object array); None when the engine
+        has no such test (SGLang's is :meth:`kv_blocked`, its reservation)."""
+        ...
+
+    def engine_core(self, cfg: Any, version: tuple[int, int, int] | None = None) -> str | None:
+        """Which of the engine's schedulers runs this server (vLLM: "V0" / "V1"), from the config facts and
+        the version; None when one core only, or unknown."""
+        ...
+
+    def queues_at_full_pool(self, core: str | None) -> bool:
+        """Whether a full pool shows as waiting requests (admission holds them back). False where the
+        scheduler admits into a nearly full pool and preempts running requests instead (vLLM V1), so a rule
+        must not demand a queue to call the pool full."""
+        ...
+
+    def memory_what_if(self, cfg: Any, flag: str, current: Any, proposed: Any,
+                       version: tuple[int, int, int] | None = None) -> dict[str, Any] | None:
+        """What a memory flag change does to the KV pool by the engine's memory arithmetic, from the
+        start-up facts: ``{"tokens_now", "tokens_gained", "bound", "how", "assumptions", "cites"}``; None
+        when the facts do not give it."""
         ...
 
     def state_of(self, cfg: Any, version: tuple[int, int, int] | None = None) -> Any:
@@ -102,6 +129,19 @@ class NullMechanism:
         return None
 
     def kv_blocked(self, kv: KVInputs) -> Any:
+        return None
+
+    def kv_refusal(self, kv: KVInputs) -> Any:
+        return None
+
+    def engine_core(self, cfg: Any, version: tuple[int, int, int] | None = None) -> str | None:
+        return None
+
+    def queues_at_full_pool(self, core: str | None) -> bool:
+        return True
+
+    def memory_what_if(self, cfg: Any, flag: str, current: Any, proposed: Any,
+                       version: tuple[int, int, int] | None = None) -> dict[str, Any] | None:
         return None
 
     def state_of(self, cfg: Any, version: tuple[int, int, int] | None = None) -> Any:

@@ -77,6 +77,8 @@ class Admission:
     kv_how: str = ""  # "arithmetic" | "inferred" | "usage"
     open: Any = None  # readings with a queue that no earlier limit (transfer, state, slots, budget) held
     kv_arith: Any = None  # readings where the reservation arithmetic (or the inference) says the next request does not fit
+    core: str | None = None  # the engine core that admits (vLLM "V0" / "V1"; ctx.mech.engine_core)
+    refusal: Any = None  # per reading: the engine's KV refusal ("kv_full" / "kv_watermark" / ""), None without such a test
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -174,6 +176,7 @@ def _build(ctx: RuleContext) -> Admission:
         lab[wait & (lab == "none") & (a.prompt > a.budget - run)] = "budget"
     a.open = wait & (lab == "none")
     a.kv_arith = np.zeros(len(p), dtype=bool)
+    a.core, a.refusal = _refusal(ctx, a)
     arith = _reservation_full(ctx, a, _ratio_at(ctx, a))
     if arith is not None:
         a.kv_arith |= a.open & arith
@@ -182,6 +185,12 @@ def _build(ctx: RuleContext) -> Admission:
     if arith is not None and np.any(wait & (lab == "none") & arith):
         a.kv_how = "arithmetic"
         lab[wait & (lab == "none") & arith] = "kv"
+    if a.refusal is not None:  # the engine's own KV refusal (vLLM: the next request's blocks against free less the watermark)
+        ref = wait & (lab == "none") & (a.refusal != "")
+        if np.any(ref):
+            a.kv_how = a.kv_how or "refusal"
+            lab[ref] = "kv"
+            a.kv_arith |= a.open & ref
     if np.any(wait & (lab == "none") & by_usage):
         a.kv_how = a.kv_how or "usage"
         lab[wait & (lab == "none") & by_usage] = "kv"
@@ -280,6 +289,20 @@ def _reservation_full(ctx: RuleContext, a: Admission, ratio: Any) -> Any:
     bs = ctx.cfg("block_size")
     return ctx.mech.kv_blocked(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running, prompt=a.prompt, output=a.output,
                                         ratio=ratio, block_size=int(bs) if isinstance(bs, int | float) and bs > 0 else None))
+
+
+def _refusal(ctx: RuleContext, a: Admission) -> tuple[str | None, Any]:
+    """(the engine core, per reading its KV refusal by ``ctx.mech.kv_refusal``: the pool cannot take one more
+    request of the running ones' mean size beside what admission keeps free; None on an engine without it)."""
+    core = ctx.mech.engine_core(ctx.cfg, ctx.version)
+    bs, wm = ctx.cfg("block_size"), ctx.cfg("kv_watermark")
+    # per pool: the running series sums the DP ranks, the usage is their mean, and each rank admits into its own pool
+    got = ctx.mech.kv_refusal(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running / dp_ranks(ctx), prompt=a.prompt, output=a.output,
+                                       block_size=int(bs) if isinstance(bs, int | float) and not isinstance(bs, bool) and bs > 0 else None,
+                                       core=core, watermark=float(wm) if isinstance(wm, int | float) and not isinstance(wm, bool) else None))
+    if got is not None:
+        got = np.where(a.label == "report", "", got)
+    return core, got
 
 
 def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
@@ -452,6 +475,96 @@ def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: l
             "although usage reads lower (inferred: the request sizes are not in the inputs)")
 
 
+# -- the engine's KV refusal (vLLM) ------------------------------------------------------------------
+@dataclass
+class FullPool:
+    """Where the engine's own KV test (``ctx.mech.kv_refusal``) says the pool takes no further request of the
+    running requests' mean size, and whether that is kv_saturation's finding."""
+
+    full: Any  # per reading (bool): refused
+    n_full: int
+    n_high: int  # busy readings at usage >= the test's floor
+    n_busy: int
+    kinds: dict[str, int]
+    admits_full: bool  # the core admits into a full pool and preempts (no queue needed)
+    now_full: bool  # the latest busy reading is refused
+    n_queued: int  # readings with a queue (and a usage reading)
+    n_over: int  # of those, the requests in flight exceed what the pool holds at the running ones' size
+    fit: float | None  # requests one pool (one DP rank) holds at the running ones' size, the median over the refused readings
+    fit_src: str
+    holds: bool
+    floor: float
+
+    def sentence(self, ctx: RuleContext, evs: list[Any], why_no_queue: bool = True) -> str:
+        """The finding's words for the refusal, with its evidence appended to ``evs`` (``why_no_queue``: say
+        why a core that admits into a full pool shows no queue; not needed when the queue showed it)."""
+        k = int(self.full.nonzero()[0][0]) if self.n_full else 0
+        src = admission(ctx).sources[k]
+        evs.append(evidence(f"readings at usage >= {self.floor:.2f} where the pool took no further request of the running ones' size",
+                            self.n_full, None, ctx.window_text(), src))
+        why = "; ".join(f"{n} with {ctx.word(kind)}" for kind, n in self.kinds.items() if n)
+        cites = ctx.word("kv_refusal_cites")
+        txt = (f"by {ctx.word('engine')}'s own admission test the pool could not take one more request of the running requests' mean size in "
+               f"{self.n_full} of the {self.n_high} reading(s) at usage >= {self.floor:.2f}: {why}" + (f" ({cites})" if cites != "kv_refusal_cites" else ""))
+        if self.fit:
+            evs.append(evidence("requests the pool holds at the running requests' size (running / usage)", round(self.fit, 1), None, "", self.fit_src))
+            txt += f"; at their size the pool holds about {self.fit:,.1f} requests"
+        if self.n_over:
+            evs.append(evidence("readings with a queue where the requests in flight exceed what the pool holds", self.n_over, None,
+                                ctx.window_text(), ""))
+            txt += (f", fewer than were in flight (running + waiting) in {self.n_over} of the {self.n_queued} reading(s) with a queue"
+                    + (", and it refused at the latest reading" if self.now_full else ""))
+        if self.admits_full and why_no_queue:
+            txt += f" — {ctx.word('admits_full')}"
+        return txt
+
+
+def full_pool(ctx: RuleContext, a: Admission, n_wait: int, n_retract: int, min_share: float | None = None) -> FullPool | None:
+    """kv_saturation's path on the engine's own KV refusal (None when the engine has none). It holds when the
+    refusal covers ``min_share`` of the busy readings at usage >= ``waiting_usage`` (the mechanism confirms
+    the high usage is a pool that takes no more, not many small requests) and either
+
+    * the core admits into a full pool and preempts instead of queueing (vLLM V1,
+      ``ctx.mech.queues_at_full_pool``), and requests waited, were preempted, or the refusal covers
+      ``min_share`` of the busy readings; or
+    * the pool refuses at the latest busy reading and, in ``min_share`` of the readings with a queue, the
+      requests in flight (running + waiting) are more than the pool holds at the running requests' size
+      (running / usage: a lower bound of their footprint, since they still grow), so the queue cannot be
+      admitted into it."""
+    if a.refusal is None or not len(a.running):
+        return None
+    t = ctx.thresholds
+    share = t.get("min_share", 0.6) if min_share is None else min_share
+    floor = float(t.get("waiting_usage", 0.9))
+    valid = a.label != "report"
+    u = np.nan_to_num(a.usage)
+    busy = valid & (a.running > 0)
+    full = busy & (a.refusal != "")
+    high = busy & (u >= floor)
+    n_full, n_high, n_busy = int(np.count_nonzero(full)), int(np.count_nonzero(high)), int(np.count_nonzero(busy))
+    kinds = {k: int(np.count_nonzero(full & (a.refusal == k))) for k in ("kv_full", "kv_watermark")}
+    idx = busy.nonzero()[0]
+    now_full = bool(len(idx)) and bool(full[idx[-1]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fits = np.where(u > 0, a.running / np.where(u > 0, u, 1.0), np.inf)
+    queued = valid & (a.queue > 0) & (u > 0)
+    over = queued & ((a.running + a.queue) > fits)
+    n_q, n_over = int(np.count_nonzero(queued)), int(np.count_nonzero(over))
+    admits_full = not ctx.mech.queues_at_full_pool(a.core)
+    fit, fit_src = None, ""
+    if n_full:
+        # the median over the refused readings (a few grown requests at one reading do not set it alone)
+        on = full.nonzero()[0]
+        k = int(on[np.argsort(fits[on], kind="stable")[(len(on) - 1) // 2]])
+        ranks = dp_ranks(ctx)
+        fit, fit_src = float(fits[k]) / ranks, f"{a.sources[k]} (running / usage" + (f" / {ranks} DP ranks)" if ranks > 1 else ")")
+    confirmed = n_full > 0 and n_high > 0 and n_full >= share * n_high
+    holds = confirmed and (
+        (admits_full and (n_wait > 0 or n_retract > 0 or n_full >= share * n_busy))
+        or (now_full and n_q > 0 and n_over >= share * n_q))
+    return FullPool(full, n_full, n_high, n_busy, kinds, admits_full, now_full, n_q, n_over, fit, fit_src, holds, floor)
+
+
 # -- retractions -------------------------------------------------------------------------------------
 def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     """(retraction events, retracted requests, source of the first event); memoised for the pass. The
@@ -486,5 +599,5 @@ def retraction_count(ctx: RuleContext) -> tuple[int, str]:
     return n, src
 
 
-__all__ = ["Admission", "CLASSES", "admission", "dp_ranks", "finished_sizes", "fit_at_full_length",
-           "full_length", "kv_reason", "per_pass", "prefill_budget", "retraction_count", "retractions", "server_state_of"]
+__all__ = ["Admission", "CLASSES", "FullPool", "admission", "dp_ranks", "finished_sizes", "fit_at_full_length",
+           "full_length", "full_pool", "kv_reason", "per_pass", "prefill_budget", "retraction_count", "retractions", "server_state_of"]

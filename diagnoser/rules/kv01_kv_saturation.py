@@ -45,6 +45,21 @@ Evidence:
     own (`ctx.mech`): SGLang's `PrefillAdder` reservation arithmetic, vLLM's free-block test
     (`kv_cache_manager.allocate_slots`: the next prompt's blocks against the free blocks, nothing reserved).
 
+    vLLM's refusal. On vLLM the mechanism also answers, per reading at usage >= `waiting_usage` (0.9), why
+    the pool takes no further request of the running requests' mean size (usage x pool / running):
+    `kv_full`, fewer free blocks than it needs, or `kv_watermark`, its blocks are free but not beside the
+    blocks admission keeps free. The reserve depends on the engine core (the `engine_core` fact, V0 or V1,
+    from the stats line's shape, the start-up line or V0/V1-only series): V0's `BlockSpaceManager` keeps 1 %
+    of the blocks (`vllm/core/block_manager.py` `can_allocate` at v0.2.7 and v0.10.2), V1's `KVCacheManager`
+    none (`vllm/v1/core/kv_cache_manager.py` at v0.10.2; `--watermark`, 0 by default, at 0.32.0). A
+    refused reading with a queue is a KV-held reading. V1 admits a request while its first chunk's blocks
+    are free and preempts a running request when another cannot get a block
+    (`vllm/v1/core/sched/scheduler.py`), so its full pool need not show a queue: on V1 the finding holds
+    when the refusal covers `min_share` of the busy readings at usage >= 0.9 and requests waited, were
+    preempted, or the refusal covers `min_share` of all busy readings. On either core it also holds when
+    the latest busy reading is refused and, in `min_share` of the readings with a queue, the requests in
+    flight (running + waiting) are more than the pool holds at the running requests' size.
+
 Fix:
     Grow the pool or shrink per-token cost: raise `--mem-fraction-static` while keeping 5–8 GB free
     for activations and graphs (SGLang's tuning guide: `available_gpu_mem` 5–8 GB is right); when the pool is
@@ -56,6 +71,16 @@ Fix:
     pool (the capacity model adds the numbers). HiCache does not help here: it grows the prefix cache,
     not the decode pool. `--cpu-offload-gb` is never suggested: it slows every step.
 
+    On vLLM: `--num-gpu-blocks-override` when it sized the pool; else `--gpu-memory-utilization` + 0.05 (at
+    most 0.95; not on the CPU build, nor under `--kv-cache-memory-bytes` or a block override, where vLLM
+    does not read it). When the current value and the start-up lines "Available KV cache memory" and the KV
+    cache size are in the log, the KV tokens it gains are sized by vLLM's budget (`total x utilization` less
+    weights, activations and non-torch memory, `determine_available_memory`): the device holds at least
+    (weights + KV) / utilization, so the gain is a lower bound. Then `--kv-cache-dtype fp8`. When the
+    refusal holds and as many requests or more were in flight, `--max-num-seqs` down to what the pool holds
+    at the running requests' size (running / usage, the median over the refused readings), or at their full length
+    when the finished requests give it: above it vLLM admits into a full pool and preempts.
+
 Known false positives:
     Usage above 0.9 with a short or empty queue is SGLang's own definition of healthy ([tuning
     guide](docs/sglang.md#tuning-guide)); this rule needs waiting requests or retractions as well, and the
@@ -64,6 +89,8 @@ Known false positives:
     footprint path uses the mean length of the requests that finished in the window: when only a few short
     requests finished, or lengths vary widely, the estimate is rough (confidence low), and it needs requests
     waiting in most readings as well.
+    On vLLM V1 a full pool with nothing waiting is found when the mechanism says it takes no more requests of
+    the running ones' size: many small requests at 0.92 usage leave room for more and are not.
 
 References:
     - How diagnoser reads SGLang: [`token_usage` and `num_used_tokens`](docs/sglang.md#metrics-scheduler),
@@ -88,6 +115,7 @@ from diagnoser.rules.admission import (
     admission,
     dp_ranks,
     fit_at_full_length,
+    full_pool,
     kv_reason,
     retraction_count,
     retractions,
@@ -103,7 +131,7 @@ from diagnoser.rules.base import (
     tokens_per_request,
 )
 from diagnoser.rules.er01_oom import oom_detail
-from diagnoser.rules.proposals import pool_suggestions
+from diagnoser.rules.proposals import pool_suggestions, seqs_cut
 
 __all__ = ["KVSaturation", "dp_ranks", "retraction_count", "retractions"]  # the last three: shared with kv02, compare, tests
 
@@ -153,19 +181,26 @@ class KVSaturation(Rule):
         only_arith = not np.any(kv & by_usage)  # then requests must also wait in most readings (a brief queue is no limit)
         path_kv = n_wait > 0 and wshare >= t["min_share"] and (not only_arith or np.count_nonzero(a.queue > 0) >= t["min_share"] * len(a.queue))
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (n_wait > 0 or fshare >= t["min_share"])
-        if not (path_kv or path_retract):
+        ref = full_pool(ctx, a, n_wait, n_retract)
+        path_full = ref is not None and ref.holds
+        if not (path_kv or path_retract or path_full):
             return None
         only_arith = only_arith and path_kv
+        refused_kv = a.refusal is not None and bool(np.any(kv & (a.refusal != "")))  # the engine's refusal held queued readings
         running, queue = ctx.stats("running_reqs"), ctx.stats("queue_reqs")
         pool, pool_src = a.pool, a.pool_src
         evs = [ev(ctx, "token_usage", peak, (wait_high if deep else high) if peak >= high or (path_kv and not only_arith) else
-                  t["retract_usage_floor"] if path_retract else None, at="max")]
+                  t["retract_usage_floor"] if path_retract else t["waiting_usage"] if path_full else None, at="max")]
         parts = [f"KV token usage peaked at {peak:.2f}"]
+        if ref is not None and (path_full or refused_kv):
+            parts.append(ref.sentence(ctx, evs, why_no_queue=not path_kv))
         if path_kv:
             src = a.sources[int(kv.nonzero()[0][0])]
             evs.append(evidence("share of readings with a queue where the next request did not fit the KV pool", round(wshare, 2), t["min_share"],
                                 ctx.window_text(), src))
-            if only_arith:
+            if only_arith and refused_kv:
+                parts.append(f"the next request did not fit in {wshare:.0%} of the {n_wait} reading(s) with a queue")
+            elif only_arith:
                 parts.append(kv_reason(ctx, a, wshare, n_wait, evs))
             else:
                 parts.append(f"it was >= {wait_high if deep else high:.2f} (or the next request did not fit) while requests waited in {wshare:.0%} "
@@ -190,6 +225,8 @@ class KVSaturation(Rule):
         ushare = float(np.count_nonzero(kv & by_usage)) / n_wait if n_wait else 0.0  # critical: the pool reads full, not only reserved
         crit = (ushare >= t["critical_share"] or fshare >= t["critical_share"]) and n_wait > 0 and n_retract > 0
         conf = "high" if path_kv and path_retract else "low" if only_arith and not path_retract else "medium"
+        if path_full and not (path_kv or path_retract):
+            conf = "medium" if ref is not None and ref.n_full >= 3 else "low"
         tpr, _ = tokens_per_request(ctx)
         foot, _fit = fit_at_full_length(ctx)
         tpr = max(tpr or 0.0, foot or 0.0) or None
@@ -199,6 +236,8 @@ class KVSaturation(Rule):
             notes.append(f"{running['p50']:.0f} request(s) hold the whole pool (about {fmt_int(tpr)} tokens each): "
                          "bound max_tokens on the client first (see runaway_generation); no flag change is proposed.")
         sugg = [] if few else pool_suggestions(ctx, pool)
+        if not few and ref is not None and ref.n_full:
+            sugg += seqs_cut(ctx, ref)
         return self.finding(ctx, "; ".join(parts) + ".", evs, sugg, confidence=conf, severity=Severity.CRITICAL if crit else self.severity, notes=notes)
 
     def _ran_out(self, ctx: RuleContext) -> Finding | None:

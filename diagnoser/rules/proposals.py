@@ -134,17 +134,60 @@ def vllm_pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion
     known = isinstance(gmu, int | float) and not isinstance(gmu, bool)
     cur = float(gmu) if known else 0.9  # EngineArgs default (vllm/engine/arg_utils.py)
     if cur < 0.95:
-        out.append(suggest(ctx, "gpu_memory_utilization", gmu if known else None, round(min(cur + 0.05, 0.95), 2) if known else "current + 0.05, at most 0.95",
+        proposed = round(min(cur + 0.05, 0.95), 2)
+        effect, assumptions = "each +0.01 adds about 1 % of the GPU's total memory to the KV pool", ["no other process uses the GPU's remaining memory"]
+        wif = ctx.mech.memory_what_if(ctx.cfg, ctx.flag("gpu_memory_utilization"), float(gmu), proposed, ctx.version) if known else None
+        if wif:  # the engine's memory arithmetic, from the start-up lines (a lower bound: the device's total is not logged)
+            now, gained = int(wif["tokens_now"]), int(wif["tokens_gained"])
+            effect = (f"KV pool {now:,} → at least {now + gained:,} tokens (+{gained:,}, {gained / now:.0%}; a lower bound): {wif['how']} "
+                      f"({wif['cites']})")
+            assumptions = list(wif["assumptions"]) + assumptions
+        out.append(suggest(ctx, "gpu_memory_utilization", gmu if known else None, proposed if known else "current + 0.05, at most 0.95",
                            "--gpu-memory-utilization is the share of the whole GPU vLLM may use for weights, activations and KV; the KV pool "
                            "gets what the profiled weights and activations leave of it" + ("" if known else "; the current value is not in the inputs "
                                                                                           "(vLLM's default is 0.9)"),
-                           "each +0.01 adds about 1 % of the GPU's total memory to the KV pool",
-                           ("no other process uses the GPU's remaining memory",)))
+                           effect, tuple(assumptions)))
     dtype = ctx.cfg("kv_cache_dtype")
     if dtype in (None, "auto", "bf16", "float16", "bfloat16", "fp16"):
         out.append(suggest(ctx, "kv_cache_dtype", dtype, "fp8", "an 8-bit KV cache stores twice the tokens in the same memory",
                            "about 2x the KV tokens at the same --gpu-memory-utilization", ("the model tolerates fp8 KV (check quality on your evals)",)))
     return out
+
+
+def seqs_cut(ctx: RuleContext, ref: Any) -> list[Suggestion]:
+    """The running-request cap down to what the pool holds, when the engine's own KV test says the pool
+    could not take one more of the running requests (``ref``: :class:`~diagnoser.rules.admission.FullPool`)
+    and more work than that was in flight. Only on an engine that reserves nothing for future output (vLLM:
+    it admits into the pool and preempts, recomputing, the running requests that cannot grow;
+    v1/core/sched/scheduler.py, core/scheduler.py). The value is what the pool holds at the running
+    requests' size (running / usage, the median over the refused readings), and at most at their full length (pool /
+    mean prompt + output of the finished requests) when that is known: an upper bound, as they still grow."""
+    if ctx.mech.reserves_output or not ref.fit or not ref.n_full:
+        return []
+    a = admission(ctx)
+    fit, how = ref.fit, f"the pool holds about {ref.fit:,.1f} requests at the running requests' size when it refused (running / usage, median)"
+    foot = a.full_length()
+    if a.pool and foot and a.pool / foot < fit:  # the cap is per engine (one DP rank's scheduler), like the pool
+        fit = a.pool / foot
+        how = f"the pool of {a.pool:,} tokens holds about {fit:,.1f} requests at their full length ({foot:,.0f} tokens, mean prompt + output)"
+    n = max(int(fit), 1)
+    busy = (a.label != "report") & ((a.running > 0) | (a.queue > 0))
+    inflight = float(np.max(a.running[busy] + a.queue[busy])) / dp_ranks(ctx) if np.any(busy) else 0.0  # per rank
+    if inflight < n or (a.cap and not a.cap_inferred and n >= a.cap):
+        return []  # the cap would not bind on the work seen, or it is already as low
+    cur = a.cap if a.cap and not a.cap_inferred else None
+    per = ", per DP rank" if dp_ranks(ctx) > 1 else ""
+    why = (f"{how}, and up to {inflight:,.0f} requests were in flight (running + waiting{per}): {ctx.word('engine')} admits them into the pool and "
+           f"{ctx.word('preempt')}s running requests that cannot get a block" + ("" if cur else
+           "; the current value is not in the inputs (vLLM's API server defaults to 256, 1024 on a GPU of 70 GiB or more that is not an A100, "
+           "128 per CPU rank)"))
+    effect = (f"at most {n} requests run at once, about what the pool holds: the rest wait in the queue instead of being admitted "
+              f"into a full pool and {ctx.word('preempted')} (recomputed) as they grow" if inflight > n else
+              f"the {n} requests in flight already fill the pool: a cap of {n} keeps any further request out of it instead of "
+              f"{ctx.word('preempt')}ing running ones for it")
+    return [suggest(ctx, "max_running_requests", cur, n, why, effect,
+                    ("the requests still grow by their output: fewer fit at full length, so lower it further if preemptions continue",
+                     "with a larger pool (the changes above), size it again for the new pool"))]
 
 
 def compound_after_pool(ctx: RuleContext, first: Suggestion, new_pool: int) -> list[Any]:

@@ -47,6 +47,18 @@ class SGLangMechanism:
         full = kv.running >= FIT_SHARE * kv.pool / max(kv.prompt + kv.output, 1.0)
         return ((free - reserved) < need) | full
 
+    def kv_refusal(self, kv: KVInputs) -> Any:
+        return None  # SGLang's KV test is the reservation (kv_blocked)
+
+    def engine_core(self, cfg: Any, version: Any = None) -> str | None:
+        return None  # one scheduler
+
+    def queues_at_full_pool(self, core: str | None) -> bool:
+        return True  # PrefillAdder holds the waiting requests back (NO_TOKEN) before the pool runs out
+
+    def memory_what_if(self, cfg: Any, flag: str, current: Any, proposed: Any, version: Any = None) -> dict[str, Any] | None:
+        return None  # SGLang's memory what-ifs are the capacity planner's (advice.py)
+
     def state_of(self, cfg: Any, version: Any = None) -> Any:
         return None  # capacity/serverstate.py builds SGLang's ServerState (it reads signals too)
 

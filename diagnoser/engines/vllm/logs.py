@@ -113,6 +113,7 @@ ARG_FACTS: dict[str, str] = {
     "served_model_name": "served_model_name",
     "preemption_mode": "preemption_mode",
     "max_cudagraph_capture_size": "max_cudagraph_capture_size",
+    "watermark": "kv_watermark",  # --watermark (0.32: SchedulerConfig.watermark, the blocks V1 admission keeps free)
 }
 _NS_PAIR_RE = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|[^,()]+)")
 
@@ -308,6 +309,7 @@ class VLLMLogParser:
             if im:
                 self._version(im.group(2), src)
                 self._shapes.add("v1" if im.group(1) == "V1" else "v0")
+                self._engine_core("V1" if im.group(1) == "V1" else "V0", src, "start-up line", override=True)
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
@@ -432,12 +434,21 @@ class VLLMLogParser:
         shape = "v0" if v0 else "v1"
         if shape not in self._shapes:
             self._shapes.add(shape)
+            self._engine_core("V0" if v0 else "V1", src, "stats line: Running / Swapped / Pending" if v0 else "stats line: Running / Waiting")
             if v0:
                 self.version.at_most((0, 10, 2), "the V0 stats line (Running / Swapped / Pending)")
             else:
                 self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
         self.kinds["stats"] += 1
         return got
+
+    def _engine_core(self, core: str, src: str, why: str, override: bool = False) -> None:
+        """The ``engine_core`` fact ("V0" / "V1"): which scheduler admits, read from the stats line's shape
+        (V0's ``Swapped`` / ``Pending`` in vllm/engine/metrics.py, V1's ``Waiting`` in
+        vllm/v1/metrics/loggers.py, both at v0.10.2) or the start-up line ("Initializing a V1 LLM engine";
+        an engine line without a core is V0's, as at v0.4.3). The first stats line decides unless the
+        start-up line says otherwise. (The admission mechanism reads it: engines/vllm/scheduler_model.py.)"""
+        self.sink.set_config("engine_core", core, f"{src} ({why})", override=override)
 
     def _version(self, text: str, src: str) -> None:
         pv = parse_version(text)

