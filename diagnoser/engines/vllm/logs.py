@@ -25,6 +25,14 @@ N, # CPU blocks: M``, ``KV cache size: N tokens``, ``Maximum concurrency for L t
 older ``args: Namespace(…)``, ``Initializing a[n] [V1] LLM engine (vX) with config: …`` with its
 CUDA-graph capture sizes, ``Model loading took X GiB``), speculative-decoding metrics lines, tracebacks
 and exceptions (Python's own format, read by the same reader as SGLang's), and uvicorn access lines.
+
+Two things are read from the stats lines beyond their fields (each in its own function):
+
+* the config fact ``vllm_engine`` (``V0`` / ``V1``): which of vLLM's two engines printed them
+  (:func:`engine_from_stats`; the start-up line ``Initializing a V0 / V1 LLM engine`` says it too,
+  :func:`engine_from_init`). The scheduler differs: V0 without chunked prefill runs prefill-only steps.
+* the canonical signal ``output_floor_tokens`` (:class:`OutputFloor`): a lower bound on the output of one
+  request, from the generation throughput of intervals in which no prompt was admitted.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from collections import Counter
 from typing import Any
 
 from diagnoser.engines.sglang import logevents
+from diagnoser.engines.vllm import config
 from diagnoser.engines.vllm.versions import VersionRange, parse_version
 from diagnoser.model import BadLine, LogEvent, SignalSink
 
@@ -129,6 +138,75 @@ def _value(text: str) -> Any:
         return t
 
 
+def engine_from_stats(sink: SignalSink, v0: bool, src: str) -> None:
+    """``vllm_engine`` from the stats line's shape: V0's ``LoggingStatLogger`` prints ``Swapped: … Pending:``
+    (``vllm/engine/llm_engine.py`` at v0.2.7, ``vllm/engine/metrics.py`` at v0.4.3 … v0.10.2), V1's
+    ``Waiting:`` (``vllm/v1/metrics/loggers.py`` at v0.8.5 … v0.32.0). The first evidence read stands."""
+    sink.set_config("vllm_engine", "V0" if v0 else "V1",
+                    f"{src} (the stats line's shape: {'Swapped / Pending' if v0 else 'Waiting'})", override=False)
+
+
+def engine_from_init(sink: SignalSink, tag: str | None, version: str, src: str) -> None:
+    """``vllm_engine`` from the start-up line: ``Initializing a V0 / V1 LLM engine (vX)`` (0.8.5 and later,
+    ``vllm/engine/llm_engine.py`` and ``vllm/v1/engine/core.py``); an untagged ``Initializing an LLM engine``
+    is V0's before vLLM had a V1 engine (0.4.3), and ambiguous in 0.6.6, where the experimental V1 core
+    prints the same words."""
+    if tag in ("V0", "V1"):
+        sink.set_config("vllm_engine", tag, f"{src} (Initializing a {tag} LLM engine)", override=False)
+    else:
+        config.engine_from_version(version, sink, src)
+
+
+class OutputFloor:
+    """A lower bound on the output of one request, from consecutive stats lines (the signal
+    ``output_floor_tokens``).
+
+    Each stats line's throughputs are the tokens of its interval over the seconds since the previous
+    line (``_get_throughput`` in ``vllm/v1/metrics/loggers.py`` at v0.10.2, ``vllm/engine/metrics.py`` at
+    v0.6.6). A chain starts at a line with requests running and none waiting or swapped: only those
+    requests can generate until one is admitted, and an admitted request computes its prompt (V1 counts
+    the prompt when its prefill completes, ``IterationStats.update_from_output``; V0 in the prefill step),
+    so the chain lasts while the following lines show no prompt throughput. The tokens generated over the
+    chain belong to at most the requests running at its start: one of them generated at least their
+    share (a V0 request counts all its sampled sequences: V0's ``Running`` counts sequence groups). Seconds are taken conservatively: at most the usual gap between lines (V1 logs an idle interval
+    at debug level, so a gap can span unlogged intervals), less one second for whole-second stamps, and
+    each throughput less its last printed digit's half."""
+
+    __slots__ = ("start_running", "tokens", "last_ts", "gaps")
+
+    def __init__(self) -> None:
+        self.start_running = 0.0
+        self.tokens = 0.0
+        self.last_ts: float | None = None
+        self.gaps: list[float] = []
+
+    def _start(self, vals: dict[str, float]) -> None:
+        run = vals.get("running_reqs", 0.0)
+        idle = vals.get("queue_reqs", 1.0) == 0 and vals.get("swapped_reqs", 0.0) == 0
+        self.start_running = run if run >= 1 and idle else 0.0
+        self.tokens = 0.0
+
+    def feed(self, ts: float, line_no: int, vals: dict[str, float]) -> float | None:
+        prev, self.last_ts = self.last_ts, ts
+        if prev is None or ts <= prev or "gen_throughput_tps" not in vals or "prompt_tps" not in vals:
+            self._start(vals)
+            return None
+        gap = ts - prev
+        self.gaps.append(gap)
+        if len(self.gaps) > 64:
+            del self.gaps[0]
+        if not self.start_running or vals["prompt_tps"] > 0:
+            self._start(vals)  # a prompt was admitted (or nothing ran): the chain starts again here
+            return None
+        usual = sorted(self.gaps)[len(self.gaps) // 2]
+        seconds = max(0.0, min(gap, usual) - (0.0 if ts % 1 else 1.0))
+        self.tokens += max(0.0, vals["gen_throughput_tps"] - 0.05) * seconds
+        out = self.tokens / self.start_running
+        if vals.get("running_reqs", 0.0) < 1:  # every request of the chain finished: nothing can join it
+            self._start(vals)
+        return round(out, 1)
+
+
 class VLLMLogParser:
     """Reads one vLLM log, line by line (:meth:`feed`)."""
 
@@ -153,6 +231,7 @@ class VLLMLogParser:
         self._shapes: set[str] = set()
         self._preempt_cum = 0  # the last total_num_cumulative_preemption read
         self._shutdown = False  # the server began to shut down ([shutdown] lines, uvicorn's Shutting down)
+        self._floor: dict[str, OutputFloor] = {}  # per engine rank: the output floor's running chain
 
     # events before the first stamped line get the first stamp (at finish)
     def emit_event(self, e: LogEvent) -> None:
@@ -308,6 +387,7 @@ class VLLMLogParser:
             if im:
                 self._version(im.group(2), src)
                 self._shapes.add("v1" if im.group(1) == "V1" else "v0")
+                engine_from_init(self.sink, im.group(1), im.group(2), src)
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
@@ -429,6 +509,8 @@ class VLLMLogParser:
             self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, {"requests": n, "mode": "recompute"}, rank))
             sink.add("retracted_reqs", ts, float(n), src, rank)
             self.kinds["retraction"] += 1
+        engine_from_stats(sink, v0, src)
+        self._output_floor(msg, ts, src, rank)
         shape = "v0" if v0 else "v1"
         if shape not in self._shapes:
             self._shapes.add(shape)
@@ -438,6 +520,17 @@ class VLLMLogParser:
                 self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
         self.kinds["stats"] += 1
         return got
+
+    def _output_floor(self, msg: str, ts: float, src: str, rank: str) -> None:
+        vals = {}
+        for sig, pat in _STAT_FIELDS:
+            fm = pat.search(msg)
+            if fm:
+                vals[sig] = float(fm.group(1))
+        floor = self._floor.setdefault(rank, OutputFloor())
+        got = floor.feed(ts, int(src.rsplit(":", 1)[1]), vals)
+        if got is not None:
+            self.sink.add("output_floor_tokens", ts, got, src, rank)
 
     def _version(self, text: str, src: str) -> None:
         pv = parse_version(text)

@@ -210,8 +210,19 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     _counter_rates(counters, ts, sink, state, source, emit_gen="gen_throughput_tps" not in gauge_name)
     _hist_quantiles(hist, ts, sink, state, source)
     detect_version(state)
+    engine_from_metrics(state, sink, source)
     state.last_ts = ts
     return used
+
+
+def engine_from_metrics(state: MetricsState, sink: SignalSink, source: str) -> None:
+    """``vllm_engine`` from the names and labels seen: ``vllm:num_requests_swapped`` is V0's alone
+    (``vllm/engine/metrics.py`` at v0.4.3 … v0.8.5; V1's ``vllm/v1/metrics/loggers.py`` has no swap), and the
+    label ``engine`` is V1's alone (its ``labelnames = ["model_name", "engine"]``; V0 labels ``model_name``)."""
+    if "num_requests_swapped" in state.seen_names:
+        sink.set_config("vllm_engine", "V0", f"{source} vllm:num_requests_swapped (V0's metrics only)", override=False)
+    elif "engine" in state.label_names:
+        sink.set_config("vllm_engine", "V1", f"{source} label engine (V1's metrics only)", override=False)
 
 
 def _pool(labels: dict[str, str]) -> float | None:
