@@ -38,15 +38,8 @@ PHASE2: dict[tuple[str, str], str] = {
         ">= 0.95 in most readings with a queue; vLLM V1 admits into a nearly full pool and preempts instead of queueing",
     ("003-vllm-21809-long-context-kv-full-preemption", "kv_retraction"):
         "V1 logs no preemption line (only vllm:num_preemptions_total counts them); the posted stats lines cannot show it",
-    ("015-vllm-1734-prefill-blocks-decode-v0", "prefill_decode_interference"):
-        "3 lines: generation drops to 0 while prompt throughput is ~1k tok/s, but PF02 wants more readings than one "
-        "before the drop; V0 without chunked prefill runs prefill-only steps (a mechanism PF02 does not model yet)",
-    ("016-vllm-30599-thinking-runaway-single-request", "runaway_generation"):
-        "one request decoding for 40 s at 180 tok/s: RG01 reads SGLang's per-request length signals, which vLLM's stats line lacks",
     ("019-vllm-1935-2080ti-awq-prefill-flood-kv-full", "kv_saturation"):
         "usage climbs 0.55 -> 0.99 over 5 lines; only the last is >= 0.95, KV01 wants most waiting readings at it",
-    ("019-vllm-1935-2080ti-awq-prefill-flood-kv-full", "prefill_decode_interference"):
-        "generation is 0 for 4 lines while prefill floods (V0, no chunked prefill): PF02 needs decode to have run first",
     ("028-vllm-6737-tiny-model-kv-full-low-gpu-util", "scheduler_overhead"):
         "no rule of the catalogue judges scheduler overhead (CPU-bound step time on a tiny model)",
 }
@@ -55,13 +48,11 @@ PHASE2: dict[tuple[str, str], str] = {
 #   leave of total x --gpu-memory-utilization, vllm/v1/worker/gpu_worker.py); it bounds a request's length,
 #   and proposing a value needs the request lengths, which a stats line does not give.
 # 003: its labels are not found (see PHASE2), so no finding carries the pool or --max-num-seqs advice.
-# 015 / 019: --enable-chunked-prefill and --max-num-batched-tokens come with prefill_decode_interference on
-#   V0, which is not found on these few lines (PHASE2).
+# 019: --max-num-seqs comes with kv_saturation, which is not found on these few lines (PHASE2).
 PHASE2_FLAGS: dict[str, set[str]] = {
     "003-vllm-21809-long-context-kv-full-preemption": {"--gpu-memory-utilization", "--max-num-seqs"},
     "013-vllm-43295-mtp-slow-actually-kv-bound": {"--max-model-len"},
-    "015-vllm-1734-prefill-blocks-decode-v0": {"--enable-chunked-prefill", "--max-num-batched-tokens"},
-    "019-vllm-1935-2080ti-awq-prefill-flood-kv-full": {"--max-num-seqs", "--enable-chunked-prefill"},
+    "019-vllm-1935-2080ti-awq-prefill-flood-kv-full": {"--max-num-seqs"},
     "028-vllm-6737-tiny-model-kv-full-low-gpu-util": {"--max-model-len"},
 }
 _RESULTS: dict[str, dict[str, Any]] = {}
