@@ -81,6 +81,7 @@ _CONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\
 _AVAIL_KV_RE = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB")  # v1/worker/gpu_worker.py determine_available_memory
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 _MAXLEN_RE = re.compile(r"Using max model len (\d+)")
+_CHUNKED_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _INIT_RE = re.compile(r"Initializing an? (?:(V\d) )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
 _BANNER_RE = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)")
 _WEIGHTS_RE = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
@@ -110,6 +111,7 @@ ARG_FACTS: dict[str, str] = {
     "kv_cache_dtype": "kv_cache_dtype",
     "enable_prefix_caching": "enable_prefix_caching",
     "enable_chunked_prefill": "enable_chunked_prefill",
+    "chunked_prefill_enabled": "enable_chunked_prefill",  # the engine config in 'Initializing … LLM engine' (0.6.6+)
     "enforce_eager": "enforce_eager",
     "block_size": "block_size",
     "num_gpu_blocks_override": "num_gpu_blocks_override",
@@ -365,6 +367,13 @@ class VLLMLogParser:
                 sink.set_config("num_gpu_blocks", int(om.group(2)), src)
                 sink.set_config("num_gpu_blocks_override", int(om.group(2)), src)
                 return True
+        if msg.startswith("Chunked prefill is enabled"):
+            # SchedulerConfig (vllm/config.py): "(EXPERIMENTAL)." at v0.4.3, "with max_num_batched_tokens=N." from v0.6.6
+            sink.set_config("enable_chunked_prefill", True, src)
+            cm2 = _CHUNKED_RE.search(msg)
+            if cm2:
+                sink.set_config("max_num_batched_tokens", int(cm2.group(1)), src, override=False)
+            return True
         if "Using max model len" in msg:
             mm = _MAXLEN_RE.search(msg)
             if mm:
