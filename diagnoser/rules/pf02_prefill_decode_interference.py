@@ -157,8 +157,8 @@ class PrefillDecodeInterference(Rule):
             evs.append(evidence("gen_throughput_tps in decode-only readings (median)", round(dec, 1), None, ctx.window_text(), ""))
         n = len(k)
         summary = (f"In {n} stats interval{'s' if n > 1 else ''} ({secs:,.0f} s) generation was 0 tok/s while prompts were computed at "
-                   f"{pr.min():,.0f}–{pr.max():,.0f} tok/s: the {waited.min():.0f}–{waited.max():.0f} requests already running got no token. "
-                   f"{model.why[0].upper()}{model.why[1:]}"
+                   f"{pr.min():,.0f}–{pr.max():,.0f} tok/s: the {waited.min():.0f}–{waited.max():.0f} requests already running got no token, "
+                   f"because {model.why}"
                    + (f", so decode stops while prompts wait ({q.min():.0f}–{q.max():.0f} waiting)." if len(q) and q.max() > 0 else "."))
         notes: list[str] = []
         sugg = self._chunked_prefill(ctx, state, model, float(np.nanmax(run[k])), dec, dec_run, notes)

@@ -98,7 +98,7 @@ def test_v0_prefill_only_intervals_are_interference(t: dict[str, Any], tmp_path:
     doc = diagnose(tmp_path, flood(t))
     pf = next(f for f in doc["findings"] if f["rule"] == "prefill_decode_interference")
     assert Severity.parse(pf["severity"]) >= Severity.WARNING and pf["confidence"] in ("low", "medium")
-    assert "the 20–22 requests already running got no token" in pf["summary"]
+    assert "the 20–22 requests already running got no token, because vLLM" in pf["summary"]
     by = {s["flag"]: s for s in pf["suggestions"]}
     assert (by["--enable-chunked-prefill"]["current"], by["--enable-chunked-prefill"]["proposed"]) == (False, True)
     # the version is only bounded (<= 0.10.2, V0's line): the budget is V0's chunked default from 0.6.6, and it
