@@ -162,6 +162,8 @@ class PrefillDecodeInterference(Rule):
                    + (f", so decode stops while prompts wait ({q.min():.0f}–{q.max():.0f} waiting)." if len(q) and q.max() > 0 else "."))
         notes: list[str] = []
         sugg = self._chunked_prefill(ctx, state, model, float(np.nanmax(run[k])), dec, dec_run, notes)
+        if not sugg and notes:
+            summary += " " + notes[0]
         return self.finding(ctx, summary, evs, sugg, confidence="low" if n < 2 else "medium", notes=notes or None)
 
     def _chunked_prefill(self, ctx: RuleContext, state: Any, model: StepModel, running: float, dec: float | None, dec_run: float | None,
@@ -170,8 +172,9 @@ class PrefillDecodeInterference(Rule):
         mech = ctx.mech
         spelled = ctx.flag("enable_chunked_prefill")
         if not spelled.startswith("--"):
-            notes.append(f"{ctx.word('engine')} {ctx.timeline.version or 'at this release'} has no chunked prefill flag {spelled}: "
-                         "upgrading is the way to run decode beside prefill.")
+            rel = ctx.timeline.version or (".".join(map(str, ctx.version)) if ctx.version else "at this release")
+            notes.append(f"{ctx.word('engine')} {rel} has no chunked prefill flag {spelled}: upgrading to a release with it, "
+                         "and turning it on, is the way to run decode beside prefill.")
             return []
         cur = ctx.cfg("enable_chunked_prefill")
         cur_on = cur if isinstance(cur, bool) else (str(cur).lower() == "true" if cur is not None else False)

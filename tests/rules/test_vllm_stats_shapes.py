@@ -99,6 +99,9 @@ def test_v0_prefill_only_intervals_are_interference(t: dict[str, Any], tmp_path:
     pf = next(f for f in doc["findings"] if f["rule"] == "prefill_decode_interference")
     assert Severity.parse(pf["severity"]) >= Severity.WARNING and pf["confidence"] in ("low", "medium")
     assert "the 20–22 requests already running got no token, because vLLM" in pf["summary"]
+    if t["release"] == "0.2.7":  # printed by llm_engine.py: before 0.3.3, and no release to 0.3.3 has the flag
+        assert doc["version"] == "<=0.3.2" and not pf["suggestions"] and "no chunked prefill flag" in pf["summary"]
+        return
     by = {s["flag"]: s for s in pf["suggestions"]}
     assert (by["--enable-chunked-prefill"]["current"], by["--enable-chunked-prefill"]["proposed"]) == (False, True)
     # the version is only bounded (<= 0.10.2, V0's line): the budget is V0's chunked default from 0.6.6, and it

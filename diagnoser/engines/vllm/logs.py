@@ -234,6 +234,7 @@ class VLLMLogParser:
         self._preempt_cum = 0  # the last total_num_cumulative_preemption read
         self._shutdown = False  # the server began to shut down ([shutdown] lines, uvicorn's Shutting down)
         self._floor: dict[str, OutputFloor] = {}  # per engine rank: the output floor's running chain
+        self._file = ""  # the source file the current line's head names
 
     # events before the first stamped line get the first stamp (at finish)
     def emit_event(self, e: LogEvent) -> None:
@@ -280,6 +281,7 @@ class VLLMLogParser:
                 self._pending = []
             msg = line[m.end():]
             proc = m.group("proc") or ""
+            self._file = m.group("file")
         else:
             ts = self.last_ts if self.last_ts is not None else 0.0
             pm = _PROC_ONLY_RE.match(line)
@@ -525,6 +527,8 @@ class VLLMLogParser:
             self._shapes.add(shape)
             if v0:
                 self.version.at_most((0, 10, 2), "the V0 stats line (Running / Swapped / Pending)")
+                if self._file == "llm_engine.py":  # LLMEngine._log_system_stats at v0.2.7; vllm/engine/metrics.py at v0.3.3
+                    self.version.at_most((0, 3, 2), "the stats line printed by vllm/engine/llm_engine.py (vllm/engine/metrics.py from 0.3.3)")
             else:
                 self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
         self.kinds["stats"] += 1
