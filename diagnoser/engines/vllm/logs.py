@@ -287,6 +287,7 @@ class VLLMLogParser:
             pm = _PROC_ONLY_RE.match(line)
             msg = line[pm.end():] if pm else line.strip()
             proc = pm.group("proc") if pm else ""
+            self._file = ""
             self.untimed_lines += 1
         return self._message(msg, ts, line_no, proc, timed=m is not None)
 
