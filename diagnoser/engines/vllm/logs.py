@@ -497,10 +497,12 @@ class VLLMLogParser:
         em = _ENGINE_RE.search(msg)
         rank = f"dp{int(em.group(1))}" if em else ""
         got = False
+        vals: dict[str, float] = {}
         for sig, pat in _STAT_FIELDS:
             fm = pat.search(msg)
             if fm:
-                sink.add(sig, ts, float(fm.group(1)), src, rank)
+                vals[sig] = v = float(fm.group(1))
+                sink.add(sig, ts, v, src, rank)
                 got = True
         v0 = "Swapped:" in msg or "Pending:" in msg
         usages = _KV_USAGE_RE.findall(msg)
@@ -522,7 +524,7 @@ class VLLMLogParser:
             sink.add("retracted_reqs", ts, float(n), src, rank)
             self.kinds["retraction"] += 1
         engine_from_stats(sink, v0, src)
-        self._output_floor(msg, ts, src, rank)
+        self._output_floor(vals, ts, src, rank)
         shape = "v0" if v0 else "v1"
         if shape not in self._shapes:
             self._shapes.add(shape)
@@ -535,12 +537,7 @@ class VLLMLogParser:
         self.kinds["stats"] += 1
         return got
 
-    def _output_floor(self, msg: str, ts: float, src: str, rank: str) -> None:
-        vals = {}
-        for sig, pat in _STAT_FIELDS:
-            fm = pat.search(msg)
-            if fm:
-                vals[sig] = float(fm.group(1))
+    def _output_floor(self, vals: dict[str, float], ts: float, src: str, rank: str) -> None:
         floor = self._floor.setdefault(rank, OutputFloor())
         got = floor.feed(ts, int(src.rsplit(":", 1)[1]), vals)
         if got is not None:
