@@ -240,6 +240,8 @@ def top_cause(findings: list[Finding], target: str) -> tuple[Finding | None, Sug
 def _norm(v: Any) -> Any:
     if isinstance(v, str):
         s = v.strip().lower()
+        if s in ("true", "false"):  # a switch written out ("--enable-chunked-prefill True") is the bool
+            return s == "true"
         try:
             return float(s)
         except ValueError:
@@ -315,7 +317,10 @@ def vet_suggestion(f: Finding | None, s: Suggestion, state: Any, current: Any, t
     With the target's timeline, a rewrite that would repeat or escalate a value its log's last start-up
     failed with (:func:`failed_at_startup`) is refused: the suggestion stays as proposed (the rewrite rests
     on a pool that start-up never had), and a cap that lands there is dropped."""
-    v = mechanism_for(tl).vet(s.flag, current, s.proposed, state)
+    mech = mechanism_for(tl)
+    for flag, value in _extra_flags(s):  # vetted on the state the changes it needs leave (engine's own model)
+        state = mech.state_after(state, flag, value)
+    v = mech.vet(s.flag, current, s.proposed, state)
     if v.kind == "ok":
         return s, ""
     where = f" ({v.cites})" if v.cites else ""

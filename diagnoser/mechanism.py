@@ -42,6 +42,15 @@ OK = Verdict("ok")
 
 
 @dataclass(frozen=True, slots=True)
+class StepModel:
+    """The engine's answer to "does a step that admits prompts leave the running requests without a token?"."""
+
+    prefill_only: bool
+    why: str  # the engine and configuration that make it so
+    cites: str = ""  # the engine's source at a release
+
+
+@dataclass(frozen=True, slots=True)
 class KVInputs:
     """What the KV admission test reads, per reading (numpy arrays) or for the window (numbers)."""
 
@@ -114,6 +123,22 @@ class Mechanism(Protocol):
         """A start-up whose automatically sized memory share left no KV pool: the share that starts, and why."""
         ...
 
+    def prefill_only_steps(self, state: Any) -> StepModel | None:
+        """Whether the scheduler runs a step that admits prompts with no decode in it (so the running
+        requests get no token while prompts are computed), and why; None when the engine or its config
+        does not say (the rule then has nothing to judge by)."""
+        ...
+
+    def chunked_prefill_budget(self, state: Any) -> tuple[int, str] | None:
+        """The per-step token budget with chunked prefill on (configured, else the release's default) and
+        where it comes from; None when the engine has no such budget or it is unknown."""
+        ...
+
+    def state_after(self, state: Any, flag: str, value: Any) -> Any:
+        """The server state with one flag changed (to vet a change on the state the finding's other
+        changes leave); the state itself when the engine does not model the flag."""
+        ...
+
 
 class NullMechanism:
     """No engine known (a context built without an adapter): no arithmetic, nothing vetted, neutral words."""
@@ -153,6 +178,15 @@ class NullMechanism:
     def startup_fraction_fix(self, cfg: Any, cur: Any) -> tuple[float, str] | None:
         return None
 
+    def prefill_only_steps(self, state: Any) -> StepModel | None:
+        return None
+
+    def chunked_prefill_budget(self, state: Any) -> tuple[int, str] | None:
+        return None
+
+    def state_after(self, state: Any, flag: str, value: Any) -> Any:
+        return state
+
 
 NULL = NullMechanism()
 
@@ -162,4 +196,4 @@ def mechanism_of(adapter: Any) -> Mechanism:
     return getattr(adapter, "mechanism", None) or NULL  # type: ignore[no-any-return]
 
 
-__all__ = ["KVInputs", "Mechanism", "NULL", "NullMechanism", "OK", "Verdict", "mechanism_of"]
+__all__ = ["KVInputs", "Mechanism", "NULL", "NullMechanism", "OK", "StepModel", "Verdict", "mechanism_of"]

@@ -99,3 +99,34 @@ def test_vllm_admission_names_what_held_the_queue() -> None:
         assert top == want, (run, top, got)
         if want:
             assert share >= 0.5, (run, got)
+
+
+def test_prefill_only_steps_are_v0_without_chunked_prefill() -> None:
+    """vllm/core/scheduler.py _schedule_default (v0.4.3, v0.6.6): no decode in a step that admits a prompt;
+    _schedule_chunked_prefill and V1's scheduler decode every step."""
+    assert MECHANISM.prefill_only_steps(VLLMState(engine="V0", version=(0, 10, 2))).prefill_only
+    assert MECHANISM.prefill_only_steps(VLLMState(engine="V0", chunked_prefill=False, max_model_len=131072)).prefill_only
+    assert not MECHANISM.prefill_only_steps(VLLMState(engine="V0", chunked_prefill=True)).prefill_only
+    assert not MECHANISM.prefill_only_steps(VLLMState(engine="V1", version=(0, 8, 5))).prefill_only
+    assert not MECHANISM.prefill_only_steps(VLLMState(version=(0, 32, 0))).prefill_only  # V1 only from 0.11
+    assert MECHANISM.prefill_only_steps(VLLMState(version=(0, 4, 3))).prefill_only  # no V1 engine yet
+    assert MECHANISM.prefill_only_steps(VLLMState(version=(0, 8, 5))) is None  # either engine: the inputs must say
+    # V0 turns chunked prefill on by default for a GPU model over 32K context (arg_utils at v0.6.6): not known off
+    assert MECHANISM.prefill_only_steps(VLLMState(engine="V0", version=(0, 6, 6), max_model_len=65536)) is None
+    assert MECHANISM.prefill_only_steps(VLLMState(engine="V0", version=(0, 6, 6), max_model_len=65536, device="cpu")).prefill_only
+
+
+def test_chunked_prefill_budget_per_release_and_state_after() -> None:
+    v0 = VLLMState(engine="V0", version=(0, 4, 3), max_num_batched_tokens=4096)
+    after = MECHANISM.state_after(v0, "--enable-chunked-prefill", True)
+    assert after.chunked_prefill is True and v0.chunked_prefill is None  # a copy
+    assert MECHANISM.chunked_prefill_budget(after) == (4096, "configured")
+    assert MECHANISM.chunked_prefill_budget(MECHANISM.state_after(after, "--max-num-batched-tokens", None))[0] == 512
+    assert MECHANISM.chunked_prefill_budget(VLLMState(engine="V0", version=(0, 6, 6), chunked_prefill=True))[0] == 2048
+    assert MECHANISM.chunked_prefill_budget(VLLMState(engine="V1", version=(0, 10, 2))) is None  # V1's GPU default needs the memory
+    # the budget below --max-model-len is refused only with chunked prefill off: after turning it on it is not
+    off = VLLMState(engine="V0", version=(0, 6, 6), max_model_len=4096, max_num_seqs=256)
+    assert MECHANISM.vet("--max-num-batched-tokens", None, 2048, off).kind == "capped"
+    assert MECHANISM.vet("--max-num-batched-tokens", None, 2048, MECHANISM.state_after(off, "--enable-chunked-prefill", "True")).ok
+    assert MECHANISM.vet("--enable-chunked-prefill", False, True, VLLMState(engine="V1", version=(0, 8, 5))).kind == "noop"
+    assert MECHANISM.vet("--enable-chunked-prefill", None, True, VLLMState(engine="V0", chunked_prefill=True)).kind == "noop"

@@ -48,7 +48,7 @@ Evidence:
     vLLM's refusal. On vLLM the mechanism also answers, per reading at usage >= `waiting_usage` (0.9), why
     the pool takes no further request of the running requests' mean size (usage x pool / running):
     `kv_full`, fewer free blocks than it needs, or `kv_watermark`, its blocks are free but not beside the
-    blocks admission keeps free. The reserve depends on the engine core (the `engine_core` fact, V0 or V1,
+    blocks admission keeps free. The reserve depends on the engine core (the `vllm_engine` fact, V0 or V1,
     from the stats line's shape, the start-up line or V0/V1-only series): V0's `BlockSpaceManager` keeps 1 %
     of the blocks (`vllm/core/block_manager.py` `can_allocate` at v0.2.7 and v0.10.2), V1's `KVCacheManager`
     none (`vllm/v1/core/kv_cache_manager.py` at v0.10.2; `--watermark`, 0 by default, at 0.32.0). A

@@ -16,11 +16,18 @@ Evidence:
     the gen-throughput dip with the scrape times.
 
     On each engine. On SGLang: consecutive Prefill lines with their `#running-req`, and the decode
-    throughput between them. Cannot judge vLLM yet: vLLM V1 mixes prefill chunks into decode steps
-    (chunked prefill) and prints no per-batch prefill line, so the running requests starved by a prefill
-    are not observable.
+    throughput between them. On vLLM the engine's mechanism says whether a step that admits prompts runs
+    without decode: V0 without chunked prefill does (`vllm/core/scheduler.py` `_schedule_default` at
+    v0.4.3 / v0.6.6: "Don't schedule decodes if prefills are scheduled"), V1 and V0 with
+    `--enable-chunked-prefill` do not. There the rule reads the stats lines (or scrapes): an interval with
+    generation at 0 tok/s while prompts were computed at `min_prompt_tps` (100) or more and requests were
+    already running at the reading before it; those requests got no token for the whole interval. One
+    such interval is enough (at low confidence; two or more, medium).
 
 Fix:
+    On vLLM V0: `--enable-chunked-prefill` (0.4.3+), with `--max-num-batched-tokens` at vLLM's own
+    default for chunked prefill (512 at 0.4.3, 2,048 from 0.6.6), raised to fit the running decodes; not
+    proposed where the release lacks the flag or chunked prefill is already on. On SGLang:
     `--enable-mixed-chunk` (mix decode tokens into prefill batches), a smaller
     `--chunked-prefill-size` / `--max-prefill-tokens` (shorter prefill steps, each one interrupts
     less), or PD disaggregation for heavy prefill traffic. When more requests wait for prefill than run
@@ -43,12 +50,15 @@ References:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
-from diagnoser.model import Finding, Severity
-from diagnoser.rules.base import Rule, RuleContext, evidence, suggest
-from diagnoser.rules.columns import arrays, pairs, raw_arrays
+from diagnoser.mechanism import StepModel
+from diagnoser.model import Finding, Severity, Suggestion
+from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, suggest
+from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -89,17 +99,117 @@ class PrefillDecodeInterference(Rule):
     title = "Prefills starve decode"
     severity = Severity.WARNING
     reads = ("prefill_new_tokens",)
-    defaults = {"min_run": 3, "min_batch_tokens": 8192, "min_running": 1, "dip_ratio": 0.5, "min_scrapes": 6}
+    defaults = {"min_run": 3, "min_batch_tokens": 8192, "min_running": 1, "dip_ratio": 0.5, "min_scrapes": 6, "min_prompt_tps": 100.0}
     threshold_help = {
         "min_run": "fewest consecutive prefill batches with no decode between",
         "min_batch_tokens": "mean new tokens per prefill batch in the run",
         "min_running": "requests already running during the run",
         "dip_ratio": "gen throughput below this share of its median at prompt peaks (metrics path)",
         "min_scrapes": "fewest scrapes for the metrics path",
+        "min_prompt_tps": "prompt tok/s of an interval with no generation that counts as prefill-only (engines whose steps are prefill-only)",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
-        return self._from_log(ctx) or self._from_metrics(ctx)
+        return self._prefill_only(ctx) or self._from_log(ctx) or self._from_metrics(ctx)
+
+    def _prefill_only(self, ctx: RuleContext) -> Finding | None:
+        """An engine whose steps that admit prompts run no decode (the mechanism says so: vLLM V0 without
+        chunked prefill): intervals with no generation while prompts were computed and requests already ran."""
+        t = ctx.thresholds
+        state = ctx.memo.get("mech_state")
+        if state is None:
+            state = ctx.memo["mech_state"] = ctx.mech.state_of(ctx.timeline.cfg, ctx.version)
+        model = ctx.mech.prefill_only_steps(state)
+        if model is None or not model.prefill_only:
+            return None
+        got = arrays(ctx, "gen_throughput_tps")
+        if got is None or ctx.series("prompt_tps") is None or ctx.series("running_reqs") is None:
+            return None
+        ts, gen = got
+        if len(ts) < 2:
+            return None
+        prompt, run = aligned(ctx, "gen_throughput_tps", "prompt_tps"), aligned(ctx, "gen_throughput_tps", "running_reqs")
+        queue = aligned(ctx, "gen_throughput_tps", "queue_reqs") if ctx.series("queue_reqs") is not None else np.full(len(ts), np.nan)
+        with np.errstate(invalid="ignore"):
+            # the requests running at the previous reading got no token over the interval: none was generated
+            starved = (gen[1:] < 0.05) & (prompt[1:] >= t["min_prompt_tps"]) & (run[:-1] >= t["min_running"]) & (ts[1:] > ts[:-1])
+        k = starved.nonzero()[0] + 1
+        if not len(k):
+            return None
+        src = ctx.series("gen_throughput_tps").sources  # type: ignore[union-attr]
+        secs = float((ts[k] - ts[k - 1]).sum())
+        waited = run[k - 1]
+        pr = prompt[k]
+        q = queue[k][~np.isnan(queue[k])]
+        with np.errstate(invalid="ignore"):
+            decode_only = (gen > 0) & (prompt == 0)
+        dec = float(np.median(gen[decode_only])) if decode_only.any() else None
+        dec_run = float(np.median(run[decode_only])) if decode_only.any() else None
+        where = f"{src[int(k[0])]}" + (f" .. {_line(src[int(k[-1])])}" if len(k) > 1 else "")
+        evs = [evidence("stats intervals with generation 0 tok/s while prompts were computed", len(k), ">= 1", ctx.window_text(), where),
+               evidence("prompt_tps in those intervals", f"{pr.min():,.0f}–{pr.max():,.0f}", f">= {t['min_prompt_tps']:g}", "", where),
+               evidence("running_reqs at the reading before (requests that got no token)", f"{waited.min():.0f}–{waited.max():.0f}",
+                        f">= {t['min_running']}", "", src[int(k[0]) - 1]),
+               evidence("scheduler", model.why, None, "", model.cites)]
+        if len(q):
+            evs.append(evidence("queue_reqs (prompts waiting) in those intervals", f"{q.min():.0f}–{q.max():.0f}", None, "", where))
+        if dec is not None:
+            evs.append(evidence("gen_throughput_tps in decode-only readings (median)", round(dec, 1), None, ctx.window_text(), ""))
+        n = len(k)
+        summary = (f"In {n} stats interval{'s' if n > 1 else ''} ({secs:,.0f} s) generation was 0 tok/s while prompts were computed at "
+                   f"{pr.min():,.0f}–{pr.max():,.0f} tok/s: the {waited.min():.0f}–{waited.max():.0f} requests already running got no token, "
+                   f"because {model.why}"
+                   + (f", so decode stops while prompts wait ({q.min():.0f}–{q.max():.0f} waiting)." if len(q) and q.max() > 0 else "."))
+        notes: list[str] = []
+        sugg = self._chunked_prefill(ctx, state, model, float(np.nanmax(run[k])), dec, dec_run, notes)
+        if not sugg and notes:
+            summary += " " + notes[0]
+        return self.finding(ctx, summary, evs, sugg, confidence="low" if n < 2 else "medium", notes=notes or None)
+
+    def _chunked_prefill(self, ctx: RuleContext, state: Any, model: StepModel, running: float, dec: float | None, dec_run: float | None,
+                         notes: list[str]) -> list[Suggestion]:
+        """Chunked prefill, and the step budget it runs with, as the engine's mechanism sizes them."""
+        mech = ctx.mech
+        spelled = ctx.flag("enable_chunked_prefill")
+        if not spelled.startswith("--"):
+            rel = ctx.timeline.version or (".".join(map(str, ctx.version)) if ctx.version else "at this release")
+            notes.append(f"{ctx.word('engine')} {rel} has no chunked prefill flag {spelled}: upgrading to a release with it, "
+                         "and turning it on, is the way to run decode beside prefill.")
+            return []
+        cur = ctx.cfg("enable_chunked_prefill")
+        cur_on = cur if isinstance(cur, bool) else (str(cur).lower() == "true" if cur is not None else False)
+        exact = bool(ctx.timeline.version and ctx.timeline.version[0].isdigit())
+        assume = () if exact else (f"the release has {spelled} (the inputs do not give the exact version; upgrade first on one without it)",)
+        after = mech.state_after(state, spelled, True)
+        budget = mech.chunked_prefill_budget(mech.state_after(after, ctx.flag("max_num_batched_tokens"), None))
+        then = mech.prefill_only_steps(after)
+        if then is None or then.prefill_only:
+            return []  # the mechanism does not say the change removes the prefill-only steps
+        chunk_note = f"prompts are split into chunks of at most {budget[0]:,} tokens less the decodes" if budget else "prompts are split into chunks"
+        rate = (f" (it ran at {dec:,.1f} tok/s with {dec_run:.0f} running in the decode-only readings)" if dec is not None and dec_run else "")
+        out = [suggest(ctx, "enable_chunked_prefill", cur_on, True,
+                       f"{then.why} ({then.cites}); now {model.why}"
+                       + ("" if cur is not None else "; the current value is not in the inputs (the prefill-only intervals show it off)"),
+                       f"the running requests keep getting a token every step while prompts are prefilled: generation no longer stops while "
+                       f"prompts wait{rate}; {chunk_note}, so a long prompt takes a few steps (TTFT rises somewhat)",
+                       assume)]
+        if budget is None:
+            return out
+        proposed = budget[0]
+        if running * 2 > proposed:  # room for prompt chunks beside the decodes (one token each)
+            proposed = next_pow2(running * 2)
+        cur_b = ctx.cfg("max_num_batched_tokens")
+        cur_b = int(cur_b) if isinstance(cur_b, int | float) and not isinstance(cur_b, bool) else None
+        if cur_b is not None and cur_b <= proposed:
+            return out  # the configured budget already bounds a step that tightly
+        was = f"{cur_b:,}" if cur_b is not None else "not in the inputs"
+        s = suggest(ctx, "max_num_batched_tokens", cur_b, proposed,
+                    f"together with {spelled}: the step budget ({was}; without chunked prefill it must hold a whole prompt) bounds how many "
+                    f"tokens one step computes; {budget[1]}" + (f", raised to leave room beside {running:.0f} running decodes" if proposed > budget[0] else ""),
+                    f"each step carries the running decodes and up to {proposed - running:,.0f} prompt tokens, so no step is a long prefill "
+                    "and the running requests' inter-token latency stays short",
+                    ("decode latency matters more than the last bit of prefill throughput",) + assume)
+        return [*out, replace(s, projection={"extra_flags": [f"{spelled} True"]})]
 
     def _from_log(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds

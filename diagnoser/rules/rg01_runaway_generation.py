@@ -8,7 +8,10 @@ What it detects:
     or more at a median of `max_running_long` (16) running requests or fewer, still growing when
     there are two readings, and at least `prompt_factor` (8) times the prompts the Prefill lines show
     when there are some: the requests hold far more than any prompt, so their outputs run on (info;
-    warning once they fill `pool_share` of the pool). One reading judges, at low confidence.
+    warning once they fill `pool_share` of the pool). One reading judges, at low confidence. (3) From
+    the output floor (`output_floor_tokens`, a lower bound on one request's output that the engine's
+    reader derives): at least `floor_tokens` (4096) tokens for one request, while `max_running_long`
+    (16) or fewer ran at the start of the readings it rests on (info).
 
 Why it matters:
     Requests without a bounded `max_tokens` (or with EOS ignored) keep decoding until the pool or the
@@ -21,8 +24,11 @@ Evidence:
 
     On each engine. On SGLang: `#token` / `sglang:num_used_tokens` against the running requests and the
     pool. On vLLM: used tokens are KV usage x the pool (`vllm:kv_cache_usage_perc` x `num_gpu_blocks` x
-    block size from `vllm:cache_config_info`, block-granular), against `vllm:num_requests_running`;
-    without the pool size vLLM cannot be judged.
+    block size from `vllm:cache_config_info`, block-granular), against `vllm:num_requests_running`.
+    From vLLM's stats lines alone: the output floor, generation tok/s x seconds over consecutive lines
+    that admitted no prompt (prompt throughput 0), divided by the requests running at the line before
+    them with none waiting or swapped (only those can generate, so one of them generated at least that
+    share; docs/vllm.md#logs).
 
 Fix:
     On the client: set `max_tokens` / `max_new_tokens` and honour EOS / stop strings (issue #2746 was fixed
@@ -47,7 +53,13 @@ import numpy as np
 
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pool_tokens
-from diagnoser.rules.columns import argmax_source, pairs
+from diagnoser.rules.columns import argmax_source, arrays, pairs
+
+
+def _tail(src: str) -> str:
+    """The line number of a ``name:N`` source (the end of a span), else the source."""
+    head, _, n = src.rpartition(":")
+    return n if head and n.isdigit() else src
 
 
 class RunawayGeneration(Rule):
@@ -55,8 +67,9 @@ class RunawayGeneration(Rule):
     code = "RG01"
     title = "Runaway outputs hold the pool"
     severity = Severity.WARNING
-    reads = ("used_tokens",)
-    defaults = {"max_running": 4, "pool_share": 0.8, "min_points": 1, "long_tokens": 32768, "max_running_long": 16, "prompt_factor": 8.0}
+    reads = ("used_tokens", "output_floor_tokens")
+    defaults = {"max_running": 4, "pool_share": 0.8, "min_points": 1, "long_tokens": 32768, "max_running_long": 16, "prompt_factor": 8.0,
+                "floor_tokens": 4096}
     threshold_help = {
         "max_running": "median running requests at or below this count as a few",
         "pool_share": "token usage (p50) at or above this counts as holding the pool",
@@ -64,9 +77,61 @@ class RunawayGeneration(Rule):
         "long_tokens": "KV tokens per running request at or above which outputs look unbounded (without a full pool)",
         "max_running_long": "median running requests at or below which long requests are judged",
         "prompt_factor": "tokens per request must be this many times the prompts the prefill lines show",
+        "floor_tokens": "a lower bound on one request's output (output_floor_tokens) at or above which it counts as running on",
     }
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
+        return self._held(ctx) or self._floor(ctx)
+
+    def _floor(self, ctx: RuleContext) -> Finding | None:
+        """One request's output is at least ``floor_tokens``: the engine's lower bound (``output_floor_tokens``),
+        read at a few running requests (``max_running_long`` or fewer where the bound's readings start)."""
+        t = ctx.thresholds
+        got = arrays(ctx, "output_floor_tokens")
+        run = arrays(ctx, "running_reqs")
+        if got is None or run is None or not len(got[0]):
+            return None
+        fts, fv = got
+        if np.isnan(fv).all():
+            return None
+        k = int(np.nanargmax(fv))
+        floor = float(fv[k])
+        if floor < t["floor_tokens"]:
+            return None
+        rts, rv = run
+        pos = int(np.searchsorted(rts, fts[k], "left"))
+        if pos >= len(rts) or rts[pos] != fts[k]:
+            return None
+        on_floor = set(fts.tolist())
+        j = pos
+        while j > 0 and float(rts[j - 1]) in on_floor:  # back over the readings the bound rests on
+            j -= 1
+        start = j - 1
+        if start < 0:
+            return None
+        r0 = float(rv[start])
+        if r0 < 1 or r0 > t["max_running_long"]:
+            return None
+        rsrc = ctx.series("running_reqs").sources  # type: ignore[union-attr]
+        fsrc = ctx.series("output_floor_tokens").sources  # type: ignore[union-attr]
+        secs = float(fts[k] - rts[start])
+        evs = [evidence("output_floor_tokens: one request's output at least", round(floor), f">= {t['floor_tokens']}", "", fsrc[k]),
+               evidence("running_reqs where those readings start (none waiting)", r0, f"<= {t['max_running_long']}", "", rsrc[start]),
+               evidence("readings with no prompt admitted, after it", pos - start, None, f"{secs:,.0f} s", f"{rsrc[start + 1]} .. {_tail(fsrc[k])}")]
+        gen = ctx.series("gen_throughput_tps")
+        if gen is not None:
+            g = gen.values[(gen.ts > rts[start]) & (gen.ts <= fts[k])]
+            if len(g):
+                evs.append(evidence("gen_throughput_tps over those readings", f"{np.nanmin(g):,.1f}–{np.nanmax(g):,.1f}", None, f"{secs:,.0f} s", ""))
+        summary = (f"One request generated at least {fmt_int(floor)} tokens: {fmt_int(floor * r0)} tokens were generated in the {secs:,.0f} s after "
+                   f"{rsrc[start]}, where {r0:.0f} request{'s' if r0 != 1 else ''} ran and none waited, and no prompt was admitted since, so only "
+                   f"{'those' if r0 != 1 else 'that one'} generated them. An output this long runs on (thinking without a budget, a max_tokens "
+                   "the server does not get, an ignored stop string) or the workload asks for very long outputs.")
+        notes = ["Check that the client's max_tokens reaches the server (a field it ignores leaves outputs unbounded) and that EOS/stop strings "
+                 "are honoured; server flags do not fix runaway outputs."]
+        return self.finding(ctx, summary, evs, [], confidence="medium", severity=Severity.INFO, notes=notes)
+
+    def _held(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
         p50 = ctx.stats("token_usage")["p50"]
         if p50 is None or p50 < t["pool_share"]:

@@ -41,6 +41,8 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "max_total_tokens": ("tokens", "sum", "KV pool capacity in tokens"),
     "gen_throughput_tps": ("tokens/s", "sum", "decode tokens generated per second"),
     "prefill_new_tokens": ("tokens", "sum", "uncached tokens computed by one prefill batch"),
+    "output_floor_tokens": ("tokens", "max", "a lower bound on one request's output so far: tokens generated since the last reading "
+                            "that admitted a prompt, over the requests running then (none waiting); the engine's reader derives it"),
     "decode_tokens": ("tokens", "sum", "tokens decoded since the previous reading (realtime counter, 0.5.7+)"),
     "prefill_passes": ("passes", "sum", "prefill forward passes (batches) since the previous reading (0.5.7+)"),
     "decode_passes": ("passes", "sum", "decode forward passes (steps) since the previous reading (0.5.7+)"),

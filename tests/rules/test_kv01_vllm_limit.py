@@ -99,7 +99,7 @@ def loud(doc: dict[str, Any]) -> list[tuple[str, str]]:
 
 def core_of(doc: dict[str, Any]) -> Any:
     cfg = doc["config"][next(iter(doc["config"]))]
-    return cfg.get("engine_core", {}).get("value")
+    return cfg.get("vllm_engine", {}).get("value")
 
 
 # -- the mechanism against vLLM's own arithmetic -------------------------------------------------------
@@ -138,7 +138,7 @@ def test_watermark_holds_on_v0_only() -> None:
 
 
 def test_engine_core_from_facts_and_version() -> None:
-    facts = {"engine_core": "V0"}
+    facts = {"vllm_engine": "V0"}
     assert engine_core_of(facts.get, (0, 10, 2)) == "V0"
     assert engine_core_of({}.get, (0, 6, 6)) == "V0" and engine_core_of({}.get, (0, 11, 0)) == "V1"
     assert engine_core_of({}.get, (0, 9, 2)) is None and engine_core_of({}.get, None) is None

@@ -10,7 +10,7 @@ import numpy as np
 
 from diagnoser.engines.sglang import scheduler_model as SM
 from diagnoser.engines.sglang.versions import NEWEST_KNOWN
-from diagnoser.mechanism import KVInputs, Verdict
+from diagnoser.mechanism import KVInputs, StepModel, Verdict
 
 FIT_SHARE = 0.8  # running at this share of what the pool holds at full length fills it
 
@@ -64,6 +64,15 @@ class SGLangMechanism:
 
     def vet(self, flag: str, current: Any, proposed: Any, state: Any) -> Verdict:
         return SM.vet(flag, current, proposed, state)
+
+    def prefill_only_steps(self, state: Any) -> StepModel | None:
+        return None  # SGLang's Prefill / Decode batch lines show its steps: PF02 reads them directly
+
+    def chunked_prefill_budget(self, state: Any) -> tuple[int, str] | None:
+        return None  # --chunked-prefill-size is SGLang's (rules read it from the config)
+
+    def state_after(self, state: Any, flag: str, value: Any) -> Any:
+        return state  # SGLang's ServerState is vetted as read (scheduler_model.vet sizes its own chains)
 
     def startup_fraction_fix(self, cfg: Any, cur: Any) -> tuple[float, str] | None:
         """A start-up whose automatic --mem-fraction-static came out at or below zero because chunked prefill is

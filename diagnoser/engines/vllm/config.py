@@ -69,6 +69,23 @@ def facts_from_version(data: dict[str, Any], sink: SignalSink, source: str, vers
     if isinstance(v, str) and parse_version(v):
         sink.set_config("version", v, source)
         version.set_exact(parse_version(v), f"{source}")  # type: ignore[arg-type]
+        engine_from_version(v, sink, source)
+
+
+V1_ONLY_SINCE = (0, 11, 0)  # vllm/engine/llm_engine.py (the V0 engine) is in 0.10.2, gone from 0.11.0
+NO_V1_BEFORE = (0, 6, 0)  # vllm/v1/ is absent in 0.4.3 (present, experimental and off by default, in 0.6.6)
+
+
+def engine_from_version(text: str, sink: SignalSink, source: str) -> None:
+    """``vllm_engine`` from the release alone, where it decides: V0 before vLLM had a V1 engine, V1 once
+    V0 was removed. Between (0.6–0.10) ``VLLM_USE_V1`` chose, and the stats line or the metric names say which."""
+    v = parse_version(text)
+    if v is None:
+        return
+    if v >= V1_ONLY_SINCE:
+        sink.set_config("vllm_engine", "V1", f"{source} (vLLM {text} has only the V1 engine)", override=False)
+    elif v < NO_V1_BEFORE:
+        sink.set_config("vllm_engine", "V0", f"{source} (vLLM {text} has no V1 engine)", override=False)
 
 
 def facts_from_models(data: dict[str, Any], sink: SignalSink, source: str) -> None:

@@ -25,6 +25,14 @@ N, # CPU blocks: M``, ``KV cache size: N tokens``, ``Maximum concurrency for L t
 older ``args: Namespace(…)``, ``Initializing a[n] [V1] LLM engine (vX) with config: …`` with its
 CUDA-graph capture sizes, ``Model loading took X GiB``), speculative-decoding metrics lines, tracebacks
 and exceptions (Python's own format, read by the same reader as SGLang's), and uvicorn access lines.
+
+Two things are read from the stats lines beyond their fields (each in its own function):
+
+* the config fact ``vllm_engine`` (``V0`` / ``V1``): which of vLLM's two engines printed them
+  (:func:`engine_from_stats`; the start-up line ``Initializing a V0 / V1 LLM engine`` says it too,
+  :func:`engine_from_init`). The scheduler differs: V0 without chunked prefill runs prefill-only steps.
+* the canonical signal ``output_floor_tokens`` (:class:`OutputFloor`): a lower bound on the output of one
+  request, from the generation throughput of intervals in which no prompt was admitted.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from collections import Counter
 from typing import Any
 
 from diagnoser.engines.sglang import logevents
+from diagnoser.engines.vllm import config
 from diagnoser.engines.vllm.versions import VersionRange, parse_version
 from diagnoser.model import BadLine, LogEvent, SignalSink
 
@@ -72,6 +81,7 @@ _CONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\
 _AVAIL_KV_RE = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB")  # v1/worker/gpu_worker.py determine_available_memory
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 _MAXLEN_RE = re.compile(r"Using max model len (\d+)")
+_CHUNKED_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _INIT_RE = re.compile(r"Initializing an? (?:(V\d) )?LLM engine \(v([\w.+-]+)\) with config: (.*)")
 _BANNER_RE = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+(?:\.\d+)?[\w.+-]*)")
 _WEIGHTS_RE = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
@@ -101,6 +111,7 @@ ARG_FACTS: dict[str, str] = {
     "kv_cache_dtype": "kv_cache_dtype",
     "enable_prefix_caching": "enable_prefix_caching",
     "enable_chunked_prefill": "enable_chunked_prefill",
+    "chunked_prefill_enabled": "enable_chunked_prefill",  # the engine config in 'Initializing … LLM engine' (0.6.6+)
     "enforce_eager": "enforce_eager",
     "block_size": "block_size",
     "num_gpu_blocks_override": "num_gpu_blocks_override",
@@ -130,6 +141,75 @@ def _value(text: str) -> Any:
         return t
 
 
+def engine_from_stats(sink: SignalSink, v0: bool, src: str) -> None:
+    """``vllm_engine`` from the stats line's shape: V0's ``LoggingStatLogger`` prints ``Swapped: … Pending:``
+    (``vllm/engine/llm_engine.py`` at v0.2.7, ``vllm/engine/metrics.py`` at v0.4.3 … v0.10.2), V1's
+    ``Waiting:`` (``vllm/v1/metrics/loggers.py`` at v0.8.5 … v0.32.0). The first evidence read stands."""
+    sink.set_config("vllm_engine", "V0" if v0 else "V1",
+                    f"{src} (the stats line's shape: {'Swapped / Pending' if v0 else 'Waiting'})", override=False)
+
+
+def engine_from_init(sink: SignalSink, tag: str | None, version: str, src: str) -> None:
+    """``vllm_engine`` from the start-up line: ``Initializing a V0 / V1 LLM engine (vX)`` (0.8.5 and later,
+    ``vllm/engine/llm_engine.py`` and ``vllm/v1/engine/core.py``); an untagged ``Initializing an LLM engine``
+    is V0's before vLLM had a V1 engine (0.4.3), and ambiguous in 0.6.6, where the experimental V1 core
+    prints the same words."""
+    if tag in ("V0", "V1"):
+        sink.set_config("vllm_engine", tag, f"{src} (Initializing a {tag} LLM engine)", override=False)
+    else:
+        config.engine_from_version(version, sink, src)
+
+
+class OutputFloor:
+    """A lower bound on the output of one request, from consecutive stats lines (the signal
+    ``output_floor_tokens``).
+
+    Each stats line's throughputs are the tokens of its interval over the seconds since the previous
+    line (``_get_throughput`` in ``vllm/v1/metrics/loggers.py`` at v0.10.2, ``vllm/engine/metrics.py`` at
+    v0.6.6). A chain starts at a line with requests running and none waiting or swapped: only those
+    requests can generate until one is admitted, and an admitted request computes its prompt (V1 counts
+    the prompt when its prefill completes, ``IterationStats.update_from_output``; V0 in the prefill step),
+    so the chain lasts while the following lines show no prompt throughput. The tokens generated over the
+    chain belong to at most the requests running at its start: one of them generated at least their
+    share (a V0 request counts all its sampled sequences: V0's ``Running`` counts sequence groups). Seconds are taken conservatively: at most the usual gap between lines (V1 logs an idle interval
+    at debug level, so a gap can span unlogged intervals), less one second for whole-second stamps, and
+    each throughput less its last printed digit's half."""
+
+    __slots__ = ("start_running", "tokens", "last_ts", "gaps")
+
+    def __init__(self) -> None:
+        self.start_running = 0.0
+        self.tokens = 0.0
+        self.last_ts: float | None = None
+        self.gaps: list[float] = []
+
+    def _start(self, vals: dict[str, float]) -> None:
+        run = vals.get("running_reqs", 0.0)
+        idle = vals.get("queue_reqs", 1.0) == 0 and vals.get("swapped_reqs", 0.0) == 0
+        self.start_running = run if run >= 1 and idle else 0.0
+        self.tokens = 0.0
+
+    def feed(self, ts: float, line_no: int, vals: dict[str, float]) -> float | None:
+        prev, self.last_ts = self.last_ts, ts
+        if prev is None or ts <= prev or "gen_throughput_tps" not in vals or "prompt_tps" not in vals:
+            self._start(vals)
+            return None
+        gap = ts - prev
+        self.gaps.append(gap)
+        if len(self.gaps) > 64:
+            del self.gaps[0]
+        if not self.start_running or vals["prompt_tps"] > 0:
+            self._start(vals)  # a prompt was admitted (or nothing ran): the chain starts again here
+            return None
+        usual = sorted(self.gaps)[len(self.gaps) // 2]
+        seconds = max(0.0, min(gap, usual) - (0.0 if ts % 1 else 1.0))
+        self.tokens += max(0.0, vals["gen_throughput_tps"] - 0.05) * seconds
+        out = self.tokens / self.start_running
+        if vals.get("running_reqs", 0.0) < 1:  # every request of the chain finished: nothing can join it
+            self._start(vals)
+        return round(out, 1)
+
+
 class VLLMLogParser:
     """Reads one vLLM log, line by line (:meth:`feed`)."""
 
@@ -154,6 +234,8 @@ class VLLMLogParser:
         self._shapes: set[str] = set()
         self._preempt_cum = 0  # the last total_num_cumulative_preemption read
         self._shutdown = False  # the server began to shut down ([shutdown] lines, uvicorn's Shutting down)
+        self._floor: dict[str, OutputFloor] = {}  # per engine rank: the output floor's running chain
+        self._file = ""  # the source file the current line's head names
 
     # events before the first stamped line get the first stamp (at finish)
     def emit_event(self, e: LogEvent) -> None:
@@ -200,11 +282,13 @@ class VLLMLogParser:
                 self._pending = []
             msg = line[m.end():]
             proc = m.group("proc") or ""
+            self._file = m.group("file")
         else:
             ts = self.last_ts if self.last_ts is not None else 0.0
             pm = _PROC_ONLY_RE.match(line)
             msg = line[pm.end():] if pm else line.strip()
             proc = pm.group("proc") if pm else ""
+            self._file = ""
             self.untimed_lines += 1
         return self._message(msg, ts, line_no, proc, timed=m is not None)
 
@@ -287,6 +371,13 @@ class VLLMLogParser:
                 sink.set_config("num_gpu_blocks", int(om.group(2)), src)
                 sink.set_config("num_gpu_blocks_override", int(om.group(2)), src)
                 return True
+        if msg.startswith("Chunked prefill is enabled"):
+            # SchedulerConfig (vllm/config.py): "(EXPERIMENTAL)." at v0.4.3, "with max_num_batched_tokens=N." from v0.6.6
+            sink.set_config("enable_chunked_prefill", True, src)
+            cm2 = _CHUNKED_RE.search(msg)
+            if cm2:
+                sink.set_config("max_num_batched_tokens", int(cm2.group(1)), src, override=False)
+            return True
         if "Using max model len" in msg:
             mm = _MAXLEN_RE.search(msg)
             if mm:
@@ -309,7 +400,7 @@ class VLLMLogParser:
             if im:
                 self._version(im.group(2), src)
                 self._shapes.add("v1" if im.group(1) == "V1" else "v0")
-                self._engine_core("V1" if im.group(1) == "V1" else "V0", src, "start-up line", override=True)
+                engine_from_init(self.sink, im.group(1), im.group(2), src)
                 cfg = im.group(3)
                 pairs = {k: _value(v) for k, v in _NS_PAIR_RE.findall(cfg.split("compilation_config=", 1)[0])}
                 self._args(pairs, src, override=False)
@@ -407,10 +498,12 @@ class VLLMLogParser:
         em = _ENGINE_RE.search(msg)
         rank = f"dp{int(em.group(1))}" if em else ""
         got = False
+        vals: dict[str, float] = {}
         for sig, pat in _STAT_FIELDS:
             fm = pat.search(msg)
             if fm:
-                sink.add(sig, ts, float(fm.group(1)), src, rank)
+                vals[sig] = v = float(fm.group(1))
+                sink.add(sig, ts, v, src, rank)
                 got = True
         v0 = "Swapped:" in msg or "Pending:" in msg
         usages = _KV_USAGE_RE.findall(msg)
@@ -431,24 +524,25 @@ class VLLMLogParser:
             self.emit_event(LogEvent("retraction", ts, int(src.rsplit(":", 1)[1]), src, {"requests": n, "mode": "recompute"}, rank))
             sink.add("retracted_reqs", ts, float(n), src, rank)
             self.kinds["retraction"] += 1
+        engine_from_stats(sink, v0, src)
+        self._output_floor(vals, ts, src, rank)
         shape = "v0" if v0 else "v1"
         if shape not in self._shapes:
             self._shapes.add(shape)
-            self._engine_core("V0" if v0 else "V1", src, "stats line: Running / Swapped / Pending" if v0 else "stats line: Running / Waiting")
             if v0:
                 self.version.at_most((0, 10, 2), "the V0 stats line (Running / Swapped / Pending)")
+                if self._file == "llm_engine.py":  # LLMEngine._log_system_stats at v0.2.7; vllm/engine/metrics.py at v0.3.3
+                    self.version.at_most((0, 3, 2), "the stats line printed by vllm/engine/llm_engine.py (vllm/engine/metrics.py from 0.3.3)")
             else:
                 self.version.at_least((0, 7, 0), "the V1 stats line (Running / Waiting; 0.6.6 has only V0's)")
         self.kinds["stats"] += 1
         return got
 
-    def _engine_core(self, core: str, src: str, why: str, override: bool = False) -> None:
-        """The ``engine_core`` fact ("V0" / "V1"): which scheduler admits, read from the stats line's shape
-        (V0's ``Swapped`` / ``Pending`` in vllm/engine/metrics.py, V1's ``Waiting`` in
-        vllm/v1/metrics/loggers.py, both at v0.10.2) or the start-up line ("Initializing a V1 LLM engine";
-        an engine line without a core is V0's, as at v0.4.3). The first stats line decides unless the
-        start-up line says otherwise. (The admission mechanism reads it: engines/vllm/scheduler_model.py.)"""
-        self.sink.set_config("engine_core", core, f"{src} ({why})", override=override)
+    def _output_floor(self, vals: dict[str, float], ts: float, src: str, rank: str) -> None:
+        floor = self._floor.setdefault(rank, OutputFloor())
+        got = floor.feed(ts, int(src.rsplit(":", 1)[1]), vals)
+        if got is not None:
+            self.sink.add("output_floor_tokens", ts, got, src, rank)
 
     def _version(self, text: str, src: str) -> None:
         pv = parse_version(text)

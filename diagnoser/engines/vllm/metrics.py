@@ -210,28 +210,29 @@ def ingest_samples(samples: list[Sample], ts: float, sink: SignalSink, state: Me
     _counter_rates(counters, ts, sink, state, source, emit_gen="gen_throughput_tps" not in gauge_name)
     _hist_quantiles(hist, ts, sink, state, source)
     detect_version(state)
-    engine_core_fact(state, sink, source)
+    engine_from_metrics(state, sink, source)
     state.last_ts = ts
     return used
 
 
-# the series only one engine core exports: V0's swap gauges (vllm/engine/metrics.py at v0.6.6; gone there by
-# v0.10.2), V1's renamed usage and prefix-cache counters (vllm/v1/metrics/loggers.py at v0.10.2, absent from
-# vllm/engine/metrics.py at v0.10.2)
+# the series only one engine exports: V0's swap gauges (vllm/engine/metrics.py at v0.4.3 … v0.8.5; V1's
+# vllm/v1/metrics/loggers.py has no swap), V1's renamed usage and prefix-cache counters (vllm/v1/metrics/loggers.py
+# at v0.10.2, absent from vllm/engine/metrics.py at v0.10.2)
 V0_ONLY = ("num_requests_swapped", "cpu_cache_usage_perc")
 V1_ONLY = ("kv_cache_usage_perc", "prefix_cache_queries_total", "prefix_cache_queries")
 
 
-def engine_core_fact(state: MetricsState, sink: SignalSink, source: str) -> None:
-    """The ``engine_core`` fact ("V0" / "V1") from the names and labels: V0 alone exports
-    ``num_requests_swapped`` and ``cpu_cache_usage_perc``; V1 alone labels its series with ``engine`` and
-    exports ``kv_cache_usage_perc`` and ``prefix_cache_queries``. Set once, when one side is seen and the
-    other is not (a log's start-up line overrides it)."""
-    v0 = any(n in state.seen_names for n in V0_ONLY)  # (seen_names are normalised: no vllm: prefix)
-    v1 = "engine" in state.label_names or any(n in state.seen_names for n in V1_ONLY)
-    if v0 != v1:
-        sink.set_config("engine_core", "V0" if v0 else "V1", f"{source} ({'V0-only series' if v0 else 'V1-only series or the engine label'})",
-                        override=False)
+def engine_from_metrics(state: MetricsState, sink: SignalSink, source: str) -> None:
+    """``vllm_engine`` ("V0" / "V1") from the names and labels seen: V0 alone exports
+    ``vllm:num_requests_swapped`` and ``vllm:cpu_cache_usage_perc``; V1 alone labels its series with
+    ``engine`` (its ``labelnames = ["model_name", "engine"]``; V0 labels ``model_name``) and exports
+    ``kv_cache_usage_perc`` and ``prefix_cache_queries``. Set once, when one side is seen and the other is
+    not (seen_names are normalised: no ``vllm:`` prefix)."""
+    v0 = [n for n in V0_ONLY if n in state.seen_names]
+    v1 = (["label engine"] if "engine" in state.label_names else []) + [n for n in V1_ONLY if n in state.seen_names]
+    if bool(v0) != bool(v1):
+        tag, why = ("V0", v0) if v0 else ("V1", v1)
+        sink.set_config("vllm_engine", tag, f"{source} {why[0]} ({tag}'s metrics only)", override=False)
 
 
 def _pool(labels: dict[str, str]) -> float | None:

