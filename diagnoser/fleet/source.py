@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from diagnoser import gcpause
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
@@ -318,7 +319,8 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
     rep.messages.extend(notes)
     t0 = time.perf_counter()
     try:
-        _collect(api, adapter, matchers, win, col, rep)
+        with gcpause.paused():  # the answers' millions of lists and dicts hold no cycles (diagnoser/gcpause.py)
+            _collect(api, adapter, matchers, win, col, rep)
     finally:
         if own:
             api.close()
