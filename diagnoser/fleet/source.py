@@ -197,6 +197,7 @@ def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
 
 
 _EMPTY = np.zeros(0)
+_NUMBER = {int, float}
 
 
 def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +249,12 @@ def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | Non
     total = sum(n)
     flat = list(chain.from_iterable(lists))
     try:
-        ts = np.fromiter(map(float, map(_first, flat)), np.float64, total)
+        times = list(map(_first, flat))
+        if set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
+            ts = np.array(times, np.float64)
+        else:
+            ts = np.fromiter(map(float, times), np.float64, total)
+        del times
         vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         return None
@@ -613,14 +619,17 @@ def _tp(metric: dict[str, str]) -> int:
         return 0
 
 
-def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
-    """Write one query's series into the timelines. Returns the number of series used.
+def _rank(metric: dict[str, str]) -> str:
+    """:func:`M.rank_key` without its call for the common single-scheduler series."""
+    dp, pp = metric.get("dp_rank"), metric.get("pp_rank")
+    if not dp and (not pp or pp == "0"):
+        return ""
+    return M.rank_key(metric)
 
-    Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
-    lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
-    exports the same numbers)."""
-    cache: dict[float, str] = {}
-    groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]]]] = {}
+
+def _pick_reference(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]]:
+    """Each result's (labels, timeline, values) for the timelines that take this answer; a result that is
+    not ``{"metric": {label: string}, …}`` is dropped and counted. The reference for :func:`_pick`."""
     picked: list[tuple[dict[str, str], Timeline, Any]] = []
     for r in result:
         if not isinstance(r, dict):
@@ -634,13 +643,68 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         if tl is None or id(tl) in done:
             continue
         picked.append((metric, tl, r.get("values")))
+    return picked
+
+
+def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]] | None:
+    """:func:`_pick_reference` for a plain answer, the types checked once over all of it (every result a
+    dict with a ``metric`` dict of strings) and each target looked up by its key directly. None when
+    anything is not plain: the caller then takes the reference, which counts what it drops. Nothing is
+    changed here (targets are frozen while the answers are read: :meth:`_Targets.resolve` adds none)."""
+    if not result:
+        return []
+    if set(map(type, result)) != {dict}:
+        return None
+    try:
+        metrics = list(map(_metric_of, result))
+    except KeyError:
+        return None
+    if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
+        return None
+    keys = targets.keys
+    resolve = targets.resolve
+    picked: list[tuple[dict[str, str], Timeline, Any]] = []
+    for r, m in zip(result, metrics, strict=True):
+        get = m.get
+        tl = keys.get((get("job", ""), get("instance", ""), get("model_name") or get("name", "")))
+        if tl is None:
+            tl = resolve(m)  # a model-less series: its instance's only model
+            if tl is None:
+                continue
+        if id(tl) in done:
+            continue
+        picked.append((m, tl, r.get("values")))
+    return picked
+
+
+_metric_of = itemgetter("metric")
+
+
+def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
+    """Write one query's series into the timelines. Returns the number of series used.
+
+    Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
+    lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
+    exports the same numbers)."""
+    cache: dict[float, str] = {}
+    picked = _pick(result, targets, done) if _BATCH else None
+    if picked is None:
+        picked = _pick_reference(result, targets, done)
     arrays = _values_batch([p[2] for p in picked]) if _BATCH else None
+    # (target, rank) → [timeline, its series by (TP rank, mode), or None while it has one series: then that
+    # series' arrays and labels]; one series, the common case, is written as it is (what the grouping gives)
+    groups: dict[tuple[int, str], list[Any]] = {}
     for k, (metric, tl, values) in enumerate(picked):
         pts = arrays[k] if arrays is not None else _values(values, targets)
         if not len(pts[0]):
             continue
-        rank = M.rank_key(metric) if q.per_rank else ""
-        g = groups.setdefault((id(tl), rank), (tl, {}))
+        rank = _rank(metric) if q.per_rank else ""
+        g = groups.get((id(tl), rank))
+        if g is None:
+            groups[(id(tl), rank)] = [tl, None, pts, metric]
+            continue
+        if g[1] is None:
+            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [g[2]]}
         g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(pts)
     used = 0
     fresh: set[int] = set()
@@ -662,20 +726,28 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
         return grid.with_values(vals)
 
-    for (tid, rank), (tl, by_tp) in groups.items():
-        low = min(tp for tp, _m in by_tp)
-        parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
-        if q.kind == "prefill":
-            used += _prefill(tl, rank, q, parts, source)
-            fresh.add(tid)
-            continue
-        lists = [v for vals in parts.values() for v in vals]
-        if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
-            t_arr, v_arr = lists[0]
-        else:
-            merged = _points(lists, q.how)
-            t_arr = np.array(sorted(merged))
-            v_arr = np.array([merged[t] for t in t_arr.tolist()])
+    for (tid, rank), (tl, by_tp, one, metric) in groups.items():
+        if by_tp is None:
+            if q.kind == "prefill":  # (split by mode)
+                by_tp = {(_tp(metric), _label(metric, "mode")): [one]}
+            else:
+                t_arr, v_arr = one
+                n_used = 1
+        if by_tp is not None:
+            low = min(tp for tp, _m in by_tp)
+            parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
+            if q.kind == "prefill":
+                used += _prefill(tl, rank, q, parts, source)
+                fresh.add(tid)
+                continue
+            lists = [v for vals in parts.values() for v in vals]
+            if len(lists) == 1:  # one series of the lowest TP rank, already in time order
+                t_arr, v_arr = lists[0]
+            else:
+                merged = _points(lists, q.how)
+                t_arr = np.array(sorted(merged))
+                v_arr = np.array([merged[t] for t in t_arr.tolist()])
+            n_used = sum(len(v) for v in parts.values())
         if not len(t_arr):
             continue
         if q.kind == "delta":
@@ -686,7 +758,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             t_arr, v_arr = t_arr[1:], np.array(deltas(v_arr.tolist()))
         tl.series[(q.signal, rank)] = on_grid(t_arr, v_arr)
         fresh.add(tid)
-        used += sum(len(v) for v in parts.values())
+        used += n_used
     done.update(fresh)
     return used
 
