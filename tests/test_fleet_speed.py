@@ -3,8 +3,11 @@
 - ``_values_batch`` (every series of an answer converted at once) against ``_values`` per series, on plain
   and hostile answers: where the batch takes an answer, the arrays are the same and the reference would
   have dropped nothing; where it declines, the caller takes the reference path.
-- A whole pass over the 1,000 backfilled targets in a real Prometheus with the batch path on and off:
-  the same timelines, findings and report.
+- ``_pick`` (series matched to targets, types checked once per answer) against ``_pick_reference``, and
+  ``bound_quantiles`` skipping unchanged series against its loop.
+- A whole pass over the 1,000 backfilled targets in a real Prometheus with every fast path on (the
+  quantiles computed from one bucket-rate answer, diagnoser/fleet/quantiles.py) and off (each quantile
+  asked of Prometheus): the same timelines, findings and report.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ def test_fast_pick_declines_what_the_reference_drops() -> None:
 def _pass(url: str, end: float, batch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, str]:
     monkeypatch.setattr(S, "_BATCH", batch)
     monkeypatch.setattr(B, "_FAST", batch)
+    monkeypatch.setattr(S, "_LOCAL_QUANTILES", batch)  # off: every quantile asked of Prometheus, as before
     col = collect_prometheus(ns(url, selector='{job="sglang"}', range=600.0, step=None, rate_window=None, end=end), get_adapter())
     report = evaluate(col.timelines, get_adapter())
     doc = build(col, report)
@@ -150,6 +154,10 @@ def test_fast_and_reference_pass_agree_on_the_backfilled_fleet(big: tuple[Any, A
     col_f, rep_f, doc_f = _pass(prom.url, spec.end, True, monkeypatch)
     col_r, rep_r, doc_r = _pass(prom.url, spec.end, False, monkeypatch)
     assert len(col_f.timelines) == len(col_r.timelines) == 1000
+    # one bucket-rate query per histogram instead of one per quantile, none asked again (the way back)
+    plan = S.Q.plan("", 30.0, 120.0)
+    saved = sum(1 for q in plan if q.kind == "quantile") - len(S.Q.bucket_rates(plan, "", 120.0))
+    assert saved > 0 and col_f.fleet["queries"] == col_r.fleet["queries"] - saved
     for a, b in zip(col_f.timelines, col_r.timelines, strict=True):
         assert a.target == b.target and sorted(a.series) == sorted(b.series)
         for key in a.series:

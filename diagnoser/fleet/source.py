@@ -30,6 +30,7 @@ from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
 from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
+from diagnoser.fleet.quantiles import quantile_rows
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
@@ -42,6 +43,7 @@ AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
 HELD_ANSWERS = WORKERS  # answers in flight or read and waiting to be parsed (each at most MAX_ANSWER_BYTES)
 _BATCH = True  # _values_batch first (tests/test_fleet_speed.py turns it off for the reference path)
+_LOCAL_QUANTILES = True  # quantiles computed from one bucket-rate answer per histogram (off: asked of Prometheus)
 PASS_QUERIES = 3  # a pass may take as long as this many queries' deadlines, whatever is left then is missing and said
 
 
@@ -237,12 +239,9 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
     return ts, vs
 
 
-def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """:func:`_values` for every series of one answer at once: one pass over all its points (``float`` on
-    each time and value, as :func:`_values` does), the finiteness and time-order checks done once on the
-    whole answer. None when anything is not plain (a ``values`` that is not a list, a pair that does not
-    convert, a value that is not finite, points out of order): the caller then takes :func:`_values` per
-    series, which counts what it drops. Same arrays as :func:`_values` (tests/test_fleet_speed.py)."""
+def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every point of ``lists`` (one ``values`` list per series) as two flat float64 columns and each
+    series' end in them, with :func:`_values_batch`'s checks; None when anything is not plain."""
     if not all(type(v) is list for v in lists):
         return None
     n = [len(v) for v in lists]
@@ -261,13 +260,26 @@ def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | Non
     del flat
     if not (np.isfinite(ts).all() and np.isfinite(vs).all()):
         return None
-    ends = np.cumsum(n)
+    ends = np.cumsum(n, dtype=np.int64)
     if total > 1:
         back = ts[1:] < ts[:-1]
         inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
         back[inner] = False
         if bool(back.any()):
             return None
+    return ts, vs, ends
+
+
+def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """:func:`_values` for every series of one answer at once: one pass over all its points (``float`` on
+    each time and value, as :func:`_values` does), the finiteness and time-order checks done once on the
+    whole answer. None when anything is not plain (a ``values`` that is not a list, a pair that does not
+    convert, a value that is not finite, points out of order): the caller then takes :func:`_values` per
+    series, which counts what it drops. Same arrays as :func:`_values` (tests/test_fleet_speed.py)."""
+    got = _values_flat(lists)
+    if got is None:
+        return None
+    ts, vs, ends = got
     out: list[tuple[np.ndarray, np.ndarray]] = []
     a = 0
     for b in ends.tolist():
@@ -406,15 +418,20 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # waits for a slot before it sends its query
     gate = threading.Semaphore(HELD_ANSWERS)
 
+    timed: set[str] = set()  # queries that ran out of time (a bucket-rate query's quantiles are then not asked again)
+
     def run(q: Q.SignalQuery) -> list[Any]:
         # a list, emptied once ingested: the future keeps its result, the answer is not kept with it
         if not gate.acquire(timeout=max(0.0, api.pass_deadline - time.monotonic())):
+            timed.add(q.signal)
             return [q, None, f"its query was not sent before the pass's deadline ({PASS_QUERIES} query timeouts)", False]
         try:
-            step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
+            step = max(win.step, win.rate_window) if q.kind in ("quantile", "buckets") else win.step
             return [q, api.query_range(q.promql, win.start, win.end, step, raw=True), "", True]
         except PromError as e:
             gate.release()
+            if e.timeout:
+                timed.add(q.signal)
             return [q, None, str(e), False]
 
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
@@ -435,7 +452,11 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # Prometheus still works on the others
     pool = ThreadPoolExecutor(max_workers=WORKERS)
     try:
-        ordered = sorted(plan, key=lambda q: q.kind != "quantile")
+        # the quantiles from one bucket-rate answer per histogram (diagnoser/fleet/quantiles.py), or each
+        # asked of Prometheus (the reference, and the way back when that answer cannot be used)
+        rates = Q.bucket_rates(plan, matchers, win.rate_window) if _LOCAL_QUANTILES else {}
+        jobs = [q for q in plan if not (q.kind == "quantile" and q.base in rates)] + [job for job, _qs in rates.values()]
+        ordered = sorted(jobs, key=lambda q: q.kind not in ("quantile", "buckets"))
         futures = [pool.submit(run, q) for q in ordered]
         plan_of = dict(zip(futures, ordered, strict=True))
         # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
@@ -446,13 +467,18 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         bkt_future = pool.submit(api.query_range, bucket_query(matchers), win.start, win.end, cfg_step)  # the bucket bounds
         def handle(q: Q.SignalQuery, raw: Any, err: str) -> None:
             nonlocal used
+            if q.kind == "buckets":
+                _quantiles_from_rates(q, raw, err)
+                return
             g = group(q)
             waiting.setdefault(g, []).append((q, raw, err))
             if len(waiting[g]) < size[g]:
                 return
             for q, raw, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
                 res = None  # (the previous answer's parsed lists are let go before this one is parsed)
-                if raw is not None:
+                if isinstance(raw, list):  # rows computed here (_quantiles_from_rates)
+                    res = raw
+                elif raw is not None:
                     try:
                         res = api.finish(raw)
                     except PromError as e:
@@ -463,6 +489,32 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                     continue
                 ok.add(q.signal)
                 used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+
+        def _quantiles_from_rates(job: Q.SignalQuery, raw: Any, err: str) -> None:
+            """A histogram's bucket rates → its quantile queries' rows; when the answer is missing for
+            another reason than time, or cannot be used, those queries are asked of Prometheus here."""
+            sqs = rates[job.base][1]
+            rows = None
+            timed_out = False
+            if raw is not None:
+                try:
+                    rows = quantile_rows(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
+                except PromError as e:
+                    err, timed_out = str(e), e.timeout
+            elif job.signal in timed or "deadline" in err:  # (its own time, or the pass's, ran out)
+                timed_out = True
+            raw = None
+            for sq in sqs:
+                if rows is not None:
+                    handle(sq, rows[sq.q], "")
+                elif timed_out:
+                    handle(sq, None, err)
+                else:
+                    try:
+                        step = max(win.step, win.rate_window)
+                        handle(sq, api.query_range(sq.promql, win.start, win.end, step, raw=True), "")
+                    except PromError as e:
+                        handle(sq, None, str(e))
 
         done_futs: set[Any] = set()
         try:  # every call ends by the pass deadline (its socket is shut then): the extra time is a safety net
