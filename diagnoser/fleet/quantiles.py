@@ -94,7 +94,16 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         start = b[k - 1][0]
         count -= counts[k - 1]
         rank -= counts[k - 1]
-    return start + (end - start) * (rank / count)
+    return start + (end - start) * _div(rank, count)
+
+
+def _div(a: float, b: float) -> float:
+    """``a / b`` as Go (IEEE 754) divides: ±Inf or NaN where Python raises (q = 0 in an empty first bucket)."""
+    if b != 0:
+        return a / b
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
 
 
 def _quantiles_dense(q: float, bounds: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -102,6 +111,8 @@ def _quantiles_dense(q: float, bounds: np.ndarray, c: np.ndarray) -> np.ndarray:
     ``bounds``, the last ``+Inf``), the same operations elementwise."""
     n, nb = c.shape
     out = np.full(n, np.nan)
+    if q < 0 or q > 1:  # (before any bucket is looked at, as in bucketQuantile)
+        return np.full(n, -np.inf if q < 0 else np.inf)
     if nb < 2 or not (math.isinf(bounds[-1]) and bounds[-1] > 0) or math.isnan(q):
         return out
     c = np.maximum.accumulate(c, axis=1)  # ensureMonotonic
