@@ -93,11 +93,13 @@ def run_child(url: str, end: float, sel: str, root: Path | None = None) -> dict[
 
 
 def raw_pass(url: str, end: float, sel: str) -> tuple[float, int]:
-    """The same requests, raw: series + config + every range query, as many at a time, bodies read only."""
+    """The same requests, raw: series + config + bucket bounds + every range query the pass sends (this
+    checkout's plan), as many at a time, bodies read only."""
     import httpx
 
     from diagnoser.fleet import queries as Q
     from diagnoser.fleet import source as S
+    from diagnoser.fleet.bounds import bucket_query
 
     win, _ = S.Window.from_args(600.0, None, None, end)
     m = Q.parse_selector(sel)
@@ -105,8 +107,12 @@ def raw_pass(url: str, end: float, sel: str) -> tuple[float, int]:
     reqs = [("/api/v1/series", {"match[]": Q.discovery_match(m), "start": win.start, "end": win.end}),
             ("/api/v1/query_range", {"query": Q.config_query(m), "start": win.start, "end": win.end,
                                      "step": min(max((win.end - win.start) / 4, 1.0), 240.0)})]
-    for q in Q.plan(m, win.step, win.rate_window):
-        step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
+    plan = Q.plan(m, win.step, win.rate_window)
+    rates = Q.bucket_rates(plan, m, win.rate_window) if S._LOCAL_QUANTILES else {}  # the queries the pass sends
+    reqs.append(("/api/v1/query_range", {"query": bucket_query(m), "start": win.start, "end": win.end,
+                                         "step": min(max((win.end - win.start) / 4, 1.0), 240.0)}))
+    for q in [q for q in plan if not (q.kind == "quantile" and q.base in rates)] + [job for job, _qs in rates.values()]:
+        step = max(win.step, win.rate_window) if q.kind in ("quantile", "buckets") else win.step
         reqs.append(("/api/v1/query_range", {"query": q.promql, "start": win.start, "end": win.end, "step": step}))
     t0 = time.perf_counter()
     with httpx.Client(timeout=120) as c, ThreadPoolExecutor(S.WORKERS) as pool:
