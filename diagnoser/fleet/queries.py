@@ -3,8 +3,10 @@
 The metric → signal mapping is the adapter's own (``engines/sglang/metrics.py`` GAUGES, COUNTERS,
 HISTOGRAMS, CONFIG_GAUGES), so a Prometheus-fed timeline has the same signal names as a direct scrape.
 Every selector takes both spellings (``sglang:x`` as served, ``sglang_x`` after Prometheus 3 escaping or
-the router's ``/engine_metrics``; docs/sglang.md#spelling) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
-histogram quantiles are computed by Prometheus (``rate()``, ``histogram_quantile()``); gauges are
+the router's ``/engine_metrics``; docs/sglang.md#spelling) with ``{__name__=~"sglang[:_]x"}``. Counter rates are
+computed by Prometheus (``rate()``); histogram quantiles from one bare bucket-rate answer per histogram
+(:func:`bucket_rates`, :mod:`diagnoser.fleet.quantiles`), or by Prometheus (``histogram_quantile()``, the
+quantile queries of :func:`plan`) when that answer cannot be used; gauges are
 read as they are stored (no server-side aggregation: measured 2-3x cheaper for Prometheus than ``max by``)
 and reduced per target and rank here with the same rule as the direct path (``max``, or ``sum`` over
 ``pid``/``endpoint`` series for the PID_SUMMED gauges; counters summed over label splits).
