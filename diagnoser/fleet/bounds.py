@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ def shared_bounds(answer: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
 _BASE = re.compile(r"sglang:(\w+)\[")
 
 
-_FAST = True  # bound_quantiles skips, with one numpy test, the series none of whose points change
+_FAST = True  # bound_quantiles skips the series none of whose points change (_unchanged)
 
 
 _STEMS: dict[str, str | None] = {}
@@ -112,8 +113,8 @@ def _base_of(src: str) -> str | None:
 
 
 def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]], idle: np.ndarray) -> bool:
-    """True when :func:`bound_quantiles` would change no point of ``s`` (tested on the columns at once, the
-    same comparisons as its loop); False when some point changes or the series is not plain (its points'
+    """True when :func:`bound_quantiles` would change no point of ``s`` (its loop's comparisons, without
+    building the new points and sources); False when some point changes or the series is not plain (its points'
     sources name more than one histogram, or unsorted bounds): the loop then decides."""
     srcs = set(s.sources.tolist())
     bases = {_base_of(src) for src in srcs}
@@ -125,23 +126,24 @@ def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tu
         bounds = default_ttft_bounds(vr)
     if not bounds:
         return True
-    b = np.asarray(bounds, dtype=np.float64)
-    if len(b) > 1 and not bool((b[1:] > b[:-1]).all()):
+    if any(y <= x for x, y in zip(bounds, bounds[1:], strict=False)):
         return False
-    ts, v = s.ts, s.values
-    real = v == v
-    i = np.searchsorted(b, v, "left")  # bounds[i - 1] < v <= bounds[i]: the loop's lo and hi
-    has_lo = i > 0
-    hi = np.where(i < len(b), b[np.minimum(i, len(b) - 1)], np.inf)
-    if len(idle):
-        k = np.searchsorted(idle, ts, "left") - 1
-        has_el = k >= 0
-        elapsed = ts - idle[np.maximum(k, 0)]
-        floor = has_el & (v > elapsed) & (hi > elapsed) & has_lo
-    else:
-        floor = np.zeros(len(v), dtype=bool)
-    top = (v >= b[-1]) if read else np.zeros(len(v), dtype=bool)
-    return not bool((real & (floor | top)).any())
+    # the loop's comparisons, on plain floats (a quantile series holds a few points: numpy's calls cost more)
+    idle_l = idle.tolist()
+    top = bounds[-1]
+    nb = len(bounds)
+    for t, x in zip(s.ts.tolist(), s.values.tolist(), strict=True):
+        if x != x:
+            continue
+        if read and x >= top:
+            return False
+        i = bisect_left(bounds, x)  # bounds[i - 1] < x <= bounds[i]: the loop's lo and hi
+        k = bisect_left(idle_l, t) - 1  # the last idle step before this one
+        if i > 0 and k >= 0:
+            elapsed = t - idle_l[k]
+            if x > elapsed and (bounds[i] if i < nb else math.inf) > elapsed:
+                return False
+    return True
 
 
 def bound_quantiles(tl: Timeline, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]] | None = None) -> int:
