@@ -281,3 +281,32 @@ def test_partial_response_warning_is_reported() -> None:
     col = collect(fake)
     assert col.timelines[0].get("running_reqs").values.tolist() == [3] * 5
     assert any("Prometheus warned on" in m and "partial response: store eu-2 unreachable" in m for m in col.inputs[0].messages)
+
+
+class RefusesBucketRates(FakeProm):
+    """Refuses the bare bucket-rate queries (as a store with a low --query.max-samples, or an answer past the
+    cap, would) and answers the histogram_quantile ones."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        form = parse_qs(request.content.decode()) if request.method == "POST" else {}
+        q = form.get("query", [""])[0]
+        if q.startswith("rate(") and "_bucket" in q:
+            self.requests.append((request.url.path, form))
+            return httpx.Response(422, json={"status": "error", "errorType": "execution", "error": "query processing would load too many samples"})
+        return super().__call__(request)
+
+
+def test_refused_bucket_rates_fall_back_to_prometheus_quantiles() -> None:
+    series = [{"__name__": "sglang:num_running_reqs", **A}]
+    fake = RefusesBucketRates(series, {"num_running_reqs": [matrix(A, [1, 1, 1, 1, 1])],
+                                       "time_to_first_token_seconds": [matrix(A, [0.39, 0.39, 0.39], step=60)]})
+    col = collect(fake)
+    (tl,) = col.timelines
+    assert tl.get("ttft_seconds_p95").values.tolist() == [0.39] * 3  # asked of Prometheus after the refusal
+    assert not col.fleet["failed_queries"]
+    queries = [f["query"][0] for _p, f in fake.requests if "query" in f]
+    bare = [q for q in queries if q.startswith("rate(") and "_bucket" in q]
+    assert bare and any(q.startswith("histogram_quantile(0.95") and "time_to_first_token" in q for q in queries)
+    # each refused histogram's quantiles were asked instead (and only those: one per quantile query of the plan)
+    plan = Q.plan("", 15, 60)
+    assert sum(q.startswith("histogram_quantile") for q in queries) == sum(1 for q in plan if q.kind == "quantile")
