@@ -72,20 +72,34 @@ def child(url: str, end: float, sel: str) -> None:
                       "query_seconds": col.fleet.get("query_seconds", 0.0)}))
 
 
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a process (/proc/PID/stat), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PROM_PID = 0  # the Prometheus measured (its CPU during each pass is the store's cost of that pass)
+
+
 def run_child(url: str, end: float, sel: str, root: Path | None = None) -> dict[str, object]:
     extra = ["--root", str(root)] if root else []
+    p0 = proc_cpu(PROM_PID) if PROM_PID else 0.0
     p = subprocess.run([sys.executable, __file__, "--child", url, str(end), sel, *extra], capture_output=True, text=True, cwd=root or ROOT)
     if p.returncode != 0:
         raise RuntimeError(f"child pass failed: {p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    out: dict[str, object] = json.loads(p.stdout.strip().splitlines()[-1])
+    out["prom_cpu"] = proc_cpu(PROM_PID) - p0 if PROM_PID else 0.0
+    return out
 
 
 def raw_pass(url: str, end: float, sel: str) -> tuple[float, int]:
-    """The same requests, raw: series + config + every range query, as many at a time, bodies read only."""
+    """The same requests, raw: series + config + bucket bounds + every range query the pass sends (this
+    checkout's plan), as many at a time, bodies read only."""
     import httpx
 
     from diagnoser.fleet import queries as Q
     from diagnoser.fleet import source as S
+    from diagnoser.fleet.bounds import bucket_query
 
     win, _ = S.Window.from_args(600.0, None, None, end)
     m = Q.parse_selector(sel)
@@ -93,8 +107,12 @@ def raw_pass(url: str, end: float, sel: str) -> tuple[float, int]:
     reqs = [("/api/v1/series", {"match[]": Q.discovery_match(m), "start": win.start, "end": win.end}),
             ("/api/v1/query_range", {"query": Q.config_query(m), "start": win.start, "end": win.end,
                                      "step": min(max((win.end - win.start) / 4, 1.0), 240.0)})]
-    for q in Q.plan(m, win.step, win.rate_window):
-        step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
+    plan = Q.plan(m, win.step, win.rate_window)
+    rates = Q.bucket_rates(plan, m, win.rate_window) if S._LOCAL_QUANTILES else {}  # the queries the pass sends
+    reqs.append(("/api/v1/query_range", {"query": bucket_query(m), "start": win.start, "end": win.end,
+                                         "step": min(max((win.end - win.start) / 4, 1.0), 240.0)}))
+    for q in [q for q in plan if not (q.kind == "quantile" and q.base in rates)] + [job for job, _qs in rates.values()]:
+        step = max(win.step, win.rate_window) if q.kind in ("quantile", "buckets") else win.step
         reqs.append(("/api/v1/query_range", {"query": q.promql, "start": win.start, "end": win.end, "step": step}))
     t0 = time.perf_counter()
     with httpx.Client(timeout=120) as c, ThreadPoolExecutor(S.WORKERS) as pool:
@@ -136,6 +154,8 @@ def main() -> int:
         print(f"fleet of {spec.n} targets written and backfilled in {time.perf_counter() - t0:.1f} s (promtool {took:.1f} s)")
     end = json.loads(meta.read_text())["end"]
     prom = start_prometheus(work, scrape_config({}), data_dir=work / "data")
+    global PROM_PID
+    PROM_PID = prom.proc.pid
     rows = []
     try:
         run_child(prom.url, end, selector(sizes[0]))  # warm-up: Prometheus' page cache, imports
@@ -167,7 +187,7 @@ def main() -> int:
         per = (rss - float(passes[0]["rss_imports"])) / n / 1024
         print(f"{n:8d} {judged:7d} {raw:7.2f} {ps:7.2f} {med('collect'):8.2f} {med('evaluate'):8.2f} {ps / raw:6.2f} "
               f"{ps / base_pass:6.2f} {float(passes[0]['bytes']) / 2**20:8.1f} {rss / 2**20:8.0f}M {rss / base_rss:6.2f} {per:8.1f}"
-              f"   CPU: collect {med('cpu_collect'):.2f} s, eval+rep {med('cpu_evaluate'):.2f} s")
+              f"   CPU: collect {med('cpu_collect'):.2f} s, eval+rep {med('cpu_evaluate'):.2f} s, Prometheus {med('prom_cpu'):.2f} s")
         bad = [p for p in passes if p["failed"] or int(p["timelines"]) != n]
         if bad:
             ok = False
@@ -179,10 +199,11 @@ def main() -> int:
             oe = statistics.median(float(p["evaluate"]) for p in olds)  # type: ignore[arg-type]
             occ = statistics.median(float(p["cpu_collect"]) for p in olds)  # type: ignore[arg-type]
             oce = statistics.median(float(p["cpu_evaluate"]) for p in olds)  # type: ignore[arg-type]
+            opc = statistics.median(float(p["prom_cpu"]) for p in olds)  # type: ignore[arg-type]
             print(f"{'':8s} {a.compare}: pass {ops:.2f} s (collect {oc:.2f}, eval+rep {oe:.2f}; CPU {occ:.2f} + {oce:.2f}), "
                   f"{ops / raw:.2f}x raw, peak RSS {orss / 2**20:.0f}M; this / that: pass {ps / ops:.2f}x, collect {med('collect') / oc:.2f}x "
                   f"(CPU {med('cpu_collect') / occ:.2f}x), eval+rep {med('evaluate') / oe:.2f}x (CPU {med('cpu_evaluate') / oce:.2f}x), "
-                  f"RSS {rss / orss:.2f}x")
+                  f"RSS {rss / orss:.2f}x; Prometheus CPU {opc:.2f} s there, this / that {med('prom_cpu') / opc:.2f}x")
         if n >= 10000 and (ps >= TARGET_S or rss >= TARGET_RSS):
             ok = False
     print(f"target: at 10,000 all judged, a pass < {TARGET_S:g} s, peak RSS < {TARGET_RSS / 1e9:g} GB "

@@ -18,6 +18,7 @@ from diagnoser.engines import get_adapter
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import collect_prometheus
 from diagnoser.fleet import queries as Q
+from diagnoser.fleet import source as S
 from diagnoser.fleet.promapi import PromAPI, PromError, auth_headers
 from diagnoser.fleet.source import deltas, parse_end
 
@@ -71,6 +72,8 @@ class FakeProm:
         for key, res in self.results.items():
             if key in names and (("histogram_quantile" in q) == key.endswith("_seconds")):
                 return ok({"resultType": "matrix", "result": res})
+            if key + ":buckets" in self.results and key in names and q.startswith("rate("):  # the bare bucket rates
+                return ok({"resultType": "matrix", "result": self.results[key + ":buckets"]})
         return ok({"resultType": "matrix", "result": []})
 
 
@@ -110,7 +113,9 @@ def test_plan_is_one_query_per_signal_for_the_whole_fleet() -> None:
     assert len([q for q in plan if q.signal == "running_reqs"]) == 1
 
 
-def test_targets_ranks_spellings_and_values() -> None:
+@pytest.mark.parametrize("local", [False, True], ids=["quantiles-by-prometheus", "quantiles-here"])
+def test_targets_ranks_spellings_and_values(local: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "_LOCAL_QUANTILES", local)
     series = [{"__name__": "sglang:evicted_tokens_total", "job": "sglang", "instance": "a:30000", "cache_type": "RadixCache"},
               {"__name__": "sglang:num_running_reqs", **A, "tp_rank": "0", "engine_type": "unified", "moe_ep_rank": "0"},
               {"__name__": "sglang_num_running_reqs", **B, "dp_rank": "0", "tp_rank": "0"},
@@ -122,9 +127,12 @@ def test_targets_ranks_spellings_and_values() -> None:
                matrix({**B, "dp_rank": "1", "tp_rank": "1"}, [10, 10, 10, 10, 10])]
     http = [matrix({"job": "sglang", "instance": "a:30000"}, [3, 3, 3, 3, 3])]  # no model_name label
     ttft = [matrix(A, [0.39, 0.39, 0.39], step=60)]
+    # the same p95 from bucket rates: nothing up to 0.2 s, everything by 0.4 s: 0.2 + 0.2 * 0.95
+    ttft_buckets = [matrix({**A, "le": le}, [c, c, c], step=60) for le, c in (("0.2", 0.0), ("0.4", 2.0), ("+Inf", 2.0))]
     retr = [matrix({**A, "tp_rank": "0"}, [5, 5, 7, 7, 1])]  # restart at the end
     fake = FakeProm(series, {"num_running_reqs": running, "http_requests_active": http,
-                             "time_to_first_token_seconds": ttft, "num_retracted_requests_total": retr},
+                             "time_to_first_token_seconds": ttft, "time_to_first_token_seconds:buckets": ttft_buckets,
+                             "num_retracted_requests_total": retr},
                     config=[{"metric": {"__name__": "sglang_max_total_num_tokens", **A, "tp_rank": "0"},
                              "values": [[END - 60, "65536"], [END, "NaN"]]}])
     col = collect(fake)
@@ -133,7 +141,8 @@ def test_targets_ranks_spellings_and_values() -> None:
     a, b = tls["a:30000"], tls["b:30000"]
     assert a.get("running_reqs").values.tolist() == [4, 4, 5, 5, 5]
     assert a.get("http_requests_active").values.tolist() == [3, 3, 3, 3, 3]
-    assert a.get("ttft_seconds_p95").values.tolist() == [0.39, 0.39, 0.39]
+    want = pytest.approx([0.39] * 3, abs=1e-12) if local else [0.39] * 3  # (0.2 + 0.2 * 0.95 is 0.39 to a few ulps)
+    assert a.get("ttft_seconds_p95").values.tolist() == want
     assert a.get("retracted_reqs").values.tolist() == [0, 2, 0, 1]  # per-step increase; the drop counts from 0
     assert a.get("retractions_total").values.tolist() == [5, 5, 7, 7, 1]
     assert a.cfg("max_total_tokens") == 65536
@@ -144,7 +153,11 @@ def test_targets_ranks_spellings_and_values() -> None:
     assert a.version == ">=0.5.23" and b.version != ">=0.5.23"
     # one query per signal; nothing per target
     queries = [f["query"][0] for p, f in fake.requests if p == "/api/v1/query_range"]
-    assert len(queries) == len(Q.plan("", 15, 60)) + 3  # + the config gauges, the bucket bounds and the vLLM series (fleet/vllm.py)
+    plan = Q.plan("", 15, 60)
+    # + the config gauges, the bucket bounds and the vLLM series (fleet/vllm.py); quantiles here: one rate query per histogram
+    saved = sum(1 for q in plan if q.kind == "quantile") - len(Q.bucket_rates(plan, "", 60)) if local else 0
+    assert len(queries) == len(plan) + 3 - saved
+    assert any(q.startswith("histogram_quantile") for q in queries) != local
     assert not any("a:30000" in q for q in queries)
     assert all(f.get("timeout") == ["5s"] for p, f in fake.requests if p == "/api/v1/query_range")
 
@@ -268,3 +281,32 @@ def test_partial_response_warning_is_reported() -> None:
     col = collect(fake)
     assert col.timelines[0].get("running_reqs").values.tolist() == [3] * 5
     assert any("Prometheus warned on" in m and "partial response: store eu-2 unreachable" in m for m in col.inputs[0].messages)
+
+
+class RefusesBucketRates(FakeProm):
+    """Refuses the bare bucket-rate queries (as a store with a low --query.max-samples, or an answer past the
+    cap, would) and answers the histogram_quantile ones."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        form = parse_qs(request.content.decode()) if request.method == "POST" else {}
+        q = form.get("query", [""])[0]
+        if q.startswith("rate(") and "_bucket" in q:
+            self.requests.append((request.url.path, form))
+            return httpx.Response(422, json={"status": "error", "errorType": "execution", "error": "query processing would load too many samples"})
+        return super().__call__(request)
+
+
+def test_refused_bucket_rates_fall_back_to_prometheus_quantiles() -> None:
+    series = [{"__name__": "sglang:num_running_reqs", **A}]
+    fake = RefusesBucketRates(series, {"num_running_reqs": [matrix(A, [1, 1, 1, 1, 1])],
+                                       "time_to_first_token_seconds": [matrix(A, [0.39, 0.39, 0.39], step=60)]})
+    col = collect(fake)
+    (tl,) = col.timelines
+    assert tl.get("ttft_seconds_p95").values.tolist() == [0.39] * 3  # asked of Prometheus after the refusal
+    assert not col.fleet["failed_queries"]
+    queries = [f["query"][0] for _p, f in fake.requests if "query" in f]
+    bare = [q for q in queries if q.startswith("rate(") and "_bucket" in q]
+    assert bare and any(q.startswith("histogram_quantile(0.95") and "time_to_first_token" in q for q in queries)
+    # each refused histogram's quantiles were asked instead (and only those: one per quantile query of the plan)
+    plan = Q.plan("", 15, 60)
+    assert sum(q.startswith("histogram_quantile") for q in queries) == sum(1 for q in plan if q.kind == "quantile")

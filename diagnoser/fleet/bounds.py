@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,71 @@ def shared_bounds(answer: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
 _BASE = re.compile(r"sglang:(\w+)\[")
 
 
+_FAST = True  # bound_quantiles skips the series none of whose points change (_unchanged)
+
+
+_STEMS: dict[str, str | None] = {}
+_BASES: dict[str, str | None] = {}
+
+
+def _quantile_stem(name: str) -> str | None:
+    """``ttft_seconds_p95`` → ``ttft_seconds`` for a histogram the fleet takes quantiles of, else None."""
+    hit = _STEMS.get(name, "")
+    if hit == "":
+        stem = name.rsplit("_p", 1)[0] if re.fullmatch(r"(.+)_p\d+", name) else None
+        hit = stem if stem in HISTOGRAM_QUANTILES else None
+        if len(_STEMS) > 4096:
+            _STEMS.clear()
+        _STEMS[name] = hit
+    return hit
+
+
+def _base_of(src: str) -> str | None:
+    """The histogram's base name in a quantile point's source (``… sglang:NAME[…``), memoised."""
+    hit = _BASES.get(src, "")
+    if hit == "":
+        m = _BASE.search(src)
+        hit = m.group(1) if m else None
+        if len(_BASES) > 4096:
+            _BASES.clear()
+        _BASES[src] = hit
+    return hit
+
+
+def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]], idle: np.ndarray) -> bool:
+    """True when :func:`bound_quantiles` would change no point of ``s`` (its loop's comparisons, without
+    building the new points and sources); False when some point changes or the series is not plain (its points'
+    sources name more than one histogram, or unsorted bounds): the loop then decides."""
+    srcs = set(s.sources.tolist())
+    bases = {_base_of(src) for src in srcs}
+    if len(bases) != 1:
+        return False
+    base = next(iter(bases))
+    bounds, read = (buckets[base], True) if base is not None and base in buckets else ((), False)
+    if not bounds and stem == "ttft_seconds":
+        bounds = default_ttft_bounds(vr)
+    if not bounds:
+        return True
+    if any(y <= x for x, y in zip(bounds, bounds[1:], strict=False)):
+        return False
+    # the loop's comparisons, on plain floats (a quantile series holds a few points: numpy's calls cost more)
+    idle_l = idle.tolist()
+    top = bounds[-1]
+    nb = len(bounds)
+    for t, x in zip(s.ts.tolist(), s.values.tolist(), strict=True):
+        if x != x:
+            continue
+        if read and x >= top:
+            return False
+        i = bisect_left(bounds, x)  # bounds[i - 1] < x <= bounds[i]: the loop's lo and hi
+        k = bisect_left(idle_l, t) - 1  # the last idle step before this one
+        if i > 0 and k >= 0:
+            elapsed = t - idle_l[k]
+            if x > elapsed and (bounds[i] if i < nb else math.inf) > elapsed:
+                return False
+    return True
+
+
 def bound_quantiles(tl: Timeline, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]] | None = None) -> int:
     """Rewrite the histogram quantile points that pass the clock, or sit in the ``+Inf`` bucket, as their
     bucket's floor; ``buckets`` are the bounds read from Prometheus (:func:`shared_bounds`). Returns how many."""
@@ -87,11 +153,13 @@ def bound_quantiles(tl: Timeline, vr: VersionRange | None, buckets: dict[str, tu
     buckets = buckets or {}
     stems = tuple(HISTOGRAM_QUANTILES)
     changed = 0
-    for name in [n for (n, rank) in tl.series if rank == "" and re.fullmatch(r"(.+)_p\d+", n)]:
+    for name in [n for (n, rank) in tl.series if rank == "" and (_quantile_stem(n) if _FAST else re.fullmatch(r"(.+)_p\d+", n))]:
         stem = name.rsplit("_p", 1)[0]
         if stem not in stems:
             continue
         s = tl.series[(name, "")]
+        if _FAST and _unchanged(s, stem, vr, buckets, idle):
+            continue
         ts, vals, srcs = s.ts.tolist(), s.values.tolist(), s.sources.tolist()
         out_v, out_s = [], []
         before = changed

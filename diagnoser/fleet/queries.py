@@ -3,8 +3,10 @@
 The metric → signal mapping is the adapter's own (``engines/sglang/metrics.py`` GAUGES, COUNTERS,
 HISTOGRAMS, CONFIG_GAUGES), so a Prometheus-fed timeline has the same signal names as a direct scrape.
 Every selector takes both spellings (``sglang:x`` as served, ``sglang_x`` after Prometheus 3 escaping or
-the router's ``/engine_metrics``; docs/sglang.md#spelling) with ``{__name__=~"sglang[:_]x"}``. Counter rates and
-histogram quantiles are computed by Prometheus (``rate()``, ``histogram_quantile()``); gauges are
+the router's ``/engine_metrics``; docs/sglang.md#spelling) with ``{__name__=~"sglang[:_]x"}``. Counter rates are
+computed by Prometheus (``rate()``); histogram quantiles from one bare bucket-rate answer per histogram
+(:func:`bucket_rates`, :mod:`diagnoser.fleet.quantiles`), or by Prometheus (``histogram_quantile()``, the
+quantile queries of :func:`plan`) when that answer cannot be used; gauges are
 read as they are stored (no server-side aggregation: measured 2-3x cheaper for Prometheus than ``max by``)
 and reduced per target and rank here with the same rule as the direct path (``max``, or ``sum`` over
 ``pid``/``endpoint`` series for the PID_SUMMED gauges; counters summed over label splits).
@@ -75,6 +77,8 @@ class SignalQuery:
     per_rank: bool = True
     priority: int = 0  # several queries for one signal: the lowest priority that has data wins
     total: str = ""  # "delta" queries: also keep the running total under this signal
+    base: str = ""  # "quantile" queries: the histogram's name (bucket_rates asks its rates once)
+    q: float = 0.0  # "quantile" queries: the quantile
 
 
 def _dur(seconds: float) -> str:
@@ -146,7 +150,25 @@ def plan(matchers: str, step: float, rate_window: float) -> list[SignalQuery]:
                 sel = name_selector([base], matchers, "_bucket")
                 out.append(SignalQuery(f"{stem}_p{int(q * 100)}", "quantile",
                                        f"histogram_quantile({q:g}, sum by ({HIST_GROUP}) (rate({sel}[{w}])))",
-                                       f"histogram_quantile({q:g}, sglang:{base}[{w}])", "max", per_rank=False, priority=prio))
+                                       f"histogram_quantile({q:g}, sglang:{base}[{w}])", "max", per_rank=False, priority=prio,
+                                       base=base, q=q))
+    return out
+
+
+def bucket_rates(plan_: list[SignalQuery], matchers: str, rate_window: float) -> dict[str, tuple[SignalQuery, list[SignalQuery]]]:
+    """``{histogram: (its bare bucket-rate query, the plan's quantile queries it answers)}``: one
+    ``rate(NAME_bucket[w])`` per histogram, from whose answer :mod:`diagnoser.fleet.quantiles` computes
+    every quantile of it as Prometheus would (its ``sum by`` and ``histogram_quantile`` done here)."""
+    out: dict[str, tuple[SignalQuery, list[SignalQuery]]] = {}
+    w = _dur(rate_window)
+    for sq in plan_:
+        if sq.kind != "quantile" or not sq.base:
+            continue
+        if sq.base not in out:
+            sel = name_selector([sq.base], matchers, "_bucket")
+            out[sq.base] = (SignalQuery(f"buckets:{sq.base}", "buckets", f"rate({sel}[{w}])", f"rate(sglang:{sq.base}_bucket[{w}])",
+                                        base=sq.base), [])
+        out[sq.base][1].append(sq)
     return out
 
 

@@ -24,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from diagnoser import gcpause
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.fleet import queries as Q
 from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
+from diagnoser.fleet.quantiles import quantile_rows
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
@@ -41,6 +43,7 @@ AUTO_POINTS = 200  # points per series when the step follows the data
 WORKERS = 4
 HELD_ANSWERS = WORKERS  # answers in flight or read and waiting to be parsed (each at most MAX_ANSWER_BYTES)
 _BATCH = True  # _values_batch first (tests/test_fleet_speed.py turns it off for the reference path)
+_LOCAL_QUANTILES = True  # quantiles computed from one bucket-rate answer per histogram (off: asked of Prometheus)
 PASS_QUERIES = 3  # a pass may take as long as this many queries' deadlines, whatever is left then is missing and said
 
 
@@ -196,6 +199,7 @@ def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
 
 
 _EMPTY = np.zeros(0)
+_NUMBER = {int, float}
 
 
 def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
@@ -235,32 +239,47 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
     return ts, vs
 
 
-def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """:func:`_values` for every series of one answer at once: one pass over all its points (``float`` on
-    each time and value, as :func:`_values` does), the finiteness and time-order checks done once on the
-    whole answer. None when anything is not plain (a ``values`` that is not a list, a pair that does not
-    convert, a value that is not finite, points out of order): the caller then takes :func:`_values` per
-    series, which counts what it drops. Same arrays as :func:`_values` (tests/test_fleet_speed.py)."""
+def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every point of ``lists`` (one ``values`` list per series) as two flat float64 columns and each
+    series' end in them, with :func:`_values_batch`'s checks; None when anything is not plain."""
     if not all(type(v) is list for v in lists):
         return None
     n = [len(v) for v in lists]
     total = sum(n)
     flat = list(chain.from_iterable(lists))
     try:
-        ts = np.fromiter(map(float, map(_first, flat)), np.float64, total)
+        times = list(map(_first, flat))
+        if set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
+            ts = np.array(times, np.float64)
+        else:
+            ts = np.fromiter(map(float, times), np.float64, total)
+        del times
         vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         return None
     del flat
     if not (np.isfinite(ts).all() and np.isfinite(vs).all()):
         return None
-    ends = np.cumsum(n)
+    ends = np.cumsum(n, dtype=np.int64)
     if total > 1:
         back = ts[1:] < ts[:-1]
         inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
         back[inner] = False
         if bool(back.any()):
             return None
+    return ts, vs, ends
+
+
+def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """:func:`_values` for every series of one answer at once: one pass over all its points (``float`` on
+    each time and value, as :func:`_values` does), the finiteness and time-order checks done once on the
+    whole answer. None when anything is not plain (a ``values`` that is not a list, a pair that does not
+    convert, a value that is not finite, points out of order): the caller then takes :func:`_values` per
+    series, which counts what it drops. Same arrays as :func:`_values` (tests/test_fleet_speed.py)."""
+    got = _values_flat(lists)
+    if got is None:
+        return None
+    ts, vs, ends = got
     out: list[tuple[np.ndarray, np.ndarray]] = []
     a = 0
     for b in ends.tolist():
@@ -318,7 +337,8 @@ def collect_prometheus(args: Any, adapter: Any, api: PromAPI | None = None) -> F
     rep.messages.extend(notes)
     t0 = time.perf_counter()
     try:
-        _collect(api, adapter, matchers, win, col, rep)
+        with gcpause.paused():  # the answers' millions of lists and dicts hold no cycles (diagnoser/gcpause.py)
+            _collect(api, adapter, matchers, win, col, rep)
     finally:
         if own:
             api.close()
@@ -398,15 +418,20 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # waits for a slot before it sends its query
     gate = threading.Semaphore(HELD_ANSWERS)
 
+    timed: set[str] = set()  # queries that ran out of time (a bucket-rate query's quantiles are then not asked again)
+
     def run(q: Q.SignalQuery) -> list[Any]:
         # a list, emptied once ingested: the future keeps its result, the answer is not kept with it
         if not gate.acquire(timeout=max(0.0, api.pass_deadline - time.monotonic())):
+            timed.add(q.signal)
             return [q, None, f"its query was not sent before the pass's deadline ({PASS_QUERIES} query timeouts)", False]
         try:
-            step = max(win.step, win.rate_window) if q.kind == "quantile" else win.step
+            step = max(win.step, win.rate_window) if q.kind in ("quantile", "buckets") else win.step
             return [q, api.query_range(q.promql, win.start, win.end, step, raw=True), "", True]
         except PromError as e:
             gate.release()
+            if e.timeout:
+                timed.add(q.signal)
             return [q, None, str(e), False]
 
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
@@ -427,7 +452,11 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # Prometheus still works on the others
     pool = ThreadPoolExecutor(max_workers=WORKERS)
     try:
-        ordered = sorted(plan, key=lambda q: q.kind != "quantile")
+        # the quantiles from one bucket-rate answer per histogram (diagnoser/fleet/quantiles.py), or each
+        # asked of Prometheus (the reference, and the way back when that answer cannot be used)
+        rates = Q.bucket_rates(plan, matchers, win.rate_window) if _LOCAL_QUANTILES else {}
+        jobs = [q for q in plan if not (q.kind == "quantile" and q.base in rates)] + [job for job, _qs in rates.values()]
+        ordered = sorted(jobs, key=lambda q: q.kind not in ("quantile", "buckets"))
         futures = [pool.submit(run, q) for q in ordered]
         plan_of = dict(zip(futures, ordered, strict=True))
         # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
@@ -438,13 +467,18 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         bkt_future = pool.submit(api.query_range, bucket_query(matchers), win.start, win.end, cfg_step)  # the bucket bounds
         def handle(q: Q.SignalQuery, raw: Any, err: str) -> None:
             nonlocal used
+            if q.kind == "buckets":
+                _quantiles_from_rates(q, raw, err)
+                return
             g = group(q)
             waiting.setdefault(g, []).append((q, raw, err))
             if len(waiting[g]) < size[g]:
                 return
             for q, raw, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
                 res = None  # (the previous answer's parsed lists are let go before this one is parsed)
-                if raw is not None:
+                if isinstance(raw, list):  # rows computed here (_quantiles_from_rates)
+                    res = raw
+                elif raw is not None:
                     try:
                         res = api.finish(raw)
                     except PromError as e:
@@ -455,6 +489,32 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                     continue
                 ok.add(q.signal)
                 used += _ingest(q, res, targets, have.setdefault(q.signal, set()))
+
+        def _quantiles_from_rates(job: Q.SignalQuery, raw: Any, err: str) -> None:
+            """A histogram's bucket rates → its quantile queries' rows; when the answer is missing for
+            another reason than time, or cannot be used, those queries are asked of Prometheus here."""
+            sqs = rates[job.base][1]
+            rows = None
+            timed_out = False
+            if raw is not None:
+                try:
+                    rows = quantile_rows(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
+                except PromError as e:
+                    err, timed_out = str(e), e.timeout
+            elif job.signal in timed or "deadline" in err:  # (its own time, or the pass's, ran out)
+                timed_out = True
+            raw = None
+            for sq in sqs:
+                if rows is not None:
+                    handle(sq, rows[sq.q], "")
+                elif timed_out:
+                    handle(sq, None, err)
+                else:
+                    try:
+                        step = max(win.step, win.rate_window)
+                        handle(sq, api.query_range(sq.promql, win.start, win.end, step, raw=True), "")
+                    except PromError as e:
+                        handle(sq, None, str(e))
 
         done_futs: set[Any] = set()
         try:  # every call ends by the pass deadline (its socket is shut then): the extra time is a safety net
@@ -611,14 +671,17 @@ def _tp(metric: dict[str, str]) -> int:
         return 0
 
 
-def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
-    """Write one query's series into the timelines. Returns the number of series used.
+def _rank(metric: dict[str, str]) -> str:
+    """:func:`M.rank_key` without its call for the common single-scheduler series."""
+    dp, pp = metric.get("dp_rank"), metric.get("pp_rank")
+    if not dp and (not pp or pp == "0"):
+        return ""
+    return M.rank_key(metric)
 
-    Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
-    lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
-    exports the same numbers)."""
-    cache: dict[float, str] = {}
-    groups: dict[tuple[int, str], tuple[Timeline, dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]]]] = {}
+
+def _pick_reference(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]]:
+    """Each result's (labels, timeline, values) for the timelines that take this answer; a result that is
+    not ``{"metric": {label: string}, …}`` is dropped and counted. The reference for :func:`_pick`."""
     picked: list[tuple[dict[str, str], Timeline, Any]] = []
     for r in result:
         if not isinstance(r, dict):
@@ -632,13 +695,68 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         if tl is None or id(tl) in done:
             continue
         picked.append((metric, tl, r.get("values")))
+    return picked
+
+
+def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]] | None:
+    """:func:`_pick_reference` for a plain answer, the types checked once over all of it (every result a
+    dict with a ``metric`` dict of strings) and each target looked up by its key directly. None when
+    anything is not plain: the caller then takes the reference, which counts what it drops. Nothing is
+    changed here (targets are frozen while the answers are read: :meth:`_Targets.resolve` adds none)."""
+    if not result:
+        return []
+    if set(map(type, result)) != {dict}:
+        return None
+    try:
+        metrics = list(map(_metric_of, result))
+    except KeyError:
+        return None
+    if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
+        return None
+    keys = targets.keys
+    resolve = targets.resolve
+    picked: list[tuple[dict[str, str], Timeline, Any]] = []
+    for r, m in zip(result, metrics, strict=True):
+        get = m.get
+        tl = keys.get((get("job", ""), get("instance", ""), get("model_name") or get("name", "")))
+        if tl is None:
+            tl = resolve(m)  # a model-less series: its instance's only model
+            if tl is None:
+                continue
+        if id(tl) in done:
+            continue
+        picked.append((m, tl, r.get("values")))
+    return picked
+
+
+_metric_of = itemgetter("metric")
+
+
+def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
+    """Write one query's series into the timelines. Returns the number of series used.
+
+    Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
+    lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
+    exports the same numbers)."""
+    cache: dict[float, str] = {}
+    picked = _pick(result, targets, done) if _BATCH else None
+    if picked is None:
+        picked = _pick_reference(result, targets, done)
     arrays = _values_batch([p[2] for p in picked]) if _BATCH else None
+    # (target, rank) → [timeline, its series by (TP rank, mode), or None while it has one series: then that
+    # series' arrays and labels]; one series, the common case, is written as it is (what the grouping gives)
+    groups: dict[tuple[int, str], list[Any]] = {}
     for k, (metric, tl, values) in enumerate(picked):
         pts = arrays[k] if arrays is not None else _values(values, targets)
         if not len(pts[0]):
             continue
-        rank = M.rank_key(metric) if q.per_rank else ""
-        g = groups.setdefault((id(tl), rank), (tl, {}))
+        rank = _rank(metric) if q.per_rank else ""
+        g = groups.get((id(tl), rank))
+        if g is None:
+            groups[(id(tl), rank)] = [tl, None, pts, metric]
+            continue
+        if g[1] is None:
+            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [g[2]]}
         g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(pts)
     used = 0
     fresh: set[int] = set()
@@ -660,20 +778,28 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
         return grid.with_values(vals)
 
-    for (tid, rank), (tl, by_tp) in groups.items():
-        low = min(tp for tp, _m in by_tp)
-        parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
-        if q.kind == "prefill":
-            used += _prefill(tl, rank, q, parts, source)
-            fresh.add(tid)
-            continue
-        lists = [v for vals in parts.values() for v in vals]
-        if len(lists) == 1:  # the common case: one series per (target, rank), already in time order
-            t_arr, v_arr = lists[0]
-        else:
-            merged = _points(lists, q.how)
-            t_arr = np.array(sorted(merged))
-            v_arr = np.array([merged[t] for t in t_arr.tolist()])
+    for (tid, rank), (tl, by_tp, one, metric) in groups.items():
+        if by_tp is None:
+            if q.kind == "prefill":  # (split by mode)
+                by_tp = {(_tp(metric), _label(metric, "mode")): [one]}
+            else:
+                t_arr, v_arr = one
+                n_used = 1
+        if by_tp is not None:
+            low = min(tp for tp, _m in by_tp)
+            parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
+            if q.kind == "prefill":
+                used += _prefill(tl, rank, q, parts, source)
+                fresh.add(tid)
+                continue
+            lists = [v for vals in parts.values() for v in vals]
+            if len(lists) == 1:  # one series of the lowest TP rank, already in time order
+                t_arr, v_arr = lists[0]
+            else:
+                merged = _points(lists, q.how)
+                t_arr = np.array(sorted(merged))
+                v_arr = np.array([merged[t] for t in t_arr.tolist()])
+            n_used = sum(len(v) for v in parts.values())
         if not len(t_arr):
             continue
         if q.kind == "delta":
@@ -684,7 +810,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             t_arr, v_arr = t_arr[1:], np.array(deltas(v_arr.tolist()))
         tl.series[(q.signal, rank)] = on_grid(t_arr, v_arr)
         fresh.add(tid)
-        used += sum(len(v) for v in parts.values())
+        used += n_used
     done.update(fresh)
     return used
 
