@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from diagnoser import gcpause
 from diagnoser.model import InputReport, SignalSink
 
 MAX_LINE = 64 * 1024  # longer "lines" are junk (or a server_args line we keep whole up to this)
@@ -122,22 +123,20 @@ class LogReader:
         mapped = _map(stream) if start is not None else None
         jobs: Iterator[Any] = _ranges(mapped, start or 0, len(mapped), chunk) if mapped is not None else _blocks(_Prepend(head, stream), chunk)
         # the bulk reader makes millions of short-lived objects; the cyclic GC would rescan them all
-        gc_was_on = gc.isenabled()
-        gc.disable()
+        # (paused with the shared count: serve may run a fleet pass in another thread meanwhile)
         global _MAP, _FD
         _MAP, _FD = mapped, _fileno(stream) if mapped is not None else None
-        try:
-            if workers > 0 and hasattr(bulk, "block_parser"):
-                self._read_parallel(bulk, jobs, workers)
-            else:
-                for job in jobs:
-                    self._apply_done(bulk, job, None)
-        finally:
-            _MAP = _FD = None
-            if mapped is not None:
-                mapped.close()
-            if gc_was_on:
-                gc.enable()
+        with gcpause.paused():
+            try:
+                if workers > 0 and hasattr(bulk, "block_parser"):
+                    self._read_parallel(bulk, jobs, workers)
+                else:
+                    for job in jobs:
+                        self._apply_done(bulk, job, None)
+            finally:
+                _MAP = _FD = None
+                if mapped is not None:
+                    mapped.close()
 
     def _read_parallel(self, bulk: Any, jobs: Iterator[Any], workers: int) -> None:
         """Chunks parsed by a pool of forked workers (:meth:`BlockParser.parse` is a pure function of the
