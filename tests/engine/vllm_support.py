@@ -21,6 +21,8 @@ import hashlib
 import random
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -107,6 +109,42 @@ def run_load(url: str, n: int, concurrency: int, max_tokens: int, prompt_words: 
         return int((out.get("usage") or {}).get("completion_tokens", 0))
 
     return support.bounded_load(n, concurrency, send, timeout, stop, result)
+
+
+def gauges(url: str) -> dict[str, float]:
+    """vLLM's scheduler gauges from one ``/metrics`` scrape, summed over label sets: ``running``
+    (``vllm:num_requests_running``), ``waiting`` (``vllm:num_requests_waiting``) and ``kv``
+    (``vllm:kv_cache_usage_perc``); empty when the scrape fails."""
+    names = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting", "vllm:kv_cache_usage_perc": "kv"}
+    try:
+        code, body = support.http_get(url + "/metrics", timeout=5)
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    if code != 200:
+        return out
+    for line in body.decode(errors="replace").splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                out[names[name]] = out.get(names[name], 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+def wait_for_state(url: str, pred: Callable[[dict[str, float]], bool], timeout: float = 120, least: float = 0) -> dict[str, float]:
+    """Scrape ``/metrics`` every second until ``pred(gauges)`` holds (after ``least`` s at the least): the
+    induced state is reached, however slowly the machine admits the load. On time-out the last gauges are
+    returned, and the diagnosis that follows says what it saw."""
+    t0 = time.time()
+    last: dict[str, float] = {}
+    while time.time() < t0 + timeout:
+        last = gauges(url) or last
+        if time.time() >= t0 + least and last and pred(last):
+            break
+        time.sleep(1)
+    return last
 
 
 class VllmRecorder(support.RunRecorder):
