@@ -125,3 +125,28 @@ def test_bounded_load_counts_and_bounds() -> None:
     stop = threading.Event()
     stop.set()
     assert support.bounded_load(21, 3, send, timeout=30, stop=stop).sent == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the engine recipe is Linux-only")
+def test_prune_stale_removes_only_unused_venvs_of_the_same_engine(tmp_path: Path) -> None:
+    def venv(name: str, built: bool = True) -> Path:
+        d = tmp_path / name
+        (d / "venv").mkdir(parents=True)
+        if built:
+            (d / "venv.ok").write_text('{"built_s": 1}')
+        return d
+
+    current, stale, in_use, building = venv("vllm-cur"), venv("vllm-old"), venv("vllm-used"), venv("vllm-half", built=False)
+    sglang_old = venv("0123456789abcdef")
+    held = support._lock(in_use / "use.lock", exclusive=False)  # another test session uses it
+    try:
+        assert support.prune_stale(current) == [stale]
+        assert not stale.exists() and current.exists() and in_use.exists() and building.exists() and sglang_old.exists()
+        # SGLang's venvs are keyed by the bare hash: pruning for one of them leaves vLLM's alone
+        sglang_cur = venv("fedcba9876543210")
+        assert support.prune_stale(sglang_cur) == [sglang_old]
+        assert in_use.exists() and current.exists()
+    finally:
+        assert held is not None
+        held.close()
+    assert support.prune_stale(current) == [in_use]  # no longer in use
