@@ -12,8 +12,9 @@ Both recordings (bundles or run directories) are diagnosed as ``diagnose --once 
   and has the proposed value, or moved towards it), and, for an applied one only, predicted vs realized
   for the numbers its projection gave (pool tokens, running requests, gen throughput) and the headline
   number its rule's fix moves, with whether each moved the predicted way. The realized numbers are read
-  the way the projection's were (the capacity model's mean running batch and throughput over the
-  decode readings), so the two compare.
+  from the decode readings the projection's were: the running batch as a level (the median decode batch:
+  a cap holds the typical batch at its value, churn keeps the mean a little under it) and throughput as
+  the capacity model's mean, so the two compare.
 
 The verdict judges the change that was made: a new finding at warning or above is a regression; else it
 follows the applied suggestions (did their findings resolve, did their predicted numbers move as
@@ -170,9 +171,17 @@ def _realized(side: Side) -> dict[str, float | None]:
     """The numbers a projection predicts, read from AFTER the way the capacity model reads them."""
     from diagnoser.capacity.build import workload_from_timeline
 
-    w = workload_from_timeline(side.timeline, {})
-    pool = _num(side.timeline.cfg("max_total_tokens"))
-    return {"pool_tokens": pool, "running": w.running, "gen_throughput_tps": w.gen_tps}
+    from diagnoser.capacity.throughput import decode_points
+
+    tl = side.timeline
+    bs, xs = decode_points(tl)
+    w = workload_from_timeline(tl, {}, points=(bs, xs))
+    pool = _num(tl.cfg("max_total_tokens"))
+    # running is a level a limit holds (a slot cap, what the pool fits): the typical decode batch (median),
+    # not the mean, which churn around a cap keeps a little under it (a finished request's slot waits a
+    # step or two for the next prefill). Throughput is a rate: its mean.
+    running = float(np.median(bs)) if bs else _busy(tl, "running_reqs", "median")
+    return {"pool_tokens": pool, "running": running, "gen_throughput_tps": w.gen_tps}
 
 
 def _moved(before: float | None, after: float | None, tol: float = 0.05, rate: bool = False) -> int | None:
