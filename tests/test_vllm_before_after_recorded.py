@@ -66,3 +66,34 @@ def test_recorded_client_bound_is_healthy() -> None:
     doc = diagnose("--once", "--replay", str(run))
     assert not [f["rule"] for f in doc["findings"] if f["severity"] in LOUD], doc["findings"]
     assert "client_bound" in {f["rule"] for f in doc["findings"]}
+
+
+def _suggested(doc: dict[str, Any]) -> dict[str, list[tuple[str, Any, Any]]]:
+    return {f["rule"]: [(s["flag"], s["current"], s["proposed"]) for s in f["suggestions"]] for f in doc["findings"]}
+
+
+def test_the_log_alone_grows_the_overridden_pool_first() -> None:
+    """From the kv-full BEFORE log alone (no scrape), the block size comes from vLLM's own start-up line
+    (1,024 tokens over the 8 overridden blocks at max_model_len 512: 128) and the first fix is a larger
+    --num-gpu-blocks-override; the --max-num-seqs cut to today's pool, which would hold the larger pool
+    back, is not proposed beside it."""
+    doc = diagnose("--once", "--log", str(DATA / "ba-kv-full-before" / "server.log"))
+    got = _suggested(doc)
+    top = next(iter(doc["top"].values()))
+    assert top["rule"] == "kv_saturation" and top["suggestion"]["flag"] == "--num-gpu-blocks-override", got
+    assert top["suggestion"]["current"] == 8 and top["suggestion"]["proposed"] > 8, got
+    assert "--max-num-seqs" not in {f for s in got.values() for f, _, _ in s}, got
+    assert "KV pool 1,024 →" in next(f for f in doc["findings"] if f["rule"] == "kv_saturation")["suggestions"][0]["effect"]
+
+
+@pytest.mark.parametrize("run", ["ba-kv-full-before", "kv-full-preemption"])
+def test_one_pool_size_whichever_rule_proposes_it(run: str) -> None:
+    """The pool is sized for the requests in flight (their 90th percentile while busy: 16 clients here) at
+    their full length: the live window and the whole recording give the same 64 blocks, and every rule
+    that proposes the override proposes that one value; a small pool of ordinary-length requests is not
+    called runaway generation."""
+    doc = diagnose("--once", "--replay", str(DATA / run))
+    got = _suggested(doc)
+    sizes = {p for s in got.values() for f, _, p in s if f == "--num-gpu-blocks-override"}
+    assert sizes == {64}, got
+    assert "runaway_generation" not in got, got

@@ -170,7 +170,6 @@ def _num(v: Any) -> float | None:
 def _realized(side: Side) -> dict[str, float | None]:
     """The numbers a projection predicts, read from AFTER the way the capacity model reads them."""
     from diagnoser.capacity.build import workload_from_timeline
-
     from diagnoser.capacity.throughput import decode_points
 
     tl = side.timeline

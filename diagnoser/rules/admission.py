@@ -109,7 +109,7 @@ class Admission:
         closed-loop client keeps its concurrency in flight, but a reading taken between a request's end
         and the next one's arrival shows fewer, so the median under-counts the clients: a slot cap sized on
         it (15 for 16 clients on the real vLLM engine) left the cap binding. Slot proposals use the 90th
-        percentile, which still ignores a brief spike; pool sizes keep the median."""
+        percentile, which still ignores a brief spike; so do pool sizes (proposals.bounded_pool)."""
         busy = ((self.running > 0) | (self.queue > 0)) & (self.label != "report")
         if not np.any(busy):
             return 0.0

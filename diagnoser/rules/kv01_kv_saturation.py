@@ -136,6 +136,24 @@ from diagnoser.rules.proposals import pool_suggestions, seqs_cut
 __all__ = ["KVSaturation", "dp_ranks", "retraction_count", "retractions"]  # the last three: shared with kv02, compare, tests
 
 
+# the flags whose proposal sizes the pool for the demand seen (proposals.bounded_pool): where one is
+# proposed, the pool can hold the requests in flight and a cut of the running cap would only hold it back.
+# A memory share (+0.05 of the GPU) or FP8 KV grows the pool by a bounded factor that need not cover the
+# demand, so the cut stays beside them, as vLLM's own tuning guide names both.
+DEMAND_SIZED = ("num_gpu_blocks_override", "max_total_tokens")
+
+
+def _grows_pool(ctx: RuleContext, flag: str) -> bool:
+    """Whether a suggestion's flag sizes the pool for the demand seen."""
+    for concept in DEMAND_SIZED:
+        try:
+            if ctx.flag(concept) == flag:
+                return True
+        except KeyError:  # the engine has no such flag
+            continue
+    return False
+
+
 class KVSaturation(Rule):
     name = "kv_saturation"
     code = "KV01"
@@ -236,7 +254,10 @@ class KVSaturation(Rule):
             notes.append(f"{running['p50']:.0f} request(s) hold the whole pool (about {fmt_int(tpr)} tokens each): "
                          "bound max_tokens on the client first (see runaway_generation); no flag change is proposed.")
         sugg = [] if few else pool_suggestions(ctx, pool)
-        if not few and ref is not None and ref.n_full:
+        # the cap cut is for a pool that no proposal sizes for the demand: where one does (the block-count
+        # override), that is the fix (more requests decode at once) and a cut sized on today's pool would hold
+        # the larger pool back
+        if not few and ref is not None and ref.n_full and not any(_grows_pool(ctx, x.flag) for x in sugg):
             sugg += seqs_cut(ctx, ref)
         return self.finding(ctx, "; ".join(parts) + ".", evs, sugg, confidence=conf, severity=Severity.CRITICAL if crit else self.severity, notes=notes)
 

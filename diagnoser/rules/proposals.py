@@ -57,10 +57,13 @@ def bounded_slots(ctx: RuleContext, cap: int, tpr: float | None) -> tuple[int | 
 
 
 def bounded_pool(ctx: RuleContext, pool: int, full: float | None) -> int:
-    """The --max-total-tokens to propose: the requests in flight at their full length with 10 % to spare,
-    at least twice the pool, to the next power of two."""
+    """The pool to propose: the requests in flight at their full length with 10 % to spare, at least twice
+    the pool, to the next power of two. In flight is the 90th percentile of running + waiting while busy,
+    as for the slot cap: the sum of the two medians under-counts a closed loop's clients (a reading falls
+    between a request's end and the next one's arrival) and moved with the window, so two windows of one
+    run sized one pool 32 and 64 blocks on the real vLLM engine."""
     a = admission(ctx)
-    dem = a.demand()
+    dem = a.demand(90)
     want = dem * full / 0.9 / dp_ranks(ctx) if full and dem else 0.0
     return next_pow2(max(want, 2 * pool))
 
@@ -200,7 +203,7 @@ def compound_after_pool(ctx: RuleContext, first: Suggestion, new_pool: int) -> l
     if not a.cap or a.cap_inferred or not full:
         return []
     fit = new_pool * dp_ranks(ctx) / full
-    dem = a.demand()
+    dem = a.demand(90)  # in flight as bounded_pool counts it
     running = float(np.median(a.running[a.running > 0])) if np.any(a.running > 0) else 0.0
     if not (a.cap < fit and a.cap < dem):
         return []

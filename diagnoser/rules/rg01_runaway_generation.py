@@ -3,7 +3,9 @@
 What it detects:
     Two shapes. (1) A median running batch of `max_running` (4) or fewer requests whose KV tokens fill
     at least `pool_share` (80 %) of the pool (token usage p50), so each request holds a large share of
-    the pool, with the held tokens still growing (the requests keep generating). (2) Without a full
+    the pool, with the held tokens still growing (the requests keep generating), and each holding more
+    than the finished requests' mean prompt + output when requests finished (else a few requests of the
+    ordinary length fill a small pool: that is kv_saturation's finding, not a runaway). (2) Without a full
     pool: `#token / #running-req` (`num_used_tokens / num_running_reqs`) of `long_tokens` (32768)
     or more at a median of `max_running_long` (16) running requests or fewer, still growing when
     there are two readings, and at least `prompt_factor` (8) times the prompts the Prefill lines show
@@ -52,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from diagnoser.model import Finding, Severity
+from diagnoser.rules.admission import fit_at_full_length
 from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pool_tokens
 from diagnoser.rules.columns import argmax_source, arrays, pairs
 
@@ -151,6 +154,9 @@ class RunawayGeneration(Rule):
         if growth <= 0:
             return None
         per = pts[-1][1] / pts[-1][2]
+        foot, _ = fit_at_full_length(ctx)
+        if foot and per <= foot:
+            return None  # no longer than the requests that finished: a small pool of ordinary requests (KV01's case)
         pool, _ = pool_tokens(ctx)
         evs = [evidence("running_reqs (median)", med_run, f"<= {t['max_running']}", ctx.window_text(), pts[len(pts) // 2][3]),
                evidence("token_usage (p50)", usage["p50"], t["pool_share"], ctx.window_text(), ctx.series("token_usage").sources[0]),  # type: ignore[union-attr]

@@ -64,14 +64,19 @@ def queued(g: dict[str, float]) -> bool:
 BASE = ["--max-model-len", "512", "--max-num-seqs", "16"]
 SCENARIOS = [
     Scenario("kv-full", [*BASE, "--num-gpu-blocks-override", "8"],
-             {"n": 4000, "concurrency": 16, "max_tokens": 200, "prompt_words": 60},
+             # 120 output tokens: a request's full length (~175 tokens) sits mid-way between the lengths at which the
+             # proposed pool (16 clients at full length / 0.9, to the next power of two) steps, so noise in the
+             # measured length cannot flip the proposal between 32 and 64 blocks (with 200 it sat 9 % from a step)
+             {"n": 4000, "concurrency": 16, "max_tokens": 120, "prompt_words": 60},
              {"kv_saturation", "kv_retraction", "kv_pool_too_small"}, {"--num-gpu-blocks-override", "--gpu-memory-utilization",
                                                                         "--kv-cache-memory-bytes"},
              # the running median is not among them: it rose 4 → 16 in two runs here and stayed 4 (p95 16, queue 0) in
              # a third; likely the 2-s readings fell between cohorts of same-length ignore_eos requests that end together
              {"queued": -1, "retractions": -1, "gen_tps": +1}, until=queued),
     Scenario("max-num-seqs", ["--max-model-len", "512", "--max-num-seqs", "2"],
-             {"n": 4000, "concurrency": 16, "max_tokens": 128, "prompt_words": 40},
+             # 384 output tokens (a prompt of about 55 + 384 fits 512): each request stays in flight three times as
+             # long as at 128, so the client's own turn-around (under a busy CPU) leaves fewer gaps in the 16
+             {"n": 4000, "concurrency": 16, "max_tokens": 384, "prompt_words": 40},
              {"max_running_requests_cap"}, {"--max-num-seqs"}, {"running": +1, "queued": -1}, until=queued),
     Scenario("batched-tokens", ["--max-model-len", "1024", "--max-num-seqs", "16", "--max-num-batched-tokens", "32"],
              {"n": 4000, "concurrency": 8, "max_tokens": 16, "prompt_words": 300},

@@ -358,6 +358,7 @@ class VLLMLogParser:
                 sink.set_config("kv_max_concurrency", float(cm.group(2)), src)
                 found = True
         if found:
+            self._block_size_from_size(src)
             return True
         if "Available KV cache memory" in msg:
             am = _AVAIL_KV_RE.search(msg)
@@ -572,6 +573,29 @@ class VLLMLogParser:
             except (TypeError, ValueError):
                 return
             self.sink.set_config("kv_pool_tokens_log", tokens, f"{blocks.source} × block_size {bs.value} ({bs.source})")
+
+    def _block_size_from_size(self, src: str) -> None:
+        """The block size behind the start-up line's "KV cache size: N tokens" when the log names the block
+        count (``# GPU blocks`` or ``Overriding num_gpu_blocks``) but not ``block_size``: the one size (a power
+        of two up to 1024) at which vLLM's own print (memory.capacity at the release) gives N tokens for that
+        count and max_model_len. Nothing is set when no size or more than one fits."""
+        from diagnoser.engines.vllm import memory
+
+        cfg = getattr(self.sink, "config", {})
+        blocks, tokens, length = (cfg.get(k) for k in ("num_gpu_blocks", "kv_pool_tokens_log", "context_len"))
+        if "block_size" in cfg or blocks is None or tokens is None or length is None:
+            return
+        try:
+            b, n, ln = int(blocks.value), int(tokens.value), int(length.value)
+        except (TypeError, ValueError):
+            return
+        if b <= 0 or n <= 0 or ln <= 0:
+            return
+        versions = [self.version.exact] if self.version.exact else [(0, 11, 0), memory.SIZE_FROM_CONCURRENCY_SINCE]
+        fits = {bs for bs in (2 ** i for i in range(11)) for v in versions if memory.capacity(b, bs, ln, v)[0] == n}
+        if len(fits) == 1:
+            bs = fits.pop()
+            self.sink.set_config("block_size", bs, f"{src} (KV cache size {n:,} tokens over {b} blocks at max_model_len {ln})")
 
     def access_summary(self) -> dict[str, Any]:
         return {"requests": sum(self.status_codes.values()), "status": dict(sorted(self.status_codes.items())),
