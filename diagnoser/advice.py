@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -190,7 +191,14 @@ def _enrich_pool_scaling(f: Finding, tl: Timeline) -> None:
         if new is None:
             out.append(s)
             continue
-        fit = f"; at {full:,.0f} tokens per request it holds about {pool / full:,.1f} → {new / full:,.1f} requests at once" if full else ""
+        fit = ""
+        if full:
+            bs = tl.cfg("block_size")
+            held, per = float(full), f"{full:,.0f} tokens per request"
+            if isinstance(bs, int | float) and not isinstance(bs, bool) and bs > 0:  # vLLM allocates whole blocks
+                blocks = math.ceil(full / bs)
+                held, per = blocks * float(bs), f"{full:,.0f} tokens per request ({blocks} block{'s' if blocks != 1 else ''} of {int(bs)})"
+            fit = f"; at {per} it holds about {pool / held:,.1f} → {new / held:,.1f} requests at once"
         eff = f"KV pool {int(pool):,} → {int(new):,} tokens ({how}){fit}"
         out.append(replace(s, effect=f"{eff} — {s.effect}" if s.effect else eff,
                            assumptions=tuple(s.assumptions) + ("the what-if scales the observed pool; weights and activations unchanged",)))

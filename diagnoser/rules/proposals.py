@@ -5,6 +5,7 @@ same run gives the same value (within a power of two) from its log, one scrape, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +125,12 @@ def vllm_pool_suggestions(ctx: RuleContext, pool: int | None) -> list[Suggestion
     cpu = str(ctx.cfg("device") or "").lower() == "cpu"
     override, bs = ctx.cfg("num_gpu_blocks_override"), ctx.cfg("block_size")
     if isinstance(override, int | float) and override > 0 and isinstance(bs, int | float) and bs > 0 and pool:
-        want = bounded_pool(ctx, pool, full_length(ctx))
+        full = full_length(ctx)
+        # vLLM gives a request whole blocks (KVCacheManager.allocate_slots: cdiv(tokens, block_size)), so a
+        # request of 175 tokens holds 2 blocks of 128: sized in tokens, 16 of them "fit" 32 blocks exactly
+        # and the pool stayed full on the real engine
+        held = math.ceil(full / int(bs)) * int(bs) if full else None
+        want = bounded_pool(ctx, pool, held)
         blocks = int(-(-want // int(bs)))
         out.append(suggest(ctx, "num_gpu_blocks_override", int(override), blocks,
                            f"--num-gpu-blocks-override {int(override)} sizes the pool ({int(override)} blocks of {int(bs)} tokens = {pool:,} tokens), not memory",
