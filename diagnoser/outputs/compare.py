@@ -14,7 +14,8 @@ Both recordings (bundles or run directories) are diagnosed as ``diagnose --once 
   number its rule's fix moves, with whether each moved the predicted way. The realized numbers are read
   from the decode readings the projection's were: the running batch as a level (the median decode batch:
   a cap holds the typical batch at its value, churn keeps the mean a little under it) and throughput as
-  the capacity model's mean, so the two compare.
+  the capacity model's mean, so the two compare. A predicted move is read from the projection's own
+  anchor (the mean batch it started from), a realized one from BEFORE's level.
 
 The verdict judges the change that was made: a new finding at warning or above is a regression; else it
 follows the applied suggestions (did their findings resolve, did their predicted numbers move as
@@ -168,7 +169,17 @@ def _num(v: Any) -> float | None:
 
 
 def _realized(side: Side) -> dict[str, float | None]:
-    """The numbers a projection predicts, read from AFTER the way the capacity model reads them."""
+    """The numbers a projection predicts, read from AFTER (or BEFORE, to compare) from the readings the
+    capacity model reads."""
+    return _readings(side)[0]
+
+
+def _readings(side: Side) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """(levels, anchors) of one recording. Levels are what compare judges: running as the typical decode
+    batch (the median: a cap holds it at its value, while churn around the cap keeps the mean a little
+    under it, a finished request's slot waiting a step or two for the next prefill) and throughput as its
+    mean (a rate). Anchors are what the projection started from (the capacity model's mean batch): a
+    projection's predicted move is read against its own anchor, a realized move against the level."""
     from diagnoser.capacity.build import workload_from_timeline
     from diagnoser.capacity.throughput import decode_points
 
@@ -176,11 +187,9 @@ def _realized(side: Side) -> dict[str, float | None]:
     bs, xs = decode_points(tl)
     w = workload_from_timeline(tl, {}, points=(bs, xs))
     pool = _num(tl.cfg("max_total_tokens"))
-    # running is a level a limit holds (a slot cap, what the pool fits): the typical decode batch (median),
-    # not the mean, which churn around a cap keeps a little under it (a finished request's slot waits a
-    # step or two for the next prefill). Throughput is a rate: its mean.
     running = float(np.median(bs)) if bs else _busy(tl, "running_reqs", "median")
-    return {"pool_tokens": pool, "running": running, "gen_throughput_tps": w.gen_tps}
+    levels = {"pool_tokens": pool, "running": running, "gen_throughput_tps": w.gen_tps}
+    return levels, {**levels, "running": w.running if w.running is not None else running}
 
 
 def _moved(before: float | None, after: float | None, tol: float = 0.05, rate: bool = False) -> int | None:
@@ -248,7 +257,7 @@ FIX_MOVES: dict[str, dict[str, int]] = {
 def suggestion_rows(before: Side, after: Side) -> list[dict[str, Any]]:
     after_rules = {f.rule for f in after.report.findings if f.severity >= Severity.WARNING}
     realized = _realized(after)
-    base = _realized(before)
+    base, anchor = _readings(before)
     hb, ha = headline(before), headline(after)
     rows = []
     for f in before.report.findings:
@@ -262,7 +271,10 @@ def suggestion_rows(before: Side, after: Side) -> list[dict[str, Any]]:
             checks = []
             for k, p in pred.items():
                 r, b0 = realized.get(k), base.get(k)
-                want, got = _moved(b0, p), _moved(b0, r)
+                # the projection moved its own anchor (a mean batch of 22 kept at 22 is no claim, though the
+                # median batch was 30); the recordings' move is level to level
+                a0 = anchor.get(k) if anchor.get(k) is not None else b0
+                want, got = _moved(a0, p), _moved(b0, r)
                 # a number the projection leaves where it was is no claim (the change is not one it sizes);
                 # a suggestion AFTER did not apply is not judged at all
                 ok = None if not applied or want is None or got is None or want == 0 else want == got
@@ -530,7 +542,9 @@ def render(doc: dict[str, Any]) -> str:
             out.append(f"      {'':11} {'before':>7}   {'predicted':>9}   {'realized':>8}  as predicted")
             for c in r["checks"]:
                 ok = {True: "yes", False: "NO", None: "-"}[c["as_predicted"]]
-                if c["predicted"] is not None:
+                if c["predicted"] is not None and c["predicted_move"] == 0:
+                    pred = "same"  # the projection keeps it where it was (read from its own anchor)
+                elif c["predicted"] is not None:
                     pred = _fmt(c["predicted"], c["number"])
                 elif c["predicted_move"]:
                     pred = "lower" if c["predicted_move"] < 0 else "higher"

@@ -2,7 +2,8 @@
 
 A series' own read-only numpy columns are used as they are (nothing is converted); a time column equal
 to one already used in the pass is that same array, so signals read from the same log lines or scrapes
-join without a search (:func:`aligned`, :func:`pairs`). :func:`joint` is the list form, for short series.
+join without a search (:func:`aligned`, :func:`pairs`); log points join by line first, as the capacity
+model's decode points do (:func:`line_index`). :func:`joint` is the list form, for short series.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diagnoser.capacity.throughput import _last_of, _lookup, source_keys
+
 if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
 
 
 def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float, float, float, str]]:
-    """Points where both signals were read at the same moment (same log line or same scrape):
+    """Points where both signals were read at the same moment (same log line, else the same second, or
+    the same scrape):
     (ts, value of a, value of b, source of a). Memoised for the pass; callers must not mutate it."""
     key = ("joint", a, b, rank)
     hit = ctx.memo.get(key)
@@ -26,7 +30,7 @@ def joint(ctx: RuleContext, a: str, b: str, rank: str = "") -> list[tuple[float,
     sa, sb = ctx.series(a, rank), ctx.series(b, rank)
     out: list[tuple[float, float, float, str]] = []
     if sa is not None and sb is not None:
-        if len(sa) < 64 and len(sb) < 64:
+        if len(sa) < 64 and len(sb) < 64 and line_index(ctx, a, b, rank) is None:  # scrapes: by time
             bmap = dict(zip(sb.ts.tolist(), sb.values.tolist(), strict=True))
             get = bmap.get
             out = [(t, v, w, src) for t, v, src in zip(sa.ts.tolist(), sa.values.tolist(), sa.sources.tolist(), strict=True)
@@ -188,15 +192,36 @@ def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, boo
     """(:func:`aligned`, whether it holds a NaN). A series' times are in order, so the last reading of
     ``other`` at a time is the one just left of where the time would go (``searchsorted`` right - 1). The
     log prints many lines a second, so a long log column has few distinct times: each is searched once
-    and the per-point result is one ``repeat``. Columns read at the same moments need no search."""
+    and the per-point result is one ``repeat``. Columns read at the same moments need no search. Log
+    points are joined by line first (:func:`line_index`): within one second, the reading of the same line
+    is the one read with it; the time join serves the points no line of ``other`` matches (and scrapes)."""
     ta, _ = raw_arrays(ctx, base, rank)
     tb, vb = raw_arrays(ctx, other, rank)
     if not len(tb) or not len(ta):
         return np.full(len(ta), np.nan), bool(len(ta))
     if ta is tb:  # read at the same moments (see _column)
         order, ends, counts = _time_runs(ctx, tb)
-        if order == "increasing":
+        if order == "increasing" or (order == "ordered" and same_lines(ctx, base, other, rank)):
             return vb, _has_nan(ctx, vb)  # a read-only column of the timeline, shared as the time column is
+    idx = line_index(ctx, base, other, rank)
+    if idx is not None and len(idx) and int(idx.min()) >= 0:  # every point's partner read on its own line
+        got = vb[idx]
+        return got, bool(np.isnan(got).any())
+    got, has_nan = _align_times(ctx, base, other, rank)
+    if idx is not None and int(idx.max()) >= 0:  # the same line's reading where there is one, else the time's
+        got = np.where(idx >= 0, vb[np.maximum(idx, 0)], got)
+        has_nan = bool(np.isnan(got).any())
+    return got, has_nan
+
+
+def _align_times(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, bool]:
+    """The join by time alone: the last reading of ``other`` at each point's time."""
+    ta, _ = raw_arrays(ctx, base, rank)
+    tb, vb = raw_arrays(ctx, other, rank)
+    if ta is tb:
+        order, ends, counts = _time_runs(ctx, tb)
+        if order == "increasing":
+            return vb, _has_nan(ctx, vb)
         if order == "ordered":  # the last reading of each run of equal times, for every point of the run
             last = vb[ends]
             return last.repeat(counts), bool(np.isnan(last).any())
@@ -214,6 +239,41 @@ def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, boo
     got = np.where(tb[k] == ua, vb[k], np.nan)
     has_nan = bool(np.isnan(got).any())
     return (got.repeat(a_counts) if a_order == "ordered" else got), has_nan
+
+
+def same_lines(ctx: RuleContext, a: str, b: str, rank: str = "") -> bool:
+    """Whether two series were read point for point from the same log lines: point i of ``a`` and
+    point i of ``b`` came from one line (see :func:`line_index`)."""
+    idx = line_index(ctx, a, b, rank)
+    sb = ctx.series(b, rank)
+    return idx is not None and sb is not None and len(idx) == len(sb) and bool((idx == np.arange(len(idx))).all())
+
+
+def line_index(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
+    """For each point of ``base``, the position in ``other`` of the point read from the same log line
+    (same source, same line number), -1 where ``other`` has none there; None when neither series has
+    line numbers (scrapes: their points are told apart by time). A log stamps whole seconds, so the last
+    reading of ``other`` within a point's second can come from a later line: a decode line's 5 running
+    paired with the next prefill line's 33 waiting, where its own line said 35. Memoised for the pass."""
+    key = ("line_index", base, other, rank)
+    hit = ctx.memo.get(key, ctx)
+    if hit is ctx:
+        hit = ctx.memo[key] = _line_index(ctx.series(base, rank), ctx.series(other, rank))
+    return hit
+
+
+def _line_index(sa: Any, sb: Any) -> Any:
+    """:func:`line_index` by the source keys decode_points joins on (capacity.throughput)."""
+    if sa is None or sb is None or not len(sa) or not len(sb):
+        return None
+    (ka, named_a), (kb, named_b) = source_keys(sa, sb)
+    if not named_a.any() or not named_b.any():
+        return None
+    where_b = np.flatnonzero(named_b)
+    uniq, last = _last_of(kb[where_b], where_b.astype(np.float64))  # a line's last reading, as a dict keeps it
+    found, pos = _lookup(uniq, last, ka)
+    found &= named_a
+    return np.where(found, np.nan_to_num(pos, nan=-1.0), -1.0).astype(np.int64)
 
 
 def times_in_order(ctx: RuleContext, ts: Any) -> bool:

@@ -26,10 +26,16 @@ def _tl(n: int, seed: int = 1, per_second: int = 2) -> Timeline:
 def _slow_joint(tl: Timeline) -> list[tuple[float, float, float, str]]:
     sa, sb = tl.get("a"), tl.get("b")
     assert sa is not None and sb is not None
-    bmap = {}
-    for t, v in zip(sb.ts.tolist(), sb.values.tolist(), strict=True):
-        bmap[t] = v
-    return [(t, v, bmap[t], s) for t, v, s in zip(sa.ts.tolist(), sa.values.tolist(), sa.sources.tolist(), strict=True) if t in bmap and v == v and bmap[t] == bmap[t]]
+    by_line, by_time = {}, {}  # the same log line's reading first, else the last one at the same time
+    for t, v, s in zip(sb.ts.tolist(), sb.values.tolist(), sb.sources.tolist(), strict=True):
+        by_line[s] = v
+        by_time[t] = v
+    out = []
+    for t, v, s in zip(sa.ts.tolist(), sa.values.tolist(), sa.sources.tolist(), strict=True):
+        w = by_line[s] if s in by_line else by_time.get(t)
+        if w is not None and v == v and w == w:
+            out.append((t, v, w, s))
+    return out
 
 
 def test_numpy_join_matches_the_python_join() -> None:
