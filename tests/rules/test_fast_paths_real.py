@@ -54,14 +54,19 @@ def windows() -> list[Timeline]:
 
 
 def _ref_aligned(tl: Timeline, base: str, other: str) -> list[float]:
+    """The same log line's reading first (a source naming a line: a ':' and no scrape '@'), else the last
+    one read at the same time."""
     last: dict[float, float] = {}
+    line: dict[str, float] = {}
     sb = tl.get(other)
     assert sb is not None
-    for t, v in zip(sb.ts.tolist(), sb.values.tolist(), strict=True):
+    for t, v, src in zip(sb.ts.tolist(), sb.values.tolist(), sb.sources.tolist(), strict=True):
         last[t] = v
+        if ":" in src and "@" not in src:
+            line[src] = v
     sa = tl.get(base)
     assert sa is not None
-    return [last.get(t, math.nan) for t in sa.ts.tolist()]
+    return [line[src] if src in line else last.get(t, math.nan) for t, src in zip(sa.ts.tolist(), sa.sources.tolist(), strict=True)]
 
 
 def test_aligned_and_pairs_match_the_dict_join(windows: list[Timeline]) -> None:
