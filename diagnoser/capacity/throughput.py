@@ -176,14 +176,14 @@ def same_points(ts_a: np.ndarray, key_a: np.ndarray, ts_b: np.ndarray, key_b: np
     return not bool(((ts_s[1:] == ts_s[:-1]) & (key_s[1:] == key_s[:-1])).any())
 
 
-def _last_of(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def last_of(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each distinct key (sorted) and the value of its last point: what ``dict(zip(keys, vals))`` keeps."""
     rev = keys[::-1]
     uniq, first_in_rev = np.unique(rev, return_index=True)
     return uniq, vals[::-1][first_in_rev]
 
 
-def _lookup(uniq: np.ndarray, vals: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lookup(uniq: np.ndarray, vals: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(found, value) per wanted key in the sorted ``uniq`` (value NaN where not found)."""
     if not len(uniq):
         return np.zeros(len(want), dtype=bool), np.full(len(want), np.nan)
@@ -202,13 +202,13 @@ def decode_points(tl: Timeline, rank: str = "") -> tuple[list[float], list[float
         return [], []
     (kr, named_r), (kg, _) = source_keys(run, gen)
     rvals = run.values
-    src_keys, src_vals = _last_of(kr[named_r], rvals[named_r])
-    found, b = _lookup(src_keys, src_vals, kg)  # only named sources are keys there
+    src_keys, src_vals = last_of(kr[named_r], rvals[named_r])
+    found, b = lookup(src_keys, src_vals, kg)  # only named sources are keys there
     if not found.all():
         rts = run.ts
         ok_t = ~np.isnan(rts)  # a NaN time matches nothing (as in a dict)
-        ts_keys, ts_vals = _last_of(rts[ok_t], rvals[ok_t])
-        by_t_found, by_t = _lookup(ts_keys, ts_vals, gen.ts)
+        ts_keys, ts_vals = last_of(rts[ok_t], rvals[ok_t])
+        by_t_found, by_t = lookup(ts_keys, ts_vals, gen.ts)
         miss = ~found
         found = found | by_t_found
         b = np.where(miss, by_t, b)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diagnoser.capacity.throughput import _last_of, _lookup, source_keys
+from diagnoser.capacity.throughput import last_of, lookup, source_keys
 
 if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
@@ -201,7 +201,7 @@ def _align(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[Any, boo
         return np.full(len(ta), np.nan), bool(len(ta))
     if ta is tb:  # read at the same moments (see _column)
         order, ends, counts = _time_runs(ctx, tb)
-        if order == "increasing" or (order == "ordered" and same_lines(ctx, base, other, rank)):
+        if order == "increasing":
             return vb, _has_nan(ctx, vb)  # a read-only column of the timeline, shared as the time column is
     idx = line_index(ctx, base, other, rank)
     if idx is not None and len(idx) and int(idx.min()) >= 0:  # every point's partner read on its own line
@@ -218,10 +218,8 @@ def _align_times(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[An
     """The join by time alone: the last reading of ``other`` at each point's time."""
     ta, _ = raw_arrays(ctx, base, rank)
     tb, vb = raw_arrays(ctx, other, rank)
-    if ta is tb:
+    if ta is tb:  # read at the same moments, some sharing a time (increasing ones were served by _align)
         order, ends, counts = _time_runs(ctx, tb)
-        if order == "increasing":
-            return vb, _has_nan(ctx, vb)
         if order == "ordered":  # the last reading of each run of equal times, for every point of the run
             last = vb[ends]
             return last.repeat(counts), bool(np.isnan(last).any())
@@ -241,14 +239,6 @@ def _align_times(ctx: RuleContext, base: str, other: str, rank: str) -> tuple[An
     return (got.repeat(a_counts) if a_order == "ordered" else got), has_nan
 
 
-def same_lines(ctx: RuleContext, a: str, b: str, rank: str = "") -> bool:
-    """Whether two series were read point for point from the same log lines: point i of ``a`` and
-    point i of ``b`` came from one line (see :func:`line_index`)."""
-    idx = line_index(ctx, a, b, rank)
-    sb = ctx.series(b, rank)
-    return idx is not None and sb is not None and len(idx) == len(sb) and bool((idx == np.arange(len(idx))).all())
-
-
 def line_index(ctx: RuleContext, base: str, other: str, rank: str = "") -> Any:
     """For each point of ``base``, the position in ``other`` of the point read from the same log line
     (same source, same line number), -1 where ``other`` has none there; None when neither series has
@@ -266,12 +256,15 @@ def _line_index(sa: Any, sb: Any) -> Any:
     """:func:`line_index` by the source keys decode_points joins on (capacity.throughput)."""
     if sa is None or sb is None or not len(sa) or not len(sb):
         return None
-    (ka, named_a), (kb, named_b) = source_keys(sa, sb)
-    if not named_a.any() or not named_b.any():
+    line_a, line_b = sa.sources.parts()[2] >= 0, sb.sources.parts()[2] >= 0
+    if not line_a.any() or not line_b.any():  # scrapes, or labels without a line: by time (no Python loop)
         return None
+    (ka, named_a), (kb, named_b) = source_keys(sa, sb)
+    named_a &= line_a  # a label without a line number is one key for all its points: never a line's partner
+    named_b &= line_b
     where_b = np.flatnonzero(named_b)
-    uniq, last = _last_of(kb[where_b], where_b.astype(np.float64))  # a line's last reading, as a dict keeps it
-    found, pos = _lookup(uniq, last, ka)
+    uniq, last = last_of(kb[where_b], where_b.astype(np.float64))  # a line's last reading, as a dict keeps it
+    found, pos = lookup(uniq, last, ka)
     found &= named_a
     return np.where(found, np.nan_to_num(pos, nan=-1.0), -1.0).astype(np.int64)
 
