@@ -121,6 +121,21 @@ def test_radix_cache_off_on_a_server_that_keeps_up_is_info(capsys: pytest.Captur
     assert next(f for f in json.loads(out)["findings"] if f["rule"] == "low_cache_hit")["severity"] == "warning"
 
 
+def test_radix_cache_off_with_prompts_packed_into_full_chunks_names_the_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    """The scenario at 32 clients (real run, CI's engine suite): 63 % of the prefill batches computed exactly the
+    4,096-token chunk while requests waited, but each batch was about 5.8 whole prompts of 703 tokens packed to the
+    chunk size, not one prompt cut into chunks. A larger chunk packs more per step for about the same prefill rate,
+    so prefill_stall says so at info, and the cause is the cache that is off (prefill 55x the tokens decoded)."""
+    run = DATA / "sglang-cpu-before-after" / "radix-off-32" / "before"
+    code, out, _ = _run(capsys, "--once", "--replay", str(run), "--format", "json")
+    doc = json.loads(out)
+    pf = next(f for f in doc["findings"] if f["rule"] == "prefill_stall")
+    assert pf["severity"] == "info" and "fit in one chunk" in pf["summary"] and not pf["suggestions"], pf
+    top = next(iter(doc["top"].values()))
+    assert code == 1 and top["rule"] == "low_cache_hit" and top["severity"] == "warning"
+    assert top["suggestion"]["flag"] == "--disable-radix-cache" and top["suggestion"]["proposed"] is False
+
+
 # -- the verdict judges the change that was made ----------------------------------------------------------
 def _edited_after(tmp_path: Path, edits: dict[str, tuple[Any, Any]]) -> Path:
     """A copy of the real kv-full AFTER run directory with server args rewritten in both places SGLang

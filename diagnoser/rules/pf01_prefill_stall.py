@@ -12,7 +12,10 @@ What it detects:
     or `#pending-token` above `pending_factor` × the cap) in at least half of them and KV usage p95 stays
     below `kv_room` (0.9). One batch is enough to judge (at low confidence); fewer than `few_batches` (3)
     are info unless `deep_queue` (100) requests wait (a long prompt being chunked while a few wait is normal
-    work). The cap is the shared admission model's prefill budget (`diagnoser/rules/admission.py`), and
+    work). Batches at a chunk cap that each pack two or more requests (or, from scrapes, a mean prompt that
+    fits in one chunk) are whole prompts packed to the chunk size, not a prompt cut into chunks: prefill
+    compute sets the pace, so that shape is info with no chunk change (a larger chunk packs more per step
+    for about the same tokens per second). The cap is the shared admission model's prefill budget (`diagnoser/rules/admission.py`), and
     nothing fires when the model says most readings with a queue were held by the slot cap or the KV
     reservation instead (SGLang tests the slots before the budget, and a batch that admits little because
     the pool is reserved is not capped by its budget). (2) Admission stall: requests wait for
@@ -194,6 +197,18 @@ class PrefillStall(Rule):
             return self.finding(ctx, f"{cshare:.0%} of {n_batches} prefill batches stopped admitting at the per-batch prefill budget (about {cap:,} "
                                 f"tokens: {cap_src})" + tail, evs, sugg, confidence="medium", notes=notes, severity=info)
         proposed = max(2 * cap, int(t["target_chunk"]))  # the default class, from any input (pending tokens are log-only)
+        packed, per = self._packed(ctx, cap, cap_name, at_cap)
+        if packed:
+            # several whole prompts packed to the chunk size (the last one split), not one prompt cut into chunks: prefill
+            # compute sets the pace, and a larger chunk packs more per step for about the same tokens per second
+            # (python/sglang/srt/managers/schedule_policy.py, PrefillAdder's rem_chunk_tokens at v0.5.23)
+            notes = ["A larger chunk packs more prompts into each prefill step but computes about the same tokens per second: "
+                     "the queue shortens with fewer prompt tokens to compute (a prefix cache that hits) or more prefill capacity "
+                     "(DP, replicas, PD disaggregation)."]
+            return self.finding(ctx, f"{cshare:.0%} of {n_batches} prefill batches were full at the {cap:,}-token {cap_name.replace('_', ' ')}, "
+                                f"each packing {per}," + tail[:-1]
+                                + ": the prompts fit in one chunk, so prefill compute, not the chunk size, set the pace.",
+                                evs, [], confidence="medium", notes=notes, severity=Severity.INFO)
         sugg = []
         if cap_name in ("chunked_prefill_size", "inferred"):
             cur = ctx.cfg("chunked_prefill_size", ctx.cfg("arg.chunked_prefill_size"))
@@ -206,6 +221,24 @@ class PrefillStall(Rule):
                                 "lets a prefill batch use the larger chunk", ("16384 is SGLang's default",)))
         return self.finding(ctx, f"{cshare:.0%} of {n_batches} prefill batches computed exactly {cap:,} tokens (the {cap_name.replace('_', ' ')} cap)" + tail,
                             evs, sugg, confidence="high" if cap_name != "inferred" else "medium", severity=info)
+
+    @staticmethod
+    def _packed(ctx: RuleContext, cap: float, cap_name: str, at_cap: np.ndarray) -> tuple[bool, str]:
+        """Whether the batches at a chunk cap are whole prompts packed to the chunk size rather than a prompt cut
+        into chunks, and how many per batch. A prompt longer than the chunk fills a batch alone (`#new-seq: 1`);
+        when (nearly) every batch at the cap holds two or more requests the prompts fit in one chunk. Without
+        the per-batch request counts (scrapes), the finished requests' mean uncached prompt against the cap."""
+        if cap_name not in ("chunked_prefill_size", "inferred"):
+            return False, ""
+        seqs = aligned(ctx, "prefill_new_tokens", "prefill_new_seqs")[at_cap]
+        known = seqs[~np.isnan(seqs)]
+        prompt = admission(ctx).prompt
+        what = f"about {cap / prompt:.1f} prompts of {prompt:,.0f} tokens" if prompt else ""
+        if len(known):
+            if np.count_nonzero(known >= 2) < 0.9 * len(known):
+                return False, ""
+            return True, what or f"{float(np.mean(known)):.1f} requests on average"
+        return bool(prompt is not None and 0 < prompt <= cap), what
 
     def _stall(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
