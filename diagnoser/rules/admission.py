@@ -131,7 +131,7 @@ def _build(ctx: RuleContext) -> Admission:
     run, q = np.asarray(p.a, dtype=float), np.asarray(p.b, dtype=float)
     u = _along(ctx, p, "token_usage")
     a = Admission(ts=p.ts, running=run, queue=q, usage=u, label=np.full(len(p), "idle", dtype=object),
-                  sources=[p.src(k) for k in range(len(p))] if len(p) < 4096 else _Lazy(p))
+                  sources=_Lazy(p))  # formatted when a finding cites one
     a.cap, a.cap_src = slot_cap(ctx)
     a.pool, a.pool_src = pool_tokens(ctx)
     a.budget, a.budget_name, a.budget_src = prefill_budget(ctx)
