@@ -5,11 +5,13 @@ library, so its start-up, port retry and shutdown are checked in the fast suite 
   included, and waits until it is gone (a vLLM server is three processes: API server, engine core, worker);
 * a server whose port was taken between choosing and binding it is started again on another port;
 * a server that dies at start-up for another reason is reported with its log, not retried;
+* the vLLM harness's CPU split puts the worker on the engine's CPUs and the API server on the front one;
 * the load generator sends exactly ``n`` requests at most and counts failures without stopping.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -20,7 +22,7 @@ from typing import ClassVar
 
 import pytest
 
-from tests.engine import support
+from tests.engine import support, vllm_support
 
 # A server in the shape of the engines': it forks a worker into its own process group (as vLLM's API
 # server spawns its engine core), then serves HTTP on the given port; with "orphan" its first process
@@ -104,6 +106,42 @@ def test_start_up_failure_is_reported_with_the_log(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"exited with 3 during start-up(.|\n)*a bad flag"):
         srv.start()
     assert srv.port == port and srv.proc is None  # not retried: the port was not the cause
+
+
+@dataclass
+class PlacedStand(Stand):
+    """The stand-in started as a vLLM server is: on the engine's CPUs, its first process moved to the front."""
+
+    def command(self) -> list[str]:
+        return vllm_support.placed(super().command())
+
+    def after_ready(self) -> None:
+        assert self.proc is not None
+        vllm_support.to_front(self.proc.pid)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs")
+def test_vllm_cpu_split_places_the_worker_and_the_api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    split = vllm_support.cpu_split()
+    cpus = sorted(os.sched_getaffinity(0))
+    assert split == (set(cpus[:-1]), {cpus[-1]})
+    with PlacedStand(Path(sys.executable), tmp_path, [], tmp_path / "w") as srv:
+        assert srv.proc is not None
+        api = srv.proc.pid
+        workers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and int(p.name) != api
+                   and _pgrp(p) == api]
+        assert workers, "the stand-in forks its worker before it answers"
+        assert all(os.sched_getaffinity(int(t.name)) == split[1] for t in Path(f"/proc/{api}/task").iterdir())
+        assert all(os.sched_getaffinity(w) == split[0] for w in workers)
+    monkeypatch.setenv("DIAGNOSER_VLLM_CPU_SPLIT", "0")
+    assert vllm_support.cpu_split() is None and vllm_support.placed(["x"]) == ["x"]
+
+
+def _pgrp(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def test_bounded_load_counts_and_bounds() -> None:

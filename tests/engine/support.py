@@ -367,6 +367,7 @@ class ServerProcess:
                 try:
                     if self.ready():
                         self.startup_s = time.time() - t0
+                        self.after_ready()
                         return self
                 except OSError:
                     pass
@@ -381,6 +382,9 @@ class ServerProcess:
                 continue
             raise RuntimeError(f"{self.name} exited with {code} during start-up; see {self.log_path}:\n" + self._tail())
         raise AssertionError("unreachable")
+
+    def after_ready(self) -> None:
+        """Called once the server answers (an engine may place its processes here); nothing by default."""
 
     def stop(self) -> None:
         """End the server's whole process group (also when its first process has already exited and left

@@ -18,6 +18,7 @@ Recipe: README.md beside this file ("The real vLLM engine on CPU"). This module:
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import sys
 import threading
@@ -82,18 +83,61 @@ class VllmEngine(support.ServerProcess):
     stop_grace: ClassVar[float] = 30.0
 
     def command(self) -> list[str]:
-        return [str(self.py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
-                *START_FLAGS, *self.flags]
+        cmd = [str(self.py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
+               *START_FLAGS, *self.flags]
+        return placed(cmd)
 
     def environment(self) -> dict[str, str]:
         env = super().environment()
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG_STATS_INTERVAL="2", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        split = cpu_split()
+        if split:  # the worker's OpenMP threads on the engine's CPUs (not vLLM's automatic choice, which reserves one)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, split[0]))
         return env
+
+    def after_ready(self) -> None:
+        """The API server's threads moved to the front CPU (:func:`cpu_split`); the engine core and the worker
+        stay on the engine's."""
+        if self.proc is not None:
+            to_front(self.proc.pid)
 
     def ready(self) -> bool:
         code, _ = support.http_get(self.url + "/health", timeout=2)
         return code == 200
+
+
+def cpu_split() -> tuple[set[int], set[int]] | None:
+    """(engine CPUs, front CPUs) for a vLLM server on a small machine, or None (``DIAGNOSER_VLLM_CPU_SPLIT=0``,
+    or fewer than 2 CPUs). Under load vLLM on CPU keeps its engine core busy-polling the worker's shared-memory
+    queue (about one CPU) beside the worker's compute (another): on 2 CPUs that left the API server about 15 %
+    of a CPU (about 3 requests/s, so the queue emptied between bursts of 16 clients) and a ``diagnose --once``
+    started meanwhile 0.2 s of CPU in its first 82 s (2 to 5 scrapes in a 16-s window). The engine core and
+    the worker share all CPUs but the last; the API server, the load, diagnoser and serve get the last one."""
+    if os.environ.get("DIAGNOSER_VLLM_CPU_SPLIT", "1") == "0" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def placed(cmd: list[str]) -> list[str]:
+    """``cmd`` started on the engine's CPUs (its children, the engine core and the worker, inherit them)."""
+    split = cpu_split()
+    return ["taskset", "-c", ",".join(map(str, sorted(split[0]))), *cmd] if split else cmd
+
+
+def to_front(pid: int) -> None:
+    """Every thread of process ``pid`` (the API server) moved to the front CPUs; its children stay put."""
+    split = cpu_split()
+    if not split:
+        return
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), split[1])
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def run_load(url: str, n: int, concurrency: int, max_tokens: int, prompt_words: int = 40, timeout: float = 300,
