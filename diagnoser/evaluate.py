@@ -63,25 +63,15 @@ def select_rules(select: list[str] | None = None, ignore: list[str] | None = Non
     return rules
 
 
+# the pass allocates millions of acyclic objects (contexts, arrays, findings): no cyclic collection inside
+# it (1.2 s of 9 at 10,000 fleet targets, bench/bench_fleet.py; diagnoser/gcpause.py)
+@gcpause.paused()
 def evaluate(
     timelines: list[Timeline],
     adapter: Any,
     thresholds: dict[str, dict[str, Any]] | None = None,
     rules: list[type[Rule]] | None = None,
     extras: dict[str, Any] | None = None,
-) -> Report:
-    # the pass allocates millions of acyclic objects (contexts, arrays, findings): no cyclic collection
-    # inside it (1.2 s of 9 at 10,000 fleet targets, bench/bench_fleet.py; diagnoser/gcpause.py)
-    with gcpause.paused():
-        return _evaluate(timelines, adapter, thresholds, rules, extras)
-
-
-def _evaluate(
-    timelines: list[Timeline],
-    adapter: Any,
-    thresholds: dict[str, dict[str, Any]] | None,
-    rules: list[type[Rule]] | None,
-    extras: dict[str, Any] | None,
 ) -> Report:
     t0 = time.perf_counter()
     report = Report()

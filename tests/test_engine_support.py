@@ -124,24 +124,16 @@ class PlacedStand(Stand):
 def test_vllm_cpu_split_places_the_worker_and_the_api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     split = vllm_support.cpu_split()
     cpus = sorted(os.sched_getaffinity(0))
-    assert split == (set(cpus[:-1]), {cpus[-1]})
+    assert split == (tuple(cpus[:-1]), (cpus[-1],))
     with PlacedStand(Path(sys.executable), tmp_path, [], tmp_path / "w") as srv:
         assert srv.proc is not None
         api = srv.proc.pid
-        workers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and int(p.name) != api
-                   and _pgrp(p) == api]
+        workers = [pid for pid in support.group_members(api) if pid != api]
         assert workers, "the stand-in forks its worker before it answers"
-        assert all(os.sched_getaffinity(int(t.name)) == split[1] for t in Path(f"/proc/{api}/task").iterdir())
-        assert all(os.sched_getaffinity(w) == split[0] for w in workers)
+        assert all(os.sched_getaffinity(int(t.name)) == set(split[1]) for t in Path(f"/proc/{api}/task").iterdir())
+        assert all(os.sched_getaffinity(w) == set(split[0]) for w in workers)
     monkeypatch.setenv("DIAGNOSER_VLLM_CPU_SPLIT", "0")
     assert vllm_support.cpu_split() is None and vllm_support.placed(["x"]) == ["x"]
-
-
-def _pgrp(proc: Path) -> int:
-    try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def test_bounded_load_counts_and_bounds() -> None:

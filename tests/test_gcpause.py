@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import gc
 import threading
+from typing import Any
 
+import pytest
+
+from diagnoser import evaluate as ev
 from diagnoser import gcpause
+from diagnoser.collect import Collection
+from diagnoser.engines import get_adapter
+from diagnoser.outputs import report as rep
+from diagnoser.timeline import Timeline
 
 
 def test_paused_restores_the_state_it_found() -> None:
@@ -57,5 +65,31 @@ def test_an_exception_inside_still_restores_it() -> None:
         except KeyError:
             pass
         assert gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+
+def test_evaluation_and_the_report_run_with_the_collector_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass's two allocation-heavy steps (bench/bench_fleet.py): the rules and the report document."""
+    seen: list[tuple[str, bool]] = []
+    check, redact = ev.check_suggestions, rep.redact_strings
+
+    def checking(*a: Any) -> Any:
+        seen.append(("rules", gc.isenabled()))
+        return check(*a)
+
+    def redacting(doc: Any) -> Any:
+        seen.append(("report", gc.isenabled()))
+        return redact(doc)
+
+    monkeypatch.setattr(ev, "check_suggestions", checking)
+    monkeypatch.setattr(rep, "redact_strings", redacting)
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        col = Collection(timelines=[Timeline(target="t")])
+        doc = rep.build(col, ev.evaluate(col.timelines, get_adapter()))
+        assert seen == [("rules", False), ("report", False)] and gc.isenabled() and doc["status"]
     finally:
         gc.enable() if was else gc.disable()

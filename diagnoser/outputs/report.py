@@ -84,14 +84,8 @@ def top_causes(report: Any, targets: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+@gcpause.paused()  # its dicts and lists hold no cycles: 1.5 s of 4.4 at 10,000 fleet targets (bench/bench_fleet.py)
 def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, engine: str = "sglang", extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report document; no cyclic collection while it is built (its dicts and lists hold no cycles:
-    1.5 s of 4.4 at 10,000 fleet targets, bench/bench_fleet.py; diagnoser/gcpause.py)."""
-    with gcpause.paused():
-        return _build(collection, report, fail_on, engine, extra)
-
-
-def _build(collection: Any, report: Any, fail_on: Severity, engine: str, extra: dict[str, Any] | None) -> dict[str, Any]:
     tls: list[Timeline] = collection.timelines
     starts = [s for tl in tls for s in [tl.span()[0]] if s is not None]
     ends = [e for tl in tls for e in [tl.span()[1]] if e is not None]

@@ -215,7 +215,7 @@ def _build(ctx: RuleContext) -> Admission:
 
 
 class _Lazy:
-    """Sources of a long join, formatted on demand."""
+    """A join's reading sources, each formatted when a finding cites it (most are never read)."""
 
     def __init__(self, p: Any) -> None:
         self.p = p

@@ -290,14 +290,20 @@ def group_alive(pgid: int) -> bool:
         except PermissionError:
             pass
         return True
-    for stat in proc.glob("[0-9]*/stat"):
+    return bool(group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of group ``pgid`` that still run (zombies left out), from ``/proc`` (Linux)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            out.append(int(stat.parent.name))
+    return out
 
 
 PORT_IN_USE = (b"Address already in use", b"address already in use", b"Errno 98")

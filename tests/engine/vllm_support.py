@@ -93,7 +93,7 @@ class VllmEngine(support.ServerProcess):
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOG_STATS_INTERVAL="2", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
         split = cpu_split()
         if split:  # the worker's OpenMP threads on the engine's CPUs (not vLLM's automatic choice, which reserves one)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, split[0]))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(split[0])
         return env
 
     def after_ready(self) -> None:
@@ -107,7 +107,7 @@ class VllmEngine(support.ServerProcess):
         return code == 200
 
 
-def cpu_split() -> tuple[set[int], set[int]] | None:
+def cpu_split() -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(engine CPUs, front CPUs) for a vLLM server on a small machine, or None (``DIAGNOSER_VLLM_CPU_SPLIT=0``,
     or fewer than 2 CPUs). Under load vLLM on CPU keeps its engine core busy-polling the worker's shared-memory
     queue (about one CPU) beside the worker's compute (another): on 2 CPUs that left the API server about 15 %
@@ -119,13 +119,18 @@ def cpu_split() -> tuple[set[int], set[int]] | None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
-    return set(cpus[:-1]), {cpus[-1]}
+    return tuple(cpus[:-1]), (cpus[-1],)
+
+
+def cpu_list(cpus: tuple[int, ...]) -> str:
+    """``0,1,2``: the spelling of ``taskset -c`` and of ``VLLM_CPU_OMP_THREADS_BIND``."""
+    return ",".join(map(str, cpus))
 
 
 def placed(cmd: list[str]) -> list[str]:
     """``cmd`` started on the engine's CPUs (its children, the engine core and the worker, inherit them)."""
     split = cpu_split()
-    return ["taskset", "-c", ",".join(map(str, sorted(split[0]))), *cmd] if split else cmd
+    return ["taskset", "-c", cpu_list(split[0]), *cmd] if split else cmd
 
 
 def to_front(pid: int) -> None:
