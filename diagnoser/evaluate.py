@@ -10,10 +10,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
-from diagnoser import gcpause
+from diagnoser import forkmap, gcpause
 from diagnoser.mechanism import mechanism_of
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules import REGISTRY, Rule
@@ -63,6 +66,11 @@ def select_rules(select: list[str] | None = None, ignore: list[str] | None = Non
     return rules
 
 
+# target rules over this many timelines or more are split over worker processes (diagnoser/forkmap.py:
+# a fork and the results sent back cost tens of ms; a target costs about 1 ms)
+PARALLEL_MIN_TARGETS = 500
+
+
 # the pass allocates millions of acyclic objects (contexts, arrays, findings): no cyclic collection inside
 # it (1.2 s of 9 at 10,000 fleet targets, bench/bench_fleet.py; diagnoser/gcpause.py)
 @gcpause.paused()
@@ -72,37 +80,24 @@ def evaluate(
     thresholds: dict[str, dict[str, Any]] | None = None,
     rules: list[type[Rule]] | None = None,
     extras: dict[str, Any] | None = None,
+    workers: int | None = None,
 ) -> Report:
+    """Run the target rules over each timeline and the fleet rules over all of them, then check the
+    suggestions and put the findings in the report's one order. ``workers``: processes to split the
+    target rules over (None: :func:`diagnoser.forkmap.workers_for`, by the CPUs and the targets; 1: here)."""
     t0 = time.perf_counter()
     report = Report()
     rules = rules if rules is not None else list(REGISTRY)
     thresholds = thresholds or {}
     instances = [r() for r in rules]
     target_rules = [(rule, rule.defaults, thresholds.get(rule.name)) for rule in instances if rule.scope == "target"]
-    findings = report.findings
-    for tl in timelines:
-        # one context for the timeline's rules: they share its memo (joins, stats); each rule gets its
-        # own copy of its thresholds
-        pick = getattr(adapter, "for_timeline", None)  # an adapter choosing per input: this target's engine
-        tl_adapter = pick(tl) if pick is not None else adapter
-        ctx = RuleContext(tl, {}, tl_adapter, version_tuple(tl), dict(extras or {}), {})
-        for rule, defaults, override in target_rules:
-            ctx.thresholds = {**defaults, **override} if override else defaults.copy()
-            try:
-                out = rule.evaluate(ctx)
-            except Exception as e:  # isolation: a broken rule is reported, the rest still run
-                report.errors.append(RuleError(rule.name, tl.target, f"{type(e).__name__}: {e}"))
-                report.checked.append(_checked(rule, tl.target, "error", f"the rule failed: {type(e).__name__}"))
-                continue
-            if not out:
-                report.checked.append(_checked(rule, tl.target, *why_fine(rule, ctx)))
-                continue
-            report.checked.append(_checked(rule, tl.target, "fired", "see its finding"))
-            for f in out if isinstance(out, list) else [out]:
-                if tl_adapter is not adapter:  # a concept the engine has no flag for is spelled "(no … flag: …)": not shown
-                    f.suggestions = [s for s in f.suggestions if str(s.flag).startswith("--")]
-                rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
-                findings.append(f)
+    if target_rules and timelines:
+        n = workers if workers is not None else forkmap.workers_for(len(timelines), PARALLEL_MIN_TARGETS)
+        judge = partial(_judge, target_rules, adapter, extras)
+        for findings, errors, checked in forkmap.split_map(judge, timelines, n):
+            report.findings.extend(findings)
+            report.errors.extend(errors)
+            report.checked.extend(checked)
     fleet_rules = [r for r in instances if r.scope == "fleet"]
     for rule in fleet_rules:
         cfg = dict(rule.defaults)
@@ -123,6 +118,41 @@ def evaluate(
     return report
 
 
+def _judge(target_rules: list[tuple[Rule, dict[str, Any], dict[str, Any] | None]], adapter: Any, extras: dict[str, Any] | None,
+           timelines: Sequence[Timeline]) -> tuple[list[Finding], list[RuleError], list[dict[str, Any]]]:
+    """The target rules over ``timelines``, in order: (findings, errors, checked). A pure function of its
+    arguments (it may run in a worker process: what it writes elsewhere is lost)."""
+    findings: list[Finding] = []
+    errors: list[RuleError] = []
+    checked: list[dict[str, Any]] = []
+    # each rule's thresholds, read-only: one view per rule for every target (a rule cannot change them)
+    views = [(rule, MappingProxyType({**defaults, **override} if override else dict(defaults))) for rule, defaults, override in target_rules]
+    pick = getattr(adapter, "for_timeline", None)  # an adapter choosing per input: this target's engine
+    for tl in timelines:
+        # one context for the timeline's rules: they share its memo (joins, stats)
+        tl_adapter = pick(tl) if pick is not None else adapter
+        ctx = RuleContext(tl, {}, tl_adapter, version_tuple(tl), dict(extras or {}), {})
+        target = tl.target
+        for rule, view in views:
+            ctx.thresholds = view  # type: ignore[assignment]
+            try:
+                out = rule.evaluate(ctx)
+            except Exception as e:  # isolation: a broken rule is reported, the rest still run
+                errors.append(RuleError(rule.name, target, f"{type(e).__name__}: {e}"))
+                checked.append(_checked(rule, target, "error", f"the rule failed: {type(e).__name__}"))
+                continue
+            if not out:
+                checked.append(_checked(rule, target, *why_fine(rule, ctx)))
+                continue
+            checked.append(_checked(rule, target, "fired", "see its finding"))
+            for f in out if isinstance(out, list) else [out]:
+                if tl_adapter is not adapter:  # a concept the engine has no flag for is spelled "(no … flag: …)": not shown
+                    f.suggestions = [s for s in f.suggestions if str(s.flag).startswith("--")]
+                rule.settle_basis(ctx, f)  # how many readings over how long; caps the confidence
+                findings.append(f)
+    return findings, errors, checked
+
+
 def _checked(rule: Rule, target: str, status: str, why: str) -> dict[str, Any]:
     return {"rule": rule.name, "code": rule.code, "target": target, "status": status, "why": why}
 
@@ -134,11 +164,33 @@ def _plural(n: int, word: str) -> str:
 def why_fine(rule: Rule, ctx: RuleContext) -> tuple[str, str]:
     """Why a rule that ran found nothing: ``("fine", what it read and that its condition did not hold)``,
     or ``("not_judged", which input is missing)`` when the inputs hold none of the signals it reads (nor
-    its log events). A rule on log events alone is fine when none is there: their absence is the answer."""
-    signals = tuple(dict.fromkeys((*rule.reads, *rule.needs)))
-    read = [(sig, len(s)) for sig in signals for s in [ctx.series(sig)] if s is not None]
-    events = [(k, len(ctx.events_of(k))) for k in rule.events]
-    seen = [(k, n) for k, n in events if n]
+    its log events). A rule on log events alone is fine when none is there: their absence is the answer.
+
+    The sentence depends only on the rule, the number of readings of each signal and of each event kind
+    read, and the engine's words: it is made once per such key (:func:`_why_text`; a fleet pass asks it
+    200,000 times for a few hundred distinct sentences)."""
+    signals = _WHY_SIGNALS.get(type(rule))
+    if signals is None:
+        signals = _WHY_SIGNALS[type(rule)] = tuple(dict.fromkeys((*rule.reads, *rule.needs)))
+    series = ctx.series
+    read = tuple((sig, len(s)) for sig in signals for s in (series(sig),) if s is not None)
+    seen = tuple((k, n) for k in rule.events for n in (len(ctx.events_of(k)),) if n)
+    key = (type(rule), read, seen, ctx.mech if rule.events and not read and not seen else None)
+    hit = _WHY.get(key)
+    if hit is None:
+        if len(_WHY) >= _WHY_MAX:
+            _WHY.clear()
+        hit = _WHY[key] = _why_text(rule, signals, read, seen, ctx)
+    return hit
+
+
+_WHY_SIGNALS: dict[type, tuple[str, ...]] = {}
+_WHY: dict[tuple[Any, ...], tuple[str, str]] = {}
+_WHY_MAX = 4096
+
+
+def _why_text(rule: Rule, signals: tuple[str, ...], read: tuple[tuple[str, int], ...], seen: tuple[tuple[str, int], ...],
+              ctx: RuleContext) -> tuple[str, str]:
     if signals and not read and not seen:
         return "not_judged", f"no {', '.join(signals)} readings in the inputs"
     parts = [_plural(n, f"{sig} reading") for sig, n in read] + [_plural(n, f"{k} event") for k, n in seen]

@@ -55,6 +55,9 @@ class Evidence:
             del d["bound"]
         return d
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as a constructor call (a worker's findings, diagnoser/forkmap.py)
+        return Evidence, (self.signal, self.observed, self.threshold, self.window, self.source, self.bound)
+
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
@@ -76,6 +79,9 @@ class Suggestion:
         d = asdict(self)
         d["assumptions"] = list(self.assumptions)
         return d
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as a constructor call (diagnoser/forkmap.py)
+        return Suggestion, (self.flag, self.current, self.proposed, self.why, self.effect, self.assumptions, self.gain, self.projection)
 
 
 @dataclass(slots=True)
@@ -108,6 +114,10 @@ class Finding:
             "notes": list(self.notes),
             "basis": dict(self.basis),
         }
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as a constructor call (diagnoser/forkmap.py)
+        return Finding, (self.rule, self.severity, self.confidence, self.target, self.summary, self.evidence, self.suggestions,
+                         self.docs, self.state, self.notes, self.basis)
 
 
 def basis_text(basis: dict[str, Any]) -> str:

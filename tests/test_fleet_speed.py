@@ -213,3 +213,20 @@ def test_fast_quantile_bounds_equal_the_reference(seed: int, monkeypatch: pytest
         out.append((n, {k: (s.ts.tolist(), s.values.tolist(), s.sources.tolist()) for k, s in tl.series.items()}))
     assert out[0][0] > 0 and True in skipped and False in skipped  # some series change, some are skipped
     assert repr(out[0]) == repr(out[1])  # (repr: NaN equal to NaN)
+
+
+def test_the_fleet_judged_over_workers_is_judged_as_in_one_process(big: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The 1,000 backfilled targets, their target rules split over two worker processes (diagnoser/forkmap.py,
+    the default above 500 targets with two CPUs) and in one: the same findings, checks and report."""
+    from diagnoser import forkmap
+
+    prom, spec = big
+    col = collect_prometheus(ns(prom.url, selector='{job="sglang"}', range=600.0, step=None, rate_window=None, end=spec.end), get_adapter())
+    assert len(col.timelines) == 1000
+    monkeypatch.setattr(forkmap, "stats", forkmap.Stats())
+    split = evaluate(col.timelines, get_adapter(), workers=2)
+    assert forkmap.stats.forked == 1 and forkmap.stats.fell_back == 0
+    one = evaluate(col.timelines, get_adapter(), workers=1)
+    assert [f.to_dict() for f in split.findings] == [f.to_dict() for f in one.findings] and len(one.findings) > 1000
+    assert split.checked == one.checked and split.dropped == one.dropped and split.errors == one.errors
+    assert json.dumps(build(col, split), sort_keys=True, default=str) == json.dumps(build(col, one), sort_keys=True, default=str)
