@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from diagnoser.capacity.pool import pool_count
-from diagnoser.capacity.serverstate import server_state
+from diagnoser.capacity.serverstate import args_known, server_state
 from diagnoser.mechanism import KVInputs
 from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
 from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
@@ -83,7 +83,8 @@ class Admission:
 
     @property
     def n_wait(self) -> int:
-        return int(np.count_nonzero((self.queue > 0) & (self.label != "report")))
+        wait = self.queue > 0
+        return int(np.count_nonzero(wait & (self.label != "report"))) if np.count_nonzero(wait) else 0
 
     def share(self, cls: str) -> float:
         n = self.n_wait
@@ -141,29 +142,40 @@ def _build(ctx: RuleContext) -> Admission:
     a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
     if not len(p):
         return a
+    if not np.count_nonzero(wait):  # no reading with a queue: every test below labels waiting readings, so all stay idle
+        a.core, a.refusal = _refusal(ctx, a)
+        return a
     lab = a.label
     lab[wait] = "none"
+    # (a signal the inputs lack reads NaN at every reading, which no test below passes: its test is skipped)
+    series = ctx.series
     # a scrape's num_running_reqs holds the last batch report, and after a prefill report that is the batch
     # beside the prefill (metrics_reporter.py at v0.5.23, as a Prefill line's #running-req): a reading with
     # requests waiting and KV in use but nothing, or far fewer than the tokens held, running is such a report
     with np.errstate(invalid="ignore", divide="ignore"):
-        snap = wait & (np.nan_to_num(u) > 0) & (run == 0)
+        total = np.add.reduce(u)
+        u0 = u if total - total == 0 else np.nan_to_num(u)  # (every usage finite: nan_to_num would copy it as it is)
+        snap = wait & (u0 > 0) & (run == 0)
         full = (a.prompt or 0) + (a.output or 0)
         if a.pool and full > 0:
-            snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+            # (run has no NaN: pairs() joined the readings where both counts were read, so its max is nanmax's)
+            snap |= wait & (u0 * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.maximum.reduce(run))
         # the gauge is set at each batch report only (every --decode-log-interval steps), the decode counters
         # at every step: an interval whose mean decode batch (tokens decoded / decode passes, 0.5.7+) is well
         # above the gauge read the report beside a prefill, not the running batch
-        passes = _along(ctx, p, "decode_passes")
-        batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
-        snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
+        if series("decode_passes") is not None:
+            passes = _along(ctx, p, "decode_passes")
+            batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
+            snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
     lab[snap] = "report"
     wait = wait & ~snap
     # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
     # (batch_is_full), the pass's prefill budget (budget_state), then the KV test of add_one_req
     for sig in ("pd_prealloc_reqs", "pd_transfer_reqs"):
-        lab[wait & (np.nan_to_num(_along(ctx, p, sig)) > 0)] = "transfer"
-    lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
+        if series(sig) is not None:
+            lab[wait & (np.nan_to_num(_along(ctx, p, sig)) > 0)] = "transfer"
+    if series("mamba_usage") is not None:
+        lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
     if a.cap:
         lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
     if a.budget and ctx.mech.reserves_output:
@@ -181,7 +193,7 @@ def _build(ctx: RuleContext) -> Admission:
     if arith is not None:
         a.kv_arith |= a.open & arith
     with np.errstate(invalid="ignore"):
-        by_usage = np.nan_to_num((u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))).astype(bool)
+        by_usage = (u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))  # (a comparison with NaN is False)
     if arith is not None and np.any(wait & (lab == "none") & arith):
         a.kv_how = "arithmetic"
         lab[wait & (lab == "none") & arith] = "kv"
@@ -276,9 +288,10 @@ def _ratio(ctx: RuleContext) -> float | None:
     r = ctx.stats("new_token_ratio")
     c = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
     read = float(r["p50"]) if r["n"] else None
-    if read is None and not ctx.mech.reserves_output:
+    mech = ctx.mech
+    if read is None and not mech.reserves_output:
         return None
-    return ctx.mech.admission_ratio(c, read, server_state_of(ctx).args_known if ctx.mech.reserves_output else False)
+    return mech.admission_ratio(c, read, args_known(ctx.cfg) if mech.reserves_output else False)
 
 
 def _reservation_full(ctx: RuleContext, a: Admission, ratio: Any) -> Any:

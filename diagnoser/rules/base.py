@@ -23,7 +23,7 @@ from diagnoser.floor import is_floor
 from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
-from diagnoser.timeline import Series, Timeline, summarize
+from diagnoser.timeline import Series, Timeline, series_summary, summarize
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "Fix", "Known false positives", "References")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -73,7 +73,7 @@ class RuleContext:
             if s is None:
                 hit = fast_summary([])
             elif len(s) < 64:
-                hit = summarize(s.values)
+                hit = series_summary(s)  # the one Timeline.stats and the report read too
             else:  # the series' own column (NaNs dropped), its sum and its sorted values, shared with the pass
                 vals = arrays(self, signal, rank)[1]  # type: ignore[index]
                 hit = _np_summary(vals, _col_sum(self, vals), _sorted(self, signal, rank))

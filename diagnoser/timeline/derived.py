@@ -47,6 +47,17 @@ def _line_keys(s: Series) -> tuple[np.ndarray, np.ndarray]:
     return lab.astype(np.int64) * (1 << 32) + line.astype(np.int64), is_log
 
 
+def _is_log(s: Series) -> np.ndarray:
+    """``_line_keys(s)[1]`` without the keys: a point without a line number (every scrape and Prometheus
+    step) is no log line, so the labels are read only when some point has one."""
+    labels, lab, line = s.sources.parts()
+    on_line = line >= 0
+    if not on_line.any():
+        return on_line  # all False (empty for an empty series)
+    logged = np.array([not lb.startswith(("scrape@", "prometheus@")) for lb in labels], dtype=bool)
+    return logged[lab] & on_line  # type: ignore[no-any-return]
+
+
 def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None:
     """For scrape times: True where no prefill batch ran in the interval ending there (both prefill-token
     counters read 0 at that time); None when the input has no prefill counters."""
@@ -57,7 +68,7 @@ def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None
     for s in (new, hit):
         if s is None:
             continue
-        _keys, is_log = _line_keys(s)
+        is_log = _is_log(s)
         for t, v in zip(s.ts[~is_log].tolist(), s.values[~is_log].tolist(), strict=True):
             if v == v:
                 moved[t] = moved.get(t, 0.0) + v
@@ -71,12 +82,14 @@ def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
     run = tl.get("running_reqs", rank)
     if run is None or not len(run):
         return Derived(None)
-    rkeys, rlog = _line_keys(run)
+    rlog = _is_log(run)
     rvals = run.values
-    log_run = dict(zip(rkeys[rlog].tolist(), rvals[rlog].tolist(), strict=True))
-    scrape_run: dict[float, float] = {}
-    for t, v in zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True):
-        scrape_run[t] = v
+    log_run: dict[int, float] = {}
+    if rlog.any():
+        log_run = dict(zip(_line_keys(run)[0][rlog].tolist(), rvals[rlog].tolist(), strict=True))
+        scrape_run = dict(zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True))  # (the last reading at a time)
+    else:
+        scrape_run = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))
     ratios: list[float] = []
     how: list[str] = []
     used = tl.get("used_tokens", rank)
@@ -107,8 +120,8 @@ def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> t
         s = tl.get(name, rank)
         if s is None:
             continue
-        _k, slog = _line_keys(s)
-        ts, vals = s.ts[~slog], s.values[~slog]
+        slog = _is_log(s)
+        ts, vals = (s.ts[~slog], s.values[~slog]) if slog.any() else (s.ts, s.values)
         r = np.array([scrape_run.get(t, np.nan) for t in ts.tolist()])
         ok = (r > 0) & (vals > 0)
         if ok.any():
@@ -138,7 +151,7 @@ def prefill_per_pass(tl: Timeline, rank: str = "") -> np.ndarray | None:
     if s is None:
         return None
     out = s.values.astype(float).copy()
-    _k, is_log = _line_keys(s)
+    is_log = _is_log(s)
     if is_log.all():
         return out
     passes = tl.get("prefill_passes", rank)
@@ -151,7 +164,8 @@ def prefill_per_pass(tl: Timeline, rank: str = "") -> np.ndarray | None:
 
 def _span_rate(s: Series) -> tuple[float, float] | None:
     """(sum of rate x interval, seconds) over a per-interval rate series; the first point's interval
-    starts before the window and is left out (unless it is the only point)."""
+    starts before the window and is left out (unless it is the only point). The reference of
+    :func:`_span_rate_fast` (tests/test_derived.py compares them)."""
     ts, v = s.ts, s.values
     ok = ~np.isnan(v)
     ts, v = ts[ok], v[ok]
@@ -166,24 +180,59 @@ def _span_rate(s: Series) -> tuple[float, float] | None:
     return float((v[1:][good] * dt[good]).sum()), float(dt[good].sum())
 
 
-def window_rate(tl: Timeline, signal: str, rank: str = "", decoded: bool = True) -> Derived:
-    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter,
-    unless ``decoded`` is False (per finished request: the completions' own counter, as ``request_rate``)."""
-    if signal == "output_tps" and decoded:
-        dec = tl.get("decode_tokens", rank)
-        if dec is not None and len(dec) >= 2:
-            v = dec.values[~np.isnan(dec.values)]
-            span = float(dec.ts[-1] - dec.ts[0])
-            if span > 0 and len(v) >= 2:
-                return Derived(float(v[1:].sum()) / span, len(v), "tokens decoded (sglang:realtime_tokens_total{mode=decode}) / window")
-    s = tl.get(signal, rank)
-    if s is None or not len(s):
-        return Derived(None)
-    got = _span_rate(s)
+def _span_rate_fast(s: Series) -> tuple[float, float] | None:
+    """:func:`_span_rate` in fewer numpy calls for the usual series (no NaN value, times strictly
+    increasing): the same products and sums of the same arrays, so the same numbers to the bit; any
+    other series takes the reference path."""
+    ts, v = s.ts, s.values
+    if len(ts) >= 2:
+        total = np.add.reduce(v)
+        if total == total:  # no NaN (nor both infinities: those go the reference way)
+            dt = np.subtract(ts[1:], ts[:-1])  # numpy.diff
+            if np.minimum.reduce(dt) > 0:  # every interval counts (a NaN time compares False)
+                return float(np.add.reduce(np.multiply(v[1:], dt))), float(np.add.reduce(dt))
+    return _span_rate(s)
+
+
+def _decoded_rate(dec: Series) -> Derived | None:
+    """Tokens decoded per second over the window, from the realtime decode-token counter (None: too few readings)."""
+    v = dec.values[~np.isnan(dec.values)]
+    span = float(dec.ts[-1] - dec.ts[0])
+    if span > 0 and len(v) >= 2:
+        return Derived(float(v[1:].sum()) / span, len(v), "tokens decoded (sglang:realtime_tokens_total{mode=decode}) / window")
+    return None
+
+
+def _window_rate(s: Series) -> Derived:
+    got = _span_rate_fast(s)
     if got is None:
         return Derived(None)
     total, secs = got
     return Derived(total / secs, len(s), "increase over the window / its length")
+
+
+def window_rate(tl: Timeline, signal: str, rank: str = "", decoded: bool = True) -> Derived:
+    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter,
+    unless ``decoded`` is False (per finished request: the completions' own counter, as ``request_rate``).
+    Computed once per state of the series it reads (:meth:`Series.memo`): the rules, the checks and the
+    report ask for the same rates."""
+    if signal == "output_tps" and decoded:
+        dec = tl.get("decode_tokens", rank)
+        if dec is not None and len(dec) >= 2:
+            memo = dec.memo()
+            got = memo.get("decoded_rate", memo)  # memo: not computed yet (None is a result: too few readings)
+            if got is memo:
+                got = memo["decoded_rate"] = _decoded_rate(dec)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+    s = tl.get(signal, rank)
+    if s is None or not len(s):
+        return Derived(None)
+    memo = s.memo()
+    hit = memo.get("window_rate")
+    if hit is None:
+        hit = memo["window_rate"] = _window_rate(s)
+    return hit  # type: ignore[no-any-return]
 
 
 __all__ = ["Derived", "decode_tokens_per_request", "prefill_per_pass", "window_rate"]

@@ -120,34 +120,71 @@ class Series:
         self._t, self._v, self._lab, self._line = t, v, lab, line
         self._lo, self._hi = 0, len(t)
         self._owner = True
-        self._views: tuple[np.ndarray, np.ndarray, Sources] | None = None
+        self._views: list[Any] | None = None  # [ts, values, sources, memo] (_view)
         self._exposed = False  # views of the current buffers were handed out: never shift them in place
         self._live_labels = 0  # labels in use at the last clean-up of the label table (_gc_labels)
         self._unsorted = False  # an appended point is older than one before it: sorted on the next read
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The points and their sources, without the read views and their memo (rebuilt on the next read)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_views"}
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple):  # pickled before __getstate__: (None, the slots)
+            state = state[1]
+        for k in self.__slots__:
+            if k != "_views":
+                setattr(self, k, state[k])
+        self._views = None
+
     # -- reading -------------------------------------------------------------------------------
-    def _view(self) -> tuple[np.ndarray, np.ndarray, Sources]:
+    def _view(self) -> list[Any]:
+        """What reading the current points has built: ``[ts, values, sources, memo]``, each read view made
+        when first read (a fleet target reads the sources of few series). Every write drops it all
+        (``_views = None``)."""
         hit = self._views
         if hit is None:
             if self._unsorted:
                 self._settle()
-            self._exposed = True
-            lo, hi = self._lo, self._hi
-            hit = self._views = (_readonly(self._t[lo:hi]), _readonly(self._v[lo:hi]),
-                                 Sources(self._labels, _readonly(self._lab[lo:hi]), _readonly(self._line[lo:hi])))
+            hit = self._views = [None, None, None, {}]
         return hit
+
+    def memo(self) -> dict[str, Any]:
+        """Numbers derived from the points' times and values that several readers share (the window's
+        summary, :meth:`Timeline.stats`; a counter's rate, :func:`diagnoser.timeline.derived.window_rate`).
+        The dict lives with the read views, and every write drops the views (``_views = None``), so a
+        cached number never outlives the points it was computed from. Its keys are a fixed set of names
+        (bounded). Nothing read from the sources belongs here: :meth:`blank_sources` rewrites those in
+        place under the views of slices that share the buffers."""
+        return self._view()[3]  # type: ignore[no-any-return]
 
     @property
     def ts(self) -> np.ndarray:
-        return self._view()[0]
+        v = self._views or self._view()
+        got = v[0]
+        if got is None:
+            self._exposed = True
+            got = v[0] = _readonly(self._t[self._lo:self._hi])
+        return got  # type: ignore[no-any-return]
 
     @property
     def values(self) -> np.ndarray:
-        return self._view()[1]
+        v = self._views or self._view()
+        got = v[1]
+        if got is None:
+            self._exposed = True
+            got = v[1] = _readonly(self._v[self._lo:self._hi])
+        return got  # type: ignore[no-any-return]
 
     @property
     def sources(self) -> Sources:
-        return self._view()[2]
+        v = self._views or self._view()
+        got = v[2]
+        if got is None:
+            self._exposed = True
+            lo, hi = self._lo, self._hi
+            got = v[2] = Sources(self._labels, _readonly(self._lab[lo:hi]), _readonly(self._line[lo:hi]))
+        return got  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return self._hi - self._lo
