@@ -104,6 +104,6 @@ class InsufficientData(Rule):
             if got is None or not len(got[1]):
                 continue
             seen = True
-            if bool(np.any(got[1] > 0)):
+            if np.count_nonzero(got[1] > 0):
                 return False
         return seen

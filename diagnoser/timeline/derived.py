@@ -47,15 +47,15 @@ def _line_keys(s: Series) -> tuple[np.ndarray, np.ndarray]:
     return lab.astype(np.int64) * (1 << 32) + line.astype(np.int64), is_log
 
 
-def _is_log(s: Series) -> np.ndarray:
-    """``_line_keys(s)[1]`` without the keys: a point without a line number (every scrape and Prometheus
-    step) is no log line, so the labels are read only when some point has one."""
+def _log_mask(s: Series) -> np.ndarray | None:
+    """``_line_keys(s)[1]``, or None when no point is from a log line (every scrape and Prometheus step
+    has no line number, so the labels are read only when some point has one)."""
+    if not s.has_line_numbers():
+        return None
     labels, lab, line = s.sources.parts()
-    on_line = line >= 0
-    if not on_line.any():
-        return on_line  # all False (empty for an empty series)
     logged = np.array([not lb.startswith(("scrape@", "prometheus@")) for lb in labels], dtype=bool)
-    return logged[lab] & on_line  # type: ignore[no-any-return]
+    mask = logged[lab] & (line >= 0)
+    return mask if np.count_nonzero(mask) else None
 
 
 def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None:
@@ -68,8 +68,9 @@ def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None
     for s in (new, hit):
         if s is None:
             continue
-        is_log = _is_log(s)
-        for t, v in zip(s.ts[~is_log].tolist(), s.values[~is_log].tolist(), strict=True):
+        is_log = _log_mask(s)
+        at, vs = (s.ts, s.values) if is_log is None else (s.ts[~is_log], s.values[~is_log])
+        for t, v in zip(at.tolist(), vs.tolist(), strict=True):
             if v == v:
                 moved[t] = moved.get(t, 0.0) + v
     if not moved:
@@ -82,14 +83,14 @@ def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
     run = tl.get("running_reqs", rank)
     if run is None or not len(run):
         return Derived(None)
-    rlog = _is_log(run)
+    rlog = _log_mask(run)
     rvals = run.values
     log_run: dict[int, float] = {}
-    if rlog.any():
-        log_run = dict(zip(_line_keys(run)[0][rlog].tolist(), rvals[rlog].tolist(), strict=True))
-        scrape_run = dict(zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True))  # (the last reading at a time)
+    if rlog is None:
+        scrape_run = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))  # (the last reading at a time)
     else:
-        scrape_run = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))
+        log_run = dict(zip(_line_keys(run)[0][rlog].tolist(), rvals[rlog].tolist(), strict=True))
+        scrape_run = dict(zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True))
     ratios: list[float] = []
     how: list[str] = []
     used = tl.get("used_tokens", rank)
@@ -120,11 +121,11 @@ def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> t
         s = tl.get(name, rank)
         if s is None:
             continue
-        slog = _is_log(s)
-        ts, vals = (s.ts[~slog], s.values[~slog]) if slog.any() else (s.ts, s.values)
+        slog = _log_mask(s)
+        ts, vals = (s.ts, s.values) if slog is None else (s.ts[~slog], s.values[~slog])
         r = np.array([scrape_run.get(t, np.nan) for t in ts.tolist()])
         ok = (r > 0) & (vals > 0)
-        if ok.any():
+        if np.count_nonzero(ok):
             cands[name] = (vals[ok] / r[ok], ts[ok], _no_prefill_at(tl, ts[ok], rank))
     for name, label in (("used_tokens", "used tokens"), ("decode_sum_seq_lens", "decode_sum_seq_lens")):
         got = cands.get(name)
@@ -151,12 +152,12 @@ def prefill_per_pass(tl: Timeline, rank: str = "") -> np.ndarray | None:
     if s is None:
         return None
     out = s.values.astype(float).copy()
-    is_log = _is_log(s)
-    if is_log.all():
+    is_log = _log_mask(s)
+    if is_log is not None and is_log.all():
         return out
     passes = tl.get("prefill_passes", rank)
     by_ts = {} if passes is None else dict(zip(passes.ts.tolist(), passes.values.tolist(), strict=True))
-    for i in (~is_log).nonzero()[0].tolist():
+    for i in (range(len(out)) if is_log is None else (~is_log).nonzero()[0].tolist()):
         n = by_ts.get(float(s.ts[i]))
         out[i] = out[i] / n if n and n > 0 else np.nan
     return out

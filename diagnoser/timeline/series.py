@@ -93,7 +93,7 @@ class Sources(Sequence[str]):
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
+    a.setflags(write=False)  # (what ``a.flags.writeable = False`` does, without building the flags object)
     return a
 
 
@@ -220,6 +220,11 @@ class Series:
         out._unsorted = False
         self._exposed = True
         return out
+
+    def has_line_numbers(self) -> bool:
+        """Whether any point's source carries a line number (``server.log:1842``; a scrape's or a Prometheus
+        step's does not), read from the stored column without building the sources view."""
+        return bool(np.count_nonzero(self._line[self._lo:self._hi] >= 0))
 
     def first_ts(self) -> float:
         if self._unsorted:
