@@ -327,7 +327,7 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
             k = _arg_extreme(ctx, vals, at)
             if k is not None:
                 idx = k
-        src = s.sources[idx]
+        src = s.source_at(idx)
     obs = _round(observed)
     # a quantile that is only a bucket's lower bound (its point's source or the window value says so): its range
     bound = f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (is_floor(source=src) and obs == _round(s.values[idx]))) else ""

@@ -269,6 +269,17 @@ def _line_index(sa: Any, sb: Any) -> Any:
     return np.where(found, np.nan_to_num(pos, nan=-1.0), -1.0).astype(np.int64)
 
 
+def same_moments(ctx: RuleContext, a: str, b: str, rank: str = "") -> bool:
+    """Whether two series were read at the same moments (equal time columns, :func:`_column`), in
+    increasing time order, with no NaN value: then every point of one joins the other's point at its
+    position, whichever join is used (by time through a dict, :func:`joint`, :func:`pairs`)."""
+    if ctx.series(a, rank) is None or ctx.series(b, rank) is None:
+        return False
+    ta, va = raw_arrays(ctx, a, rank)
+    tb, vb = raw_arrays(ctx, b, rank)
+    return ta is tb and _time_runs(ctx, ta)[0] == "increasing" and not _has_nan(ctx, va) and not _has_nan(ctx, vb)
+
+
 def times_in_order(ctx: RuleContext, ts: Any) -> bool:
     """Whether a time column is in order without NaNs (every series is, unless a time is NaN); once per array."""
     hit = ctx.memo.get(("time_runs", id(ts)))
@@ -314,7 +325,11 @@ class Pairs:
     a: Any
     b: Any
     idx: Any
-    sources: Any
+    series: Any  # ``a``'s series (None without it): its sources are read only when a finding cites a point
+
+    @property
+    def sources(self) -> Any:
+        return self.series.sources if self.series is not None else []
 
     def __len__(self) -> int:
         return len(self.a)
@@ -330,17 +345,16 @@ def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
     if hit is None:
         ta, va = raw_arrays(ctx, a, rank)
         s = ctx.series(a, rank)
-        sources = s.sources if s is not None else []
         if not len(ta):
-            hit = Pairs(ta, va, np.zeros(0), None, sources)
+            hit = Pairs(ta, va, np.zeros(0), None, s)
         else:
             aligned(ctx, a, b, rank)
             w, w_nan = ctx.memo[("aligned", a, b, rank)]
             if not w_nan and not _has_nan(ctx, va):
-                hit = Pairs(ta, va, w, None, sources)  # every point joined: the arrays themselves (read-only use)
+                hit = Pairs(ta, va, w, None, s)  # every point joined: the arrays themselves (read-only use)
             else:
                 idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0]
-                hit = Pairs(ta[idx], va[idx], w[idx], idx, sources)
+                hit = Pairs(ta[idx], va[idx], w[idx], idx, s)
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 

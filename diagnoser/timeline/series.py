@@ -320,7 +320,23 @@ class Series:
         return v[~np.isnan(v)]
 
     def last_source(self) -> str:
-        return self.sources[-1] if len(self) else ""
+        return self.source_at(-1) if len(self) else ""
+
+    def source_at(self, i: int) -> str:
+        """``sources[i]``, formatted from the stored columns without building the sources view (a finding
+        cites one or two points of a series)."""
+        n = self._hi - self._lo
+        k = operator.index(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"point {i} of a series of {n}")
+        if self._unsorted:
+            self._settle()
+        k += self._lo
+        label = self._labels[self._lab.item(k)]
+        line = self._line.item(k)
+        return label if line < 0 else f"{label}:{line}"
 
     def argmax(self) -> int:
         """Index of the first largest value, NaNs skipped; -1 when there is none."""
