@@ -269,17 +269,6 @@ def _line_index(sa: Any, sb: Any) -> Any:
     return np.where(found, np.nan_to_num(pos, nan=-1.0), -1.0).astype(np.int64)
 
 
-def same_moments(ctx: RuleContext, a: str, b: str, rank: str = "") -> bool:
-    """Whether two series were read at the same moments (equal time columns, :func:`_column`), in
-    increasing time order, with no NaN value: then every point of one joins the other's point at its
-    position, whichever join is used (by time through a dict, :func:`joint`, :func:`pairs`)."""
-    if ctx.series(a, rank) is None or ctx.series(b, rank) is None:
-        return False
-    ta, va = raw_arrays(ctx, a, rank)
-    tb, vb = raw_arrays(ctx, b, rank)
-    return ta is tb and _time_runs(ctx, ta)[0] == "increasing" and not _has_nan(ctx, va) and not _has_nan(ctx, vb)
-
-
 def times_in_order(ctx: RuleContext, ts: Any) -> bool:
     """Whether a time column is in order without NaNs (every series is, unless a time is NaN); once per array."""
     hit = ctx.memo.get(("time_runs", id(ts)))

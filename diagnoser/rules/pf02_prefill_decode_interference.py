@@ -58,7 +58,7 @@ import numpy as np
 from diagnoser.mechanism import StepModel
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, suggest
-from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays, same_moments
+from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -76,36 +76,6 @@ def running_at(ctx: RuleContext, times: list[float]) -> list[float]:
     rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
     at = rts.searchsorted(np.asarray(times, dtype=float), "right") - 1
     return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
-
-
-def _may_dip(ctx: RuleContext, t: dict[str, Any]) -> bool:
-    """The metrics path's test on the columns, where prompt and gen throughput were read at the same moments
-    (:func:`~diagnoser.rules.columns.same_moments`: every point joins, in order): False when no dip can be
-    found (too few readings with requests running, no throughput, or too few dips at the prompt peaks); True
-    when one may be, or the series need the point-by-point join. The same numbers as the join's lists."""
-    if not same_moments(ctx, "prompt_tps", "gen_throughput_tps"):
-        return True
-    ts, prompt = raw_arrays(ctx, "prompt_tps")
-    gen = raw_arrays(ctx, "gen_throughput_tps")[1]
-    if len(ts) < t["min_scrapes"]:
-        return False
-    got = arrays(ctx, "running_reqs")
-    run = np.zeros(len(ts))
-    if got is not None and len(got[0]):  # running_at() of every reading
-        rts, rv = got
-        k = rts.searchsorted(ts, "right") - 1
-        at = np.maximum(k, 0)
-        run = np.where((k >= 0) & (rts[at] == ts), rv[at], 0.0)
-    ok = run >= t["min_running"]
-    if np.count_nonzero(ok) < t["min_scrapes"]:
-        return False
-    med = quantile(np.sort(gen[ok], kind="stable"), 0.5)
-    p75 = quantile(np.sort(prompt[ok], kind="stable"), 0.75)
-    if med <= 0 or p75 <= 0:
-        return False
-    peak = ok & (prompt >= p75)
-    dips = np.count_nonzero(peak & (gen < t["dip_ratio"] * med))
-    return not (dips < 2 or dips < 0.5 * np.count_nonzero(peak))
 
 
 def _logged(labels: list[str]) -> np.ndarray:
@@ -303,13 +273,11 @@ class PrefillDecodeInterference(Rule):
         sa, sb = ctx.series("prompt_tps"), ctx.series("gen_throughput_tps")
         if sa is None or sb is None:
             return None
-        if not _may_dip(ctx, t):
-            return None  # decided on the columns; the points are joined one by one below only where they may dip
         if len(sa) < 64 and len(sb) < 64:  # scrapes only: joint()'s dict join is cheapest (with positions, as below)
             get = dict(zip(sb.ts.tolist(), sb.values.tolist(), strict=True)).get
             pts: list = [(t_, v, w, i) for i, (t_, v) in enumerate(zip(sa.ts.tolist(), sa.values.tolist(), strict=True))  # type: ignore[type-arg]
                          if (w := get(t_)) is not None and v == v and w == w]
-            src = lambda i: sa.sources[i]  # noqa: E731  (the sources are read only for a finding)
+            src = sa.source_at  # (a source is formatted only for a finding)
         else:  # joint()'s points from pairs(), with the position of each: its source is formatted for the evidence only
             pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")
             pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
