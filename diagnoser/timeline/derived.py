@@ -102,17 +102,18 @@ def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
                 ratios.append(u / r)
         if ratios:
             how.append("#token / #running-req of the Decode batch lines")
+    all_ratios = np.asarray(ratios, dtype=float)
     if scrape_run:
         got = _scrape_ratios(tl, rank, scrape_run)
         if got:
-            ratios.extend(got[0])
+            all_ratios = np.concatenate((all_ratios, got[0])) if ratios else got[0]  # (the log's first, then the scrapes')
             how.append(got[1])
-    if not ratios:
+    if not len(all_ratios):
         return Derived(None)
-    return Derived(_median(np.asarray(ratios)), len(ratios), "median of " + " and ".join(how))
+    return Derived(_median(all_ratios), len(all_ratios), "median of " + " and ".join(how))
 
 
-def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> tuple[list[float], str] | None:
+def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> tuple[np.ndarray, str] | None:
     """Tokens / running at scrape (or Prometheus) times: used tokens at the readings with no prefill
     since the previous one (the log's #token at a decode report); when every reading saw a prefill (or
     the input has no prefill counters), decode_sum_seq_lens, which only a decode report writes."""
@@ -130,7 +131,7 @@ def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> t
     for name, label in (("used_tokens", "used tokens"), ("decode_sum_seq_lens", "decode_sum_seq_lens")):
         got = cands.get(name)
         if got is not None and got[2] is not None and got[2].any():
-            return got[0][got[2]].tolist(), f"{label} / running requests in the readings with no prefill since the previous one"
+            return got[0][got[2]], f"{label} / running requests in the readings with no prefill since the previous one"
     # every reading saw a prefill: used tokens (the log's #token) overstate by the prompt being prefilled,
     # decode_sum_seq_lens by the requests that finished since the decode report that wrote it; with the
     # prefill counters at hand the first is the smaller error on the real runs (tests/data/sglang-cpu-real),
@@ -139,7 +140,7 @@ def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> t
     for name in (("used_tokens", "decode_sum_seq_lens") if counters else ("decode_sum_seq_lens", "used_tokens")):
         got = cands.get(name)
         if got is not None:
-            return got[0].tolist(), f"{name} / running_reqs" + (" (every reading also saw a prefill report)" if counters else "")
+            return got[0], f"{name} / running_reqs" + (" (every reading also saw a prefill report)" if counters else "")
     return None
 
 
