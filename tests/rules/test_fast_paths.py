@@ -1,0 +1,392 @@
+"""The rule pass's fast paths against the clear code they replace (issue 26: a fleet pass at 10,000 targets).
+
+Each fast path must give what its reference gives, to the bit, on the real recordings and on synthetic
+fleet-like timelines (Prometheus steps on one time grid, with and without a queue, with NaN and infinite
+readings, with the signals the admission model skips when absent):
+
+* ``admission._build`` (absent signals skipped, no label test where nothing waited, ``nan_to_num`` only for
+  a usage that is not finite, the ratio without building the server state) against the original code, kept
+  here as :func:`_build_reference`;
+* ``derived._span_rate_fast`` against ``derived._span_rate``, ``derived._log_mask`` against
+  ``derived._line_keys``;
+* ``Series.source_at`` against ``Series.sources``, ``Series.has_line_numbers`` against the stored line
+  column, ``Timeline.span`` against the plain walk over every series;
+* the series memo (summaries and window rates): dropped by every write, so a cached number always equals
+  the one computed afresh.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from diagnoser.collect import collect_logs
+from diagnoser.engines import get_adapter
+from diagnoser.model import LogEvent
+from diagnoser.replay import collect_replay
+from diagnoser.rules import admission as A
+from diagnoser.rules.admission import (
+    DEEP_QUEUE,
+    USAGE_DEEP,
+    USAGE_FULL,
+    Admission,
+    _along,
+    _budget_spent,
+    _held,
+    _Lazy,
+    _ratio_at,
+    _refusal,
+    _reservation_full,
+    _usage_high,
+    finished_sizes,
+    prefill_budget,
+    server_state_of,
+)
+from diagnoser.rules.base import RuleContext, pool_tokens, slot_cap
+from diagnoser.rules.columns import pairs
+from diagnoser.timeline import Series, Timeline, derived, summarize
+from tests.conftest import DATA
+
+AUTO = get_adapter("auto")
+
+
+# -- the references ------------------------------------------------------------------------------------
+def _ratio_reference(ctx: RuleContext) -> float | None:
+    r = ctx.stats("new_token_ratio")
+    c = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
+    read = float(r["p50"]) if r["n"] else None
+    if read is None and not ctx.mech.reserves_output:
+        return None
+    return ctx.mech.admission_ratio(c, read, server_state_of(ctx).args_known if ctx.mech.reserves_output else False)
+
+
+def _along_reference(ctx: RuleContext, p: Any, signal: str) -> Any:
+    if ctx.series(signal) is None:
+        return np.full(len(p), np.nan)
+    return _along(ctx, p, signal)
+
+
+def _build_reference(ctx: RuleContext) -> Admission:
+    """``admission._build`` as it was before its fast paths: every test on every reading."""
+    p = pairs(ctx, "running_reqs", "queue_reqs")
+    run, q = np.asarray(p.a, dtype=float), np.asarray(p.b, dtype=float)
+    u = _along_reference(ctx, p, "token_usage")
+    a = Admission(ts=p.ts, running=run, queue=q, usage=u, label=np.full(len(p), "idle", dtype=object), sources=_Lazy(p))
+    a.cap, a.cap_src = slot_cap(ctx)
+    a.pool, a.pool_src = pool_tokens(ctx)
+    a.budget, a.budget_name, a.budget_src = prefill_budget(ctx)
+    a.prompt, a.output = finished_sizes(ctx)
+    a.ratio = _ratio_reference(ctx)
+    wait = q > 0
+    a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
+    if not len(p):
+        return a
+    lab = a.label
+    lab[wait] = "none"
+    with np.errstate(invalid="ignore", divide="ignore"):
+        snap = wait & (np.nan_to_num(u) > 0) & (run == 0)
+        full = (a.prompt or 0) + (a.output or 0)
+        if a.pool and full > 0:
+            snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+        passes = _along_reference(ctx, p, "decode_passes")
+        batch = np.where(passes > 0, _along_reference(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
+        snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
+    lab[snap] = "report"
+    wait = wait & ~snap
+    for sig in ("pd_prealloc_reqs", "pd_transfer_reqs"):
+        lab[wait & (np.nan_to_num(_along_reference(ctx, p, sig)) > 0)] = "transfer"
+    lab[wait & (lab == "none") & (np.nan_to_num(_along_reference(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
+    if a.cap:
+        lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
+    if a.budget and ctx.mech.reserves_output:
+        lab[wait & (lab == "none") & _budget_spent(ctx, a)] = "budget"
+    elif a.budget and a.prompt is not None:
+        lab[wait & (lab == "none") & (a.prompt > a.budget - run)] = "budget"
+    a.open = wait & (lab == "none")
+    a.kv_arith = np.zeros(len(p), dtype=bool)
+    a.core, a.refusal = _refusal(ctx, a)
+    arith = _reservation_full(ctx, a, _ratio_at(ctx, a))
+    if arith is not None:
+        a.kv_arith |= a.open & arith
+    with np.errstate(invalid="ignore"):
+        by_usage = np.nan_to_num((u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))).astype(bool)
+    if arith is not None and np.any(wait & (lab == "none") & arith):
+        a.kv_how = "arithmetic"
+        lab[wait & (lab == "none") & arith] = "kv"
+    if a.refusal is not None:
+        ref = wait & (lab == "none") & (a.refusal != "")
+        if np.any(ref):
+            a.kv_how = a.kv_how or "refusal"
+            lab[ref] = "kv"
+            a.kv_arith |= a.open & ref
+    if np.any(wait & (lab == "none") & by_usage):
+        a.kv_how = a.kv_how or "usage"
+        lab[wait & (lab == "none") & by_usage] = "kv"
+    held = _held(a) if not a.cap else _held(a, 0.8)
+    if held is not None:
+        at = wait & (lab == "none") & (run == held)
+        if (a.cap and held < a.cap and (arith is None or ctx.memo.get("sizes_estimated")) and not _usage_high(a)
+                and ctx.mech.reserves_output):
+            a.kv_how = a.kv_how or "inferred"
+            lab[at] = "kv"
+            a.kv_arith |= at
+        elif not a.cap and not _usage_high(a):
+            a.cap, a.cap_inferred, a.cap_src = int(held), True, a.sources[int(at.nonzero()[0][0])]
+            lab[at] = "slots"
+            a.open &= ~at
+    return a
+
+
+def _span_reference(tl: Timeline) -> tuple[float | None, float | None]:
+    firsts, lasts = [], []
+    for s in tl.series.values():
+        b = s.bounds()
+        if b is not None:
+            firsts.append(b[0])
+            lasts.append(b[1])
+    ets = [e.ts for e in tl.events]
+    if not firsts and not ets:
+        return None, None
+    return min(firsts + ets), max(lasts + ets)
+
+
+# -- the inputs ----------------------------------------------------------------------------------------
+def _recordings() -> list[Timeline]:
+    out: list[Timeline] = []
+    replays = sorted({p.parent for p in DATA.glob("**/metrics") if p.is_dir() and (p.parent / "server.log").is_file()})
+    for run in replays:
+        out.extend(collect_replay(str(run), AUTO).timelines)
+    for log in sorted(DATA.glob("cases*/*/server.log"))[:40]:
+        out.extend(collect_logs(AUTO, [str(log)]).timelines)
+    return out
+
+
+SIGNAL_SOURCES = {"running_reqs": "num_running_reqs", "queue_reqs": "num_queue_reqs", "token_usage": "token_usage",
+                  "used_tokens": "num_used_tokens", "gen_throughput_tps": "gen_throughput", "cache_hit_rate": "cache_hit_rate",
+                  "new_token_ratio": "new_token_ratio", "decode_passes": "cuda_graph_passes_total", "decode_tokens": "realtime_tokens_total",
+                  "pd_prealloc_reqs": "num_decode_prealloc_queue_reqs", "mamba_usage": "mamba_usage"}
+
+
+def _fleet_like(seed: int) -> Timeline:
+    """A Prometheus target as the fleet reads it: every series on one time grid (``Series.with_values``),
+    the counter rates one step shorter, now and then a queue, a NaN, an infinite usage or an extra signal."""
+    rng = random.Random(seed)
+    n = rng.choice((1, 2, 5, 21, 21, 21, 70))
+    t0 = 1.79e9 + rng.randrange(0, 10_000) * 30.0
+    ts = [t0 + 30.0 * i for i in range(n)]
+    base = Series(ts, [0.0] * n, [f"prometheus@2026-12-06T02:{i:02d}:10Z sglang:num_running_reqs" for i in range(n)])
+    tl = Timeline(target=f"10.0.{seed // 256}.{seed % 256}:30000")
+    busy = rng.random() < 0.3
+
+    def col(scale: float, kind: str) -> list[float]:
+        vals = [round(rng.uniform(0, scale), 2) if kind == "float" else float(rng.randrange(0, int(scale) + 1)) for _ in range(n)]
+        if rng.random() < 0.1 and n:
+            vals[rng.randrange(n)] = math.nan
+        return vals
+
+    run = col(64, "int")
+    queue = [float(rng.randrange(0, 40)) if busy and rng.random() < 0.6 else 0.0 for _ in range(n)]
+    usage = [min(1.0, round(r / 64 + rng.uniform(-0.05, 0.3), 2)) for r in run]
+    if rng.random() < 0.05 and n:
+        usage[rng.randrange(n)] = math.inf
+    cols = {"running_reqs": run, "queue_reqs": queue, "token_usage": usage, "used_tokens": [u * 200_000 for u in usage],
+            "gen_throughput_tps": col(2000, "float"), "cache_hit_rate": col(1, "float")}
+    for extra, scale in (("new_token_ratio", 1.0), ("decode_passes", 300.0), ("decode_tokens", 5000.0), ("pd_prealloc_reqs", 3.0),
+                         ("mamba_usage", 1.0)):
+        if rng.random() < 0.15:
+            cols[extra] = col(scale, "float")
+    for name, vals in cols.items():
+        tl.series[(name, "")] = base.with_values(vals)
+    if n > 1:
+        short = base.slice(ts[1], None)
+        for name in ("prompt_tps", "output_tps", "request_rate"):
+            if rng.random() < 0.9:
+                tl.series[(name, "")] = short.with_values([round(rng.uniform(0, 500), 2) for _ in range(n - 1)])
+    tl.set_config("max_total_tokens", 200_000, "prometheus sglang:max_total_num_tokens")
+    if rng.random() < 0.3:
+        tl.set_config("max_running_requests", rng.choice((16, 32, 64)), "server_info")
+    if rng.random() < 0.2:
+        tl.set_config("schedule_conservativeness", rng.choice((0.3, 1.0, 2.0)), "server_info")
+    if rng.random() < 0.2:
+        tl.set_config("arg.model_path", "m", "server_args")
+    tl.meta["version_best"] = [0, 5, 23]
+    return tl
+
+
+@pytest.fixture(scope="module")
+def timelines() -> list[Timeline]:
+    return _recordings() + [_fleet_like(i) for i in range(400)]
+
+
+def _ctx(tl: Timeline) -> RuleContext:
+    adapter = AUTO.for_timeline(tl)
+    return RuleContext(tl, {}, adapter, None, {}, {})
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype == object or y.dtype == object:
+            return x.shape == y.shape and x.tolist() == y.tolist()
+        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    if isinstance(x, float) and isinstance(y, float):
+        return np.float64(x).tobytes() == np.float64(y).tobytes()
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
+    return type(x) is type(y) and x == y
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+def test_the_admission_model_equals_its_reference(timelines: list[Timeline]) -> None:
+    fields = ("ts", "running", "queue", "usage", "label", "cap", "cap_src", "cap_inferred", "pool", "pool_src", "budget",
+              "budget_name", "budget_src", "prompt", "output", "ratio", "kv_how", "open", "kv_arith", "core", "refusal", "notes")
+    waited = idle = 0
+    for tl in timelines:
+        ref_ctx, new_ctx = _ctx(tl), _ctx(tl)
+        ref, new = _build_reference(ref_ctx), A._build(new_ctx)
+        for name in fields:
+            assert _same(getattr(ref, name), getattr(new, name)), (tl.target, name, getattr(ref, name), getattr(new, name))
+        assert [ref.sources[k] for k in range(len(ref.ts))] == [new.sources[k] for k in range(len(new.ts))], tl.target
+        assert ref_ctx.memo.get("sizes_estimated") == new_ctx.memo.get("sizes_estimated"), tl.target
+        # kv_saturation reads no KV test where nothing waited: no reading is then open to one
+        assert new.n_wait or not np.count_nonzero(new.open), tl.target
+        waited += bool(new.n_wait)
+        idle += not new.n_wait
+    assert waited > 20 and idle > 100  # both paths ran
+
+
+def test_span_rate_fast_equals_the_reference() -> None:
+    rng = random.Random(7)
+    for case in range(3000):
+        n = rng.randrange(0, 40)
+        t = sorted(rng.uniform(0, 100) for _ in range(n)) if case % 3 else [float(rng.randrange(0, 10)) for _ in range(n)]
+        v = [rng.uniform(-5, 50) for _ in range(n)]
+        for _ in range(rng.randrange(0, 3)):
+            if n:
+                (v if rng.random() < 0.7 else t)[rng.randrange(n)] = rng.choice((math.nan, math.inf, -math.inf))
+        s = Series(t, v, [""] * n)
+        ref, got = derived._span_rate(s), derived._span_rate_fast(s)
+        assert (ref is None and got is None) or (ref is not None and got is not None and _same(ref, got)), (t, v, ref, got)
+
+
+def _log_scrape_series(rng: random.Random) -> Series:
+    n = rng.randrange(0, 30)
+    kinds = ("server.log:{}", "scrape@2026-11-29T09:32:{:02d}Z sglang:num_running_reqs", "prometheus@2026-12-06T02:{:02d}:10Z sglang:token_usage",
+             "server.log", "server_info internal_states:{}")
+    mix = rng.sample(kinds, rng.randrange(1, len(kinds) + 1))
+    srcs = [rng.choice(mix).format(i % 60) for i in range(n)]
+    return Series([float(i) for i in range(n)], [float(i) for i in range(n)], srcs)
+
+
+def test_log_mask_and_line_numbers_equal_the_keys() -> None:
+    rng = random.Random(11)
+    for _ in range(500):
+        s = _log_scrape_series(rng)
+        keys_log = derived._line_keys(s)[1]
+        mask = derived._log_mask(s)
+        if mask is None:
+            assert not keys_log.any()
+        else:
+            assert keys_log.any() and mask.tolist() == keys_log.tolist()
+        assert s.has_line_numbers() == bool((s.sources.parts()[2] >= 0).any())
+
+
+def test_source_at_equals_the_sources_view() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        s = _log_scrape_series(rng)
+        for _ in range(rng.randrange(0, 4)):  # out-of-order points: sorted before the next read
+            s.append(rng.uniform(-5, 40), 1.0, f"other.log:{rng.randrange(1, 9)}")
+        if len(s) > 4 and rng.random() < 0.5:
+            s.blank_sources(0, 2)
+        n = len(s)
+        assert [s.source_at(i) for i in range(-n, n)] == [s.sources[i] for i in range(-n, n)]
+        for bad in (n, -n - 1):
+            with pytest.raises(IndexError):
+                s.source_at(bad)
+
+
+def test_span_equals_the_plain_walk(timelines: list[Timeline]) -> None:
+    for tl in timelines:
+        assert _span_reference(tl) == tl.span()
+    tl = Timeline(target="t")
+    assert tl.span() == (None, None)
+    tl.add_event(LogEvent(kind="oom", ts=5.0, line_no=1, source="server.log:1", fields={}))
+    tl.series[("running_reqs", "")] = Series()
+    assert tl.span() == (5.0, 5.0)
+    tl.add("queue_reqs", 9.0, 1.0, "server.log:2")
+    tl.add("queue_reqs", 2.0, 1.0, "server.log:3")  # out of order: settled by the walk
+    shared = tl.series[("queue_reqs", "")]
+    tl.series[("token_usage", "")] = shared.with_values([0.5, 0.6])
+    assert tl.span() == (2.0, 9.0) == _span_reference(tl)
+
+
+def test_the_series_memo_follows_every_write() -> None:
+    """Timeline.stats and window_rate are cached with the series' read views: every write (append, an
+    out-of-order point, merged columns, a drop, a thinning, blanked sources) drops them, so the cached
+    number always equals the one computed afresh from the points (kept here as a plain list); a slice
+    keeps its own."""
+    rng = random.Random(3)
+    tl = Timeline(target="t")
+    points: list[tuple[float, float]] = []  # (time, value) in time order, as the series should hold them
+    for i in range(30):
+        v = rng.uniform(0, 9)
+        tl.add("request_rate", float(i), v, f"scrape@{i} sglang:num_requests_total")
+        points.append((float(i), v))
+
+    def check() -> None:
+        fresh = Timeline(target="f")
+        fresh.series[("request_rate", "")] = Series([t for t, _ in points], [v for _, v in points], [""] * len(points))
+        assert tl.stats("request_rate") == summarize([v for _, v in points]) == fresh.stats("request_rate")
+        assert derived.window_rate(tl, "request_rate") == derived._window_rate(fresh.series[("request_rate", "")])
+
+    def insert(t: float, v: float) -> None:  # after every point at or before its time
+        k = sum(1 for pt, _ in points if pt <= t)
+        points.insert(k, (t, v))
+
+    check()
+    s = tl.series[("request_rate", "")]
+    part = s.slice(5.0, 15.0)
+    part_rate = derived._window_rate(part)
+    s.append(30.0, 4.0, "scrape@30 x")
+    insert(30.0, 4.0)
+    check()
+    s.append(12.5, 100.0, "scrape@12.5 x")  # out of order
+    insert(12.5, 100.0)
+    check()
+    tl.add_many("request_rate", [40.0, 41.0], [1.0, 2.0], ["a:1", "a:2"])
+    insert(40.0, 1.0)
+    insert(41.0, 2.0)
+    check()
+    tl.add_many("request_rate", [7.5], [55.0], ["a:3"])  # merged into the middle
+    insert(7.5, 55.0)
+    check()
+    s.drop_before(3)
+    del points[:3]
+    check()
+    s.thin(0, 10, np.array([0, 4, 8]))
+    points[:10] = [points[0], points[4], points[8]]
+    check()
+    s.blank_sources(0, 2)  # sources only: the numbers stand
+    check()
+    stats = tl.stats("request_rate")
+    stats["mean"] = -1.0  # a caller may change its copy
+    check()
+    assert derived._window_rate(part) == part_rate  # the slice still reads its own points
+
+
+def test_a_pickled_series_leaves_its_views_and_memo_behind() -> None:
+    s = Series([1.0, 2.0, 3.0], [1.0, math.nan, 3.0], ["a:1", "a:2", "scrape@x y"])
+    s.memo()["summary"] = {"stale": True}
+    s.ts, s.sources  # noqa: B018  (views built)
+    back = pickle.loads(pickle.dumps(s))
+    assert back._views is None and "summary" not in back.memo() and back == s
+    old_state = (None, {k: getattr(s, k) for k in Series.__slots__ if k != "_views"} | {"_views": (s.ts, s.values, s.sources)})
+    legacy = Series.__new__(Series)
+    legacy.__setstate__(old_state)  # a pickle made before __getstate__ (three read views in its state)
+    assert legacy._views is None and legacy == s
