@@ -35,6 +35,7 @@ waiting) are the fallback for inputs without the numbers, never the first test.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,20 @@ CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")  # (and
 USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
 
 
+class _Read:
+    """A number of the admission model read from its pass when first asked for (:meth:`Admission._read`):
+    a window where nothing waited needs none of them. It can be set, as a field."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, a: Admission | None, owner: type | None = None) -> Any:
+        return self if a is None else a._read(self.name)
+
+    def __set__(self, a: Admission, value: Any) -> None:
+        a.known[self.name] = value
+
+
 @dataclass
 class Admission:
     """The per-reading classification and the numbers it used; ``label`` is aligned with ``running``."""
@@ -68,18 +83,47 @@ class Admission:
     cap_inferred: bool = False
     pool: int | None = None
     pool_src: str = ""
-    budget: int | None = None
-    budget_name: str = ""
-    budget_src: str = ""
-    prompt: float | None = None  # mean prompt (uncached share) of the finished requests
-    output: float | None = None  # mean output of the finished requests
-    ratio: float | None = None
     kv_how: str = ""  # "arithmetic" | "inferred" | "usage"
     open: Any = None  # readings with a queue that no earlier limit (transfer, state, slots, budget) held
     kv_arith: Any = None  # readings where the reservation arithmetic (or the inference) says the next request does not fit
     core: str | None = None  # the engine core that admits (vLLM "V0" / "V1"; ctx.mech.engine_core)
     refusal: Any = None  # per reading: the engine's KV refusal ("kv_full" / "kv_watermark" / ""), None without such a test
     notes: list[str] = field(default_factory=list)
+    # where the numbers below are read: the pass's context (a weak reference: the context holds this model
+    # in its memo), else a context over the same timeline (the pass is over; its memo only caches)
+    pass_ctx: Any = field(default=None, repr=False, compare=False)
+    inputs: Any = field(default=None, repr=False, compare=False)  # (timeline, adapter, version, extras)
+    known: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # read when first asked for (_read)
+    budget = _Read()  # tokens of one prefill batch's budget (prefill_budget), its name and source
+    budget_name = _Read()
+    budget_src = _Read()
+    prompt = _Read()  # mean prompt (uncached share) of the finished requests
+    output = _Read()  # mean output of the finished requests
+    estimated = _Read()  # the sizes are estimated from the readings: no request finished (_estimated_sizes)
+    ratio = _Read()  # the output-reservation ratio (_ratio)
+
+    def _read(self, name: str) -> Any:
+        got = self.known
+        if name not in got:
+            ctx = self.pass_ctx() if self.pass_ctx is not None else None
+            if ctx is None:
+                if self.inputs is None:
+                    raise AttributeError(name)
+                from diagnoser.rules.base import RuleContext
+
+                ctx = RuleContext(*self.inputs, {})  # type: ignore[misc]
+            if name in ("budget", "budget_name", "budget_src"):
+                got["budget"], got["budget_name"], got["budget_src"] = prefill_budget(ctx)
+            elif name in ("prompt", "output", "estimated"):
+                got["prompt"], got["output"] = finished_sizes(ctx)
+                got["estimated"] = bool(ctx.memo.get("sizes_estimated"))
+            elif name == "ratio":
+                got["ratio"] = _ratio(ctx)
+            else:
+                raise AttributeError(name)
+        return got[name]
 
     @property
     def n_wait(self) -> int:
@@ -132,12 +176,11 @@ def _build(ctx: RuleContext) -> Admission:
     run, q = np.asarray(p.a, dtype=float), np.asarray(p.b, dtype=float)
     u = _along(ctx, p, "token_usage")
     a = Admission(ts=p.ts, running=run, queue=q, usage=u, label=np.full(len(p), "idle", dtype=object),
-                  sources=_Lazy(p))  # formatted when a finding cites one
+                  sources=_Lazy(p),  # formatted when a finding cites one
+                  pass_ctx=weakref.ref(ctx), inputs=(ctx.timeline, {}, ctx.adapter, ctx.version, ctx.extras))
     a.cap, a.cap_src = slot_cap(ctx)
     a.pool, a.pool_src = pool_tokens(ctx)
-    a.budget, a.budget_name, a.budget_src = prefill_budget(ctx)
-    a.prompt, a.output = finished_sizes(ctx)
-    a.ratio = _ratio(ctx)
+    # (the prefill budget, the request sizes and the reservation ratio are read when first asked for, _Read)
     wait = q > 0
     a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
     if not len(p):
@@ -214,7 +257,7 @@ def _build(ctx: RuleContext) -> Admission:
         # (estimated sizes, no request finished yet, do not overrule it: they assume each running request
         # halfway through its output and reserving at new_token_ratio, where a cohort admitted together is
         # early in it, and ignore_eos requests reserve their whole remaining output, at ratio 1.0)
-        if (a.cap and held < a.cap and (arith is None or ctx.memo.get("sizes_estimated")) and not _usage_high(a)
+        if (a.cap and held < a.cap and (arith is None or a.estimated) and not _usage_high(a)
                 and ctx.mech.reserves_output):
             a.kv_how = a.kv_how or "inferred"
             lab[at] = "kv"
@@ -308,6 +351,8 @@ def _refusal(ctx: RuleContext, a: Admission) -> tuple[str | None, Any]:
     """(the engine core, per reading its KV refusal by ``ctx.mech.kv_refusal``: the pool cannot take one more
     request of the running ones' mean size beside what admission keeps free; None on an engine without it)."""
     core = ctx.mech.engine_core(ctx.cfg, ctx.version)
+    if not getattr(ctx.mech, "has_kv_refusal", True):
+        return core, None  # (its kv_refusal answers None: no inputs to read for it)
     bs, wm = ctx.cfg("block_size"), ctx.cfg("kv_watermark")
     # per pool: the running series sums the DP ranks, the usage is their mean, and each rank admits into its own pool
     got = ctx.mech.kv_refusal(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running / dp_ranks(ctx), prompt=a.prompt, output=a.output,
@@ -476,7 +521,7 @@ def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: l
     foot, fit = fit_at_full_length(ctx)
     if foot and fit:
         evs.append(evidence("tokens per request at full length (mean prompt + output)", round(foot), None, ctx.window_text(),
-                            "prompt and generation token counters / finished requests" if not ctx.memo.get("sizes_estimated")
+                            "prompt and generation token counters / finished requests" if not a.estimated
                             else "Prefill lines' tokens per request and Decode lines' tokens per running request (estimated)"))
         evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
         return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "

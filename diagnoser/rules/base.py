@@ -30,7 +30,7 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _CODE_RE = re.compile(r"^[A-Z]{2}\d{2}$")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # (the admission model refers back to its pass weakly: no cycle)
 class RuleContext:
     """What a rule reads: the target's timeline window, its thresholds, the version and the adapter."""
 
