@@ -32,10 +32,10 @@ class Derived:
     how: str = ""
 
 
-def _median(a: np.ndarray) -> float:
-    s = np.sort(a)
+def _median(vals: list[float]) -> float:
+    s = sorted(vals)  # (no NaN: every ratio is of two positive readings)
     n = len(s)
-    return float(s[n // 2]) if n % 2 else float((s[n // 2 - 1] + s[n // 2]) / 2)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _line_keys(s: Series) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +58,7 @@ def _log_mask(s: Series) -> np.ndarray | None:
     return mask if np.count_nonzero(mask) else None
 
 
-def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None:
+def _no_prefill_at(tl: Timeline, ts: list[float], rank: str) -> list[bool] | None:
     """For scrape times: True where no prefill batch ran in the interval ending there (both prefill-token
     counters read 0 at that time); None when the input has no prefill counters."""
     new, hit = tl.get("prefill_new_tokens", rank), tl.get("prefill_cached_tokens", rank)
@@ -75,11 +75,12 @@ def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None
                 moved[t] = moved.get(t, 0.0) + v
     if not moved:
         return None
-    return np.array([moved.get(t, -1.0) == 0.0 for t in ts.tolist()], dtype=bool)
+    return [moved.get(t, -1.0) == 0.0 for t in ts]
 
 
 def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
-    """Median KV tokens per running request at decode moments (see the module doc); None when unknown."""
+    """Median KV tokens per running request at decode moments (see the module doc); None when unknown.
+    Plain lists: a window holds tens of readings, which Python walks as fast as numpy is called on them."""
     run = tl.get("running_reqs", rank)
     if run is None or not len(run):
         return Derived(None)
@@ -102,41 +103,42 @@ def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
                 ratios.append(u / r)
         if ratios:
             how.append("#token / #running-req of the Decode batch lines")
-    all_ratios = np.asarray(ratios, dtype=float)
     if scrape_run:
         got = _scrape_ratios(tl, rank, scrape_run)
         if got:
-            all_ratios = np.concatenate((all_ratios, got[0])) if ratios else got[0]  # (the log's first, then the scrapes')
+            ratios.extend(got[0])
             how.append(got[1])
-    if not len(all_ratios):
+    if not ratios:
         return Derived(None)
-    return Derived(_median(all_ratios), len(all_ratios), "median of " + " and ".join(how))
+    return Derived(_median(ratios), len(ratios), "median of " + " and ".join(how))
 
 
-def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> tuple[np.ndarray, str] | None:
+def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> tuple[list[float], str] | None:
     """Tokens / running at scrape (or Prometheus) times: used tokens at the readings with no prefill
     since the previous one (the log's #token at a decode report); when every reading saw a prefill (or
     the input has no prefill counters), decode_sum_seq_lens, which only a decode report writes."""
-    cands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    cands: dict[str, tuple[list[float], list[bool] | None]] = {}
+    get, nan = scrape_run.get, float("nan")
     for name in ("used_tokens", "decode_sum_seq_lens"):
         s = tl.get(name, rank)
         if s is None:
             continue
         slog = _log_mask(s)
         ts, vals = (s.ts, s.values) if slog is None else (s.ts[~slog], s.values[~slog])
-        r = np.array([scrape_run.get(t, np.nan) for t in ts.tolist()])
-        ok = (r > 0) & (vals > 0)
-        if np.count_nonzero(ok):
-            cands[name] = (vals[ok] / r[ok], ts[ok], _no_prefill_at(tl, ts[ok], rank))
+        # (a time no running reading has, or a NaN, compares False)
+        pts = [(t, v / r) for t, v in zip(ts.tolist(), vals.tolist(), strict=True) if (r := get(t, nan)) > 0 and v > 0]
+        if pts:
+            cands[name] = ([x for _t, x in pts], _no_prefill_at(tl, [t for t, _x in pts], rank))
     for name, label in (("used_tokens", "used tokens"), ("decode_sum_seq_lens", "decode_sum_seq_lens")):
         got = cands.get(name)
-        if got is not None and got[2] is not None and got[2].any():
-            return got[0][got[2]], f"{label} / running requests in the readings with no prefill since the previous one"
+        if got is not None and got[1] is not None and any(got[1]):
+            return ([x for x, quiet in zip(got[0], got[1], strict=True) if quiet],
+                    f"{label} / running requests in the readings with no prefill since the previous one")
     # every reading saw a prefill: used tokens (the log's #token) overstate by the prompt being prefilled,
     # decode_sum_seq_lens by the requests that finished since the decode report that wrote it; with the
     # prefill counters at hand the first is the smaller error on the real runs (tests/data/sglang-cpu-real),
     # without them (no way to tell the moments apart) the gauge only a decode report writes
-    counters = any(got[2] is not None for got in cands.values())
+    counters = any(got[1] is not None for got in cands.values())
     for name in (("used_tokens", "decode_sum_seq_lens") if counters else ("decode_sum_seq_lens", "used_tokens")):
         got = cands.get(name)
         if got is not None:
