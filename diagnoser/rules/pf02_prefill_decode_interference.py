@@ -58,7 +58,7 @@ import numpy as np
 from diagnoser.mechanism import StepModel
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, suggest
-from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays
+from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays, times_in_order
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -74,6 +74,9 @@ def running_at(ctx: RuleContext, times: list[float]) -> list[float]:
     At a time gen_throughput_tps was read, this is the join of running_reqs with it (pairs)."""
     got = arrays(ctx, "running_reqs")
     rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
+    if times_in_order(ctx, rts):  # (no NaN time) the last reading at a time is the one a dict of time -> reading keeps
+        get = dict(zip(rts.tolist(), rv.tolist(), strict=True)).get
+        return [get(t, 0) for t in times]
     at = rts.searchsorted(np.asarray(times, dtype=float), "right") - 1
     return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
 

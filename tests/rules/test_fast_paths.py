@@ -48,7 +48,9 @@ from diagnoser.rules.admission import (
     server_state_of,
 )
 from diagnoser.rules.base import RuleContext, pool_tokens, slot_cap
-from diagnoser.rules.columns import pairs
+from diagnoser.rules.columns import Pairs, arrays, pairs
+from diagnoser.rules.pf02_prefill_decode_interference import running_at
+from diagnoser.rules.rg01_runaway_generation import upper_medians
 from diagnoser.timeline import Series, Timeline, derived, summarize
 from tests.conftest import DATA
 
@@ -525,4 +527,43 @@ def test_tokens_per_request_equals_the_reference(timelines: list[Timeline]) -> N
             assert _same(ref.value, got.value) and (ref.n, ref.how) == (got.n, got.how), (tl.target, rank, ref, got)
             seen += ref.value is not None
     assert seen > 300
+
+
+def _upper_medians_reference(pr: Pairs) -> tuple[float, float] | None:
+    k = (pr.b > 0).nonzero()[0]
+    if not len(k):
+        return None
+    return float(np.sort(pr.b[k]).item(len(k) // 2)), float(np.sort(pr.a[k] / pr.b[k]).item(len(k) // 2))
+
+
+def test_upper_medians_equal_the_reference() -> None:
+    rng = random.Random(13)
+    specials = (math.inf, -math.inf, 0.0, -0.0, -3.0)
+    for _ in range(3000):
+        n = rng.randrange(0, 30)
+        a = [rng.choice(specials) if rng.random() < 0.1 else rng.uniform(0, 1e5) for _ in range(n)]
+        b = [rng.choice(specials) if rng.random() < 0.1 else float(rng.randrange(0, 20)) for _ in range(n)]
+        pr = Pairs(np.arange(n, dtype=float), np.asarray(a, dtype=float), np.asarray(b, dtype=float), None, None)
+        with np.errstate(invalid="ignore"):
+            assert _same(_upper_medians_reference(pr), upper_medians(pr)), (a, b)
+
+
+def _running_at_reference(ctx: RuleContext, times: list[float]) -> list[float]:
+    got = arrays(ctx, "running_reqs")
+    rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
+    at = rts.searchsorted(np.asarray(times, dtype=float), "right") - 1
+    return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
+
+
+def test_running_at_equals_the_reference() -> None:
+    rng = random.Random(17)
+    for _ in range(1500):
+        tl = Timeline(target="t")
+        for _ in range(rng.randrange(0, 25)):  # repeated times, NaN readings, now and then a NaN time
+            t = math.nan if rng.random() < 0.03 else float(rng.randrange(0, 15))
+            tl.add("running_reqs", t, math.nan if rng.random() < 0.1 else float(rng.randrange(0, 9)), "scrape@x sglang:num_running_reqs")
+        times = [math.nan if rng.random() < 0.05 else float(rng.randrange(-2, 18)) for _ in range(rng.randrange(0, 20))]
+        ref = _running_at_reference(RuleContext(tl, {}, None), times)
+        got = running_at(RuleContext(tl, {}, None), times)
+        assert [(type(x), x) for x in ref] == [(type(x), x) for x in got], (tl.series, times)
 
