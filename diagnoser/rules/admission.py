@@ -46,6 +46,7 @@ from diagnoser.capacity.serverstate import args_known, server_state
 from diagnoser.mechanism import KVInputs
 from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
 from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
+from diagnoser.timeline.derived import window_rate
 
 if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
@@ -380,8 +381,6 @@ def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
 def finished_sizes(ctx: RuleContext) -> tuple[float | None, float | None]:
     """(mean uncached prompt, mean output) of the requests that finished in the window, from the token and
     request counters (a cached prefix sits in the pool once, shared); (None, None) when none finished."""
-    from diagnoser.timeline.derived import window_rate
-
     tl = ctx.timeline
     rate = window_rate(tl, "request_rate").value
     out_tps, in_tps = window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "prompt_tps").value

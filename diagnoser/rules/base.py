@@ -24,6 +24,7 @@ from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
 from diagnoser.timeline import Series, Timeline, series_summary, summarize
+from diagnoser.timeline.derived import decode_tokens_per_request
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "Fix", "Known false positives", "References")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -430,8 +431,6 @@ def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
     """KV tokens one running request holds at decode moments, derived the same way from a log, scrapes
     or Prometheus (:func:`diagnoser.timeline.derived.decode_tokens_per_request`)."""
     if "tpr" not in ctx.memo:
-        from diagnoser.timeline.derived import decode_tokens_per_request
-
         d = decode_tokens_per_request(ctx.timeline)
         ctx.memo["tpr"] = (d.value, d.how) if d.value is not None else (None, "")
     return ctx.memo["tpr"]  # type: ignore[no-any-return]

@@ -45,6 +45,7 @@ import numpy as np
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext
 from diagnoser.rules.columns import arrays
+from diagnoser.rules.in01_source_unreachable import target_error
 
 LOAD = ("running_reqs", "queue_reqs", "token_usage")
 
@@ -61,8 +62,6 @@ class InsufficientData(Rule):
     threshold_help = {"min_points": "fewer readings of every load signal than this make the note"}
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
-        from diagnoser.rules.in01_source_unreachable import target_error
-
         if target_error(ctx):
             return None
         counts = {s: len(ctx.series(s) or []) for s in LOAD}
