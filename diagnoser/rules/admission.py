@@ -640,7 +640,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     if evs and reqs >= counted:
         out = (len(evs), reqs, evs[0].source)
     elif counted:
-        out = (counted, counted, tot.sources[-1])  # type: ignore[union-attr]  # the counter counts requests
+        out = (counted, counted, tot.source_at(-1))  # type: ignore[union-attr]  # the counter counts requests
     else:
         rr = ctx.series("retracted_reqs")
         pos = [v for v in rr.values.tolist() if v > 0] if rr is not None else []

@@ -364,12 +364,15 @@ def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any
     hit = ctx.memo.get(key)
     if hit is None:
         got = arrays(ctx, signal, rank)
-        b = got[1][got[1] > 0] if got is not None else None
-        if b is None or len(b) < 64:
-            hit = summarize(b.tolist() if b is not None else [])
+        if got is None or len(got[1]) < 64:  # (a short column: the positive values picked in Python)
+            hit = summarize([v for v in got[1].tolist() if v > 0] if got is not None else [])
         else:  # the positive values sorted are the tail of the series' sorted values (shared with stats)
-            srt = _sorted(ctx, signal, rank)
-            hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
+            b = got[1][got[1] > 0]
+            if len(b) < 64:
+                hit = summarize(b.tolist())
+            else:
+                srt = _sorted(ctx, signal, rank)
+                hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 

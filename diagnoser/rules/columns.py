@@ -68,7 +68,7 @@ def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max"
 
     vals = _column(ctx, signal, rank, "values")
     k = _arg_extreme(ctx, vals, at)
-    return s.sources[-1] if k is None else s.sources[k]
+    return s.source_at(-1 if k is None else k)
 
 
 def _arg_extreme(ctx: RuleContext, vals: Any, at: str) -> int | None:

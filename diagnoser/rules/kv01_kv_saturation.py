@@ -130,6 +130,7 @@ from diagnoser.rules.base import (
     pool_phrase,
     tokens_per_request,
 )
+from diagnoser.rules.columns import arrays
 from diagnoser.rules.er01_oom import oom_detail
 from diagnoser.rules.proposals import pool_suggestions, seqs_cut
 
@@ -178,8 +179,8 @@ class KVSaturation(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        usage = ctx.series("token_usage")
-        vals = usage.values[~np.isnan(usage.values)] if usage is not None else np.zeros(0)
+        got = arrays(ctx, "token_usage")  # (NaNs dropped; the pass's column, which the admission model reads too)
+        vals = got[1] if got is not None else np.zeros(0)
         if not len(vals) or len(vals) < t["min_points"]:
             return self._ran_out(ctx) if not len(vals) else None
         a = admission(ctx)
