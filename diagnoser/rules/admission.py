@@ -93,7 +93,7 @@ class Admission:
     # where the numbers below are read: the pass's context (a weak reference: the context holds this model
     # in its memo), else a context over the same timeline (the pass is over; its memo only caches)
     pass_ctx: Any = field(default=None, repr=False, compare=False)
-    inputs: Any = field(default=None, repr=False, compare=False)  # (timeline, adapter, version, extras)
+    inputs: Any = field(default=None, repr=False, compare=False)  # RuleContext's arguments but the memo
     known: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # read when first asked for (_read)
@@ -116,14 +116,16 @@ class Admission:
 
                 ctx = RuleContext(*self.inputs, {})  # type: ignore[misc]
             if name in ("budget", "budget_name", "budget_src"):
-                got["budget"], got["budget_name"], got["budget_src"] = prefill_budget(ctx)
+                read = dict(zip(("budget", "budget_name", "budget_src"), prefill_budget(ctx), strict=True))
             elif name in ("prompt", "output", "estimated"):
-                got["prompt"], got["output"] = finished_sizes(ctx)
-                got["estimated"] = bool(ctx.memo.get("sizes_estimated"))
+                prompt, output = finished_sizes(ctx)
+                read = {"prompt": prompt, "output": output, "estimated": bool(ctx.memo.get("sizes_estimated"))}
             elif name == "ratio":
-                got["ratio"] = _ratio(ctx)
+                read = {"ratio": _ratio(ctx)}
             else:
                 raise AttributeError(name)
+            for k, v in read.items():
+                got.setdefault(k, v)  # (a number set on the model stands)
         return got[name]
 
     @property

@@ -567,3 +567,31 @@ def test_running_at_equals_the_reference() -> None:
         got = running_at(RuleContext(tl, {}, None), times)
         assert [(type(x), x) for x in ref] == [(type(x), x) for x in got], (tl.series, times)
 
+
+def test_the_admission_numbers_read_later_are_the_pass_numbers(timelines: list[Timeline]) -> None:
+    """The budget, the sizes and the ratio are read when first asked for: from the pass while it lasts,
+    else from a context over the same timeline (the same numbers); a number set on the model stands; the
+    model keeps no strong reference to its pass (the pass's context and memo are freed with it)."""
+    import gc
+    import weakref
+
+    names = ("budget", "budget_name", "budget_src", "prompt", "output", "estimated", "ratio")
+    for tl in timelines[::7]:
+        ctx = _ctx(tl)
+        a = A.admission(ctx)
+        now = {n: getattr(a, n) for n in names}
+        assert now["estimated"] == bool(ctx.memo.get("sizes_estimated"))
+        gc.disable()
+        try:
+            later_ctx = _ctx(tl)
+            later = A.admission(later_ctx)
+            gone = weakref.ref(later_ctx)
+            del later_ctx
+            assert gone() is None  # freed by reference counting: no cycle through the model
+            assert all(_same(getattr(later, n), now[n]) for n in names), tl.target
+        finally:
+            gc.enable()
+    a = A.admission(_ctx(timelines[0]))
+    a.prompt = 123.0
+    assert a.prompt == 123.0 and a.estimated in (True, False) and a.prompt == 123.0
+
