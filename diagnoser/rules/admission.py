@@ -130,8 +130,13 @@ class Admission:
 
     @property
     def n_wait(self) -> int:
-        wait = self.queue > 0
-        return int(np.count_nonzero(wait & (self.label != "report"))) if np.count_nonzero(wait) else 0
+        """Readings with a queue (a batch report beside a prefill is no reading): counted once, as the
+        labels are final when the model is built (several rules ask)."""
+        hit = self.known.get("n_wait")
+        if hit is None:
+            wait = self.queue > 0
+            hit = self.known["n_wait"] = int(np.count_nonzero(wait & (self.label != "report"))) if np.count_nonzero(wait) else 0
+        return hit  # type: ignore[no-any-return]
 
     def share(self, cls: str) -> float:
         n = self.n_wait

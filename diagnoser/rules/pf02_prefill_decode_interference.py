@@ -287,8 +287,8 @@ class PrefillDecodeInterference(Rule):
             src = pj.src  # type: ignore[assignment]
         if len(pts) < t["min_scrapes"]:
             return None
-        ok = [r >= t["min_running"] for r in running_at(ctx, [p[0] for p in pts])]
-        pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
+        floor = t["min_running"]
+        pts = [p for p, r in zip(pts, running_at(ctx, [p[0] for p in pts]), strict=True) if r >= floor]
         if len(pts) < t["min_scrapes"]:
             return None
         gens = sorted(p[2] for p in pts)
@@ -296,8 +296,9 @@ class PrefillDecodeInterference(Rule):
         med, p75 = quantile(gens, 0.5), quantile(prompts, 0.75)
         if med <= 0 or p75 <= 0:
             return None
-        dips = [p for p in pts if p[1] >= p75 and p[2] < t["dip_ratio"] * med]
         peaks = [p for p in pts if p[1] >= p75]
+        low = t["dip_ratio"] * med
+        dips = [p for p in peaks if p[2] < low]
         if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
             return None
         evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), src(dips[0][3])),
