@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from diagnoser.floor import is_floor
+from diagnoser.floor import MARK, is_floor
 from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
@@ -331,9 +331,9 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
         src = s.source_at(idx)
     obs = _round(observed)
     # a quantile that is only a bucket's lower bound (its point's source or the window value says so): its range
-    bound = f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (is_floor(source=src) and obs == _round(s.values[idx]))) else ""
-    return Evidence(signal=signal if not rank else f"{signal}[{rank}]", observed=obs, threshold=threshold,
-                    window=window if window is not None else ctx.window_text(), source=src, bound=bound)
+    bound = (f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (MARK in src and is_floor(source=src)
+             and obs == _round(s.values[idx]))) else "")  # (MARK in src: is_floor's own first test, without its call)
+    return Evidence(signal if not rank else f"{signal}[{rank}]", obs, threshold, window if window is not None else ctx.window_text(), src, bound)
 
 
 def _round(v: Any) -> Any:

@@ -99,7 +99,7 @@ class InsufficientData(Rule):
         """Nothing running and nothing waiting in any reading (a server with no load)."""
         seen = False
         for s in ("running_reqs", "queue_reqs", "pd_bootstrap_reqs", "pd_inflight_reqs", "pd_prealloc_reqs", "pd_transfer_reqs"):
-            got = arrays(ctx, s)
+            got = arrays(ctx, s) if ctx.series(s) is not None else None
             if got is None or not len(got[1]):
                 continue
             seen = True
