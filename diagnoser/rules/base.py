@@ -395,21 +395,32 @@ def next_pow2(n: float) -> int:
 
 
 def slot_cap(ctx: RuleContext) -> tuple[int | None, str]:
-    """The effective max_running_requests (summary line, server info or server args) and its source."""
-    for name in ("max_running_requests", "arg.max_running_requests"):
-        v = ctx.cfg(name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-            return int(v), ctx.timeline.cfg_source(name)
-    return None, ""
+    """The effective max_running_requests (summary line, server info or server args) and its source;
+    once per pass (several rules ask)."""
+    hit = ctx.memo.get("slot_cap")
+    if hit is None:
+        hit = (None, "")
+        for name in ("max_running_requests", "arg.max_running_requests"):
+            v = ctx.cfg(name)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                hit = (int(v), ctx.timeline.cfg_source(name))
+                break
+        ctx.memo["slot_cap"] = hit
+    return hit  # type: ignore[no-any-return]
 
 
 DERIVED_POOL = "(#token / token usage)"  # how pool_tokens marks a pool it derived rather than read
 
 
 def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
+    """The KV pool in tokens and its source: the config's, else derived (:data:`DERIVED_POOL`); once per pass."""
+    hit = ctx.memo.get("pool")
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
     v = ctx.cfg("max_total_tokens")
     if isinstance(v, int | float) and v > 0:
-        return int(v), ctx.timeline.cfg_source("max_total_tokens")
+        hit = ctx.memo["pool"] = (int(v), ctx.timeline.cfg_source("max_total_tokens"))
+        return hit
     # derive from #token / token usage on the same line when the pool size was not printed
     if "pool" not in ctx.memo:
         p = pairs(ctx, "used_tokens", "token_usage")
