@@ -55,6 +55,8 @@ from diagnoser.timeline import Series, Timeline, derived, summarize
 from tests.conftest import DATA
 
 AUTO = get_adapter("auto")
+# the synthetic inputs hold NaN and infinite readings: numpy warns about them on both paths alike
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 # -- the references ------------------------------------------------------------------------------------
