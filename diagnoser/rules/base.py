@@ -31,6 +31,9 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _CODE_RE = re.compile(r"^[A-Z]{2}\d{2}$")
 
 
+_UNSET = object()
+
+
 @dataclass(slots=True, weakref_slot=True)  # (the admission model refers back to its pass weakly: no cycle)
 class RuleContext:
     """What a rule reads: the target's timeline window, its thresholds, the version and the adapter."""
@@ -45,6 +48,9 @@ class RuleContext:
     # (bound once; the rules call them a hundred times a pass)
     series: Callable[..., Series | None] = field(init=False, repr=False, compare=False)
     cfg: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    # the adapter whose mechanism ``mech`` holds (read again when the adapter changes)
+    _mech_of: Any = field(default=_UNSET, init=False, repr=False, compare=False)
+    _mech: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.series = self.timeline.get
@@ -56,8 +62,12 @@ class RuleContext:
 
     @property
     def mech(self) -> Mechanism:
-        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine import."""
-        return mechanism_of(self.adapter)
+        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine
+        import (the rules of a pass ask a few dozen times)."""
+        adapter = self.adapter
+        if adapter is not self._mech_of:
+            self._mech_of, self._mech = adapter, mechanism_of(adapter)
+        return self._mech  # type: ignore[no-any-return]
 
     def word(self, key: str) -> str:
         """The engine's word for a behaviour (``preemption`` on vLLM, ``retraction`` on SGLang)."""
