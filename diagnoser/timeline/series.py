@@ -139,14 +139,13 @@ class Series:
 
     # -- reading -------------------------------------------------------------------------------
     def _view(self) -> list[Any]:
-        """What reading the current points has built: ``[ts, values, sources, memo]``, each read view made
-        when first read (a fleet target reads the sources of few series). Every write drops it all
-        (``_views = None``)."""
+        """What reading the current points has built: ``[ts, values, sources, memo]``, each made when first
+        read (a fleet target reads the sources of few series). Every write drops it all (``_views = None``)."""
         hit = self._views
         if hit is None:
             if self._unsorted:
                 self._settle()
-            hit = self._views = [None, None, None, {}]
+            hit = self._views = [None, None, None, None]
         return hit
 
     def memo(self) -> dict[str, Any]:
@@ -156,7 +155,11 @@ class Series:
         cached number never outlives the points it was computed from. Its keys are a fixed set of names
         (bounded). Nothing read from the sources belongs here: :meth:`blank_sources` rewrites those in
         place under the views of slices that share the buffers."""
-        return self._view()[3]  # type: ignore[no-any-return]
+        v = self._view()
+        got = v[3]
+        if got is None:
+            got = v[3] = {}
+        return got  # type: ignore[no-any-return]
 
     @property
     def ts(self) -> np.ndarray:
