@@ -276,19 +276,11 @@ class Timeline:
         over the firsts and lasts (C loops; same values, same order as comparing them one by one)."""
         firsts = []
         lasts = []
-        seen = set()  # series on one time column (a fleet target's, Series.with_values) bound it once
         for s in self.series.values():
-            if s._hi == s._lo:
-                continue
-            if s._unsorted:
-                s._settle()
-            key = (id(s._t), s._lo, s._hi)  # (the objects live through the loop: an id is not reused in it)
-            if key in seen:
-                continue  # the same two readings again: min() and max() keep the first of equal values anyway
-            seen.add(key)
-            t = s._t
-            firsts.append(t.item(s._lo))
-            lasts.append(t.item(s._hi - 1))
+            b = s.bounds()
+            if b is not None:
+                firsts.append(b[0])
+                lasts.append(b[1])
         ets = [e.ts for e in self.events]
         if not firsts and not ets:
             return None, None
