@@ -56,26 +56,13 @@ import numpy as np
 from diagnoser.model import Finding, Severity
 from diagnoser.rules.admission import fit_at_full_length
 from diagnoser.rules.base import Rule, RuleContext, evidence, fmt_int, pool_tokens
-from diagnoser.rules.columns import Pairs, argmax_source, arrays, pairs
+from diagnoser.rules.columns import argmax_source, arrays, pairs
 
 
 def _tail(src: str) -> str:
     """The line number of a ``name:N`` source (the end of a span), else the source."""
     head, _, n = src.rpartition(":")
     return n if head and n.isdigit() else src
-
-
-def upper_medians(pr: Pairs) -> tuple[float, float] | None:
-    """(running requests, used tokens per running request): the upper median of each over the joined
-    readings with requests running; None without one. Plain lists (a window holds tens of readings, and the
-    join has no NaN); numpy sorts the NaN of an infinite ratio last."""
-    held = [(u, r) for u, r in zip(pr.a.tolist(), pr.b.tolist(), strict=True) if r > 0]
-    if not held:
-        return None
-    mid = len(held) // 2
-    pers = [u / r for u, r in held]
-    per = (sorted(pers) if all(x == x for x in pers) else np.sort(pers).tolist())[mid]
-    return sorted(r for _u, r in held)[mid], per
 
 
 class RunawayGeneration(Rule):
@@ -186,13 +173,16 @@ class RunawayGeneration(Rule):
         show, when they show some). One reading shows the size; growth needs two."""
         t = ctx.thresholds
         pr = pairs(ctx, "used_tokens", "running_reqs")
-        got = upper_medians(pr)
-        if got is None:
-            return None
-        med_run, per = got
-        if med_run > t["max_running_long"] or per < t["long_tokens"]:
-            return None
         k = (pr.b > 0).nonzero()[0]
+        if not len(k):
+            return None
+        med_run = float(np.sort(pr.b[k]).item(len(k) // 2))
+        if med_run > t["max_running_long"]:
+            return None
+        per_all = pr.a[k] / pr.b[k]
+        per = float(np.sort(per_all).item(len(per_all) // 2))
+        if per < t["long_tokens"]:
+            return None
         new, cached, seqs = ctx.stats("prefill_new_tokens"), ctx.stats("prefill_cached_tokens"), ctx.stats("prefill_new_seqs")
         prompt = None
         if new["n"] and seqs["n"] and (seqs["mean"] or 0) > 0:

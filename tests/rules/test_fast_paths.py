@@ -9,7 +9,7 @@ readings, with the signals the admission model skips when absent):
   read when first asked for) against the original code, kept here as :func:`_build_reference`;
 * ``derived.decode_tokens_per_request`` (plain lists) against its numpy version, ``derived._span_rate_fast``
   against ``derived._span_rate``, ``derived._log_mask`` against ``derived._line_keys``;
-* pf02's ``running_at`` and rg01's ``upper_medians`` (plain lists) against their numpy versions;
+* pf02's ``running_at`` (a dict where the times are in order) against its searchsorted version;
 * ``Series.source_at`` against ``Series.sources``, ``Series.has_line_numbers`` against the stored line column;
 * the series memo (summaries and window rates): dropped by every write, so a cached number always equals
   the one computed afresh.
@@ -47,9 +47,8 @@ from diagnoser.rules.admission import (
     server_state_of,
 )
 from diagnoser.rules.base import RuleContext, pool_tokens, slot_cap
-from diagnoser.rules.columns import Pairs, arrays, pairs
+from diagnoser.rules.columns import arrays, pairs
 from diagnoser.rules.pf02_prefill_decode_interference import running_at
-from diagnoser.rules.rg01_runaway_generation import upper_medians
 from diagnoser.timeline import Series, Timeline, derived, summarize
 from tests.conftest import DATA
 
@@ -500,25 +499,6 @@ def test_tokens_per_request_equals_the_reference(timelines: list[Timeline]) -> N
             assert _same(ref.value, got.value) and (ref.n, ref.how) == (got.n, got.how), (tl.target, rank, ref, got)
             seen += ref.value is not None
     assert seen > 300
-
-
-def _upper_medians_reference(pr: Pairs) -> tuple[float, float] | None:
-    k = (pr.b > 0).nonzero()[0]
-    if not len(k):
-        return None
-    return float(np.sort(pr.b[k]).item(len(k) // 2)), float(np.sort(pr.a[k] / pr.b[k]).item(len(k) // 2))
-
-
-def test_upper_medians_equal_the_reference() -> None:
-    rng = random.Random(13)
-    specials = (math.inf, -math.inf, 0.0, -0.0, -3.0)
-    for _ in range(3000):
-        n = rng.randrange(0, 30)
-        a = [rng.choice(specials) if rng.random() < 0.1 else rng.uniform(0, 1e5) for _ in range(n)]
-        b = [rng.choice(specials) if rng.random() < 0.1 else float(rng.randrange(0, 20)) for _ in range(n)]
-        pr = Pairs(np.arange(n, dtype=float), np.asarray(a, dtype=float), np.asarray(b, dtype=float), None, None)
-        with np.errstate(invalid="ignore"):
-            assert _same(_upper_medians_reference(pr), upper_medians(pr)), (a, b)
 
 
 def _running_at_reference(ctx: RuleContext, times: list[float]) -> list[float]:
