@@ -74,6 +74,7 @@ class Mechanism(Protocol):
     no_events: frozenset[str]  # event kinds the engine never logs (not named as "absent" to a reader)
     newest_known: tuple[int, int, int] | None  # newest release whose source was read (config drift)
     reserves_output: bool  # admission holds room for the running requests' remaining output (SGLang)
+    has_kv_refusal: bool  # kv_refusal tests the pool (vLLM); False: it always answers None (SGLang's test is kv_blocked)
     chunked_prefill_default: bool  # prompts longer than the step budget are split by default
 
     def admission_ratio(self, conservativeness: Any, ratio_read: float | None, args_known: bool) -> float | None:
@@ -148,6 +149,7 @@ class NullMechanism:
     newest_known = None
     no_events: frozenset[str] = frozenset()
     reserves_output = False
+    has_kv_refusal = False
     chunked_prefill_default = False
 
     def admission_ratio(self, conservativeness: Any, ratio_read: float | None, args_known: bool) -> float | None:

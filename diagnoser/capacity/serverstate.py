@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from diagnoser.engines.sglang.scheduler_model import ServerState
+from diagnoser.engines.sglang.scheduler_model import ServerState, args_known
 from diagnoser.engines.sglang.versions import parse_version
 from diagnoser.timeline import Timeline
 
@@ -64,4 +64,4 @@ def server_state(tl: Timeline, extras: dict[str, Any] | None = None) -> ServerSt
     return s
 
 
-__all__ = ["prompt_tokens", "server_state"]
+__all__ = ["args_known", "prompt_tokens", "server_state"]

@@ -35,22 +35,38 @@ waiting) are the fallback for inputs without the numbers, never the first test.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from diagnoser.capacity.pool import pool_count
-from diagnoser.capacity.serverstate import server_state
+from diagnoser.capacity.serverstate import args_known, server_state
 from diagnoser.mechanism import KVInputs
 from diagnoser.rules.base import evidence, next_pow2, pool_tokens, slot_cap, tokens_per_request
 from diagnoser.rules.columns import aligned, argmax_source, pairs, raw_arrays
+from diagnoser.timeline.derived import window_rate
 
 if TYPE_CHECKING:
     from diagnoser.rules.base import RuleContext
 
 CLASSES = ("slots", "kv", "budget", "state", "transfer", "none", "idle")  # (and "report": not a running reading)
 USAGE_FULL, USAGE_DEEP, DEEP_QUEUE = 0.95, 0.9, 2000  # the fallback thresholds
+
+
+class _Read:
+    """A number of the admission model read from its pass when first asked for (:meth:`Admission._read`):
+    a window where nothing waited needs none of them. It can be set, as a field."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, a: Admission | None, owner: type | None = None) -> Any:
+        return self if a is None else a._read(self.name)
+
+    def __set__(self, a: Admission, value: Any) -> None:
+        a.known[self.name] = value
 
 
 @dataclass
@@ -68,22 +84,59 @@ class Admission:
     cap_inferred: bool = False
     pool: int | None = None
     pool_src: str = ""
-    budget: int | None = None
-    budget_name: str = ""
-    budget_src: str = ""
-    prompt: float | None = None  # mean prompt (uncached share) of the finished requests
-    output: float | None = None  # mean output of the finished requests
-    ratio: float | None = None
     kv_how: str = ""  # "arithmetic" | "inferred" | "usage"
     open: Any = None  # readings with a queue that no earlier limit (transfer, state, slots, budget) held
     kv_arith: Any = None  # readings where the reservation arithmetic (or the inference) says the next request does not fit
     core: str | None = None  # the engine core that admits (vLLM "V0" / "V1"; ctx.mech.engine_core)
     refusal: Any = None  # per reading: the engine's KV refusal ("kv_full" / "kv_watermark" / ""), None without such a test
     notes: list[str] = field(default_factory=list)
+    # where the numbers below are read: the pass's context (a weak reference: the context holds this model
+    # in its memo), else a context over the same timeline (the pass is over; its memo only caches)
+    pass_ctx: Any = field(default=None, repr=False, compare=False)
+    inputs: Any = field(default=None, repr=False, compare=False)  # RuleContext's arguments but the memo
+    known: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # read when first asked for (_read)
+    budget = _Read()  # tokens of one prefill batch's budget (prefill_budget), its name and source
+    budget_name = _Read()
+    budget_src = _Read()
+    prompt = _Read()  # mean prompt (uncached share) of the finished requests
+    output = _Read()  # mean output of the finished requests
+    estimated = _Read()  # the sizes are estimated from the readings: no request finished (_estimated_sizes)
+    ratio = _Read()  # the output-reservation ratio (_ratio)
+
+    def _read(self, name: str) -> Any:
+        got = self.known
+        if name not in got:
+            ctx = self.pass_ctx() if self.pass_ctx is not None else None
+            if ctx is None:
+                if self.inputs is None:
+                    raise AttributeError(name)
+                from diagnoser.rules.base import RuleContext
+
+                ctx = RuleContext(*self.inputs, {})  # type: ignore[misc]
+            if name in ("budget", "budget_name", "budget_src"):
+                read = dict(zip(("budget", "budget_name", "budget_src"), prefill_budget(ctx), strict=True))
+            elif name in ("prompt", "output", "estimated"):
+                prompt, output = finished_sizes(ctx)
+                read = {"prompt": prompt, "output": output, "estimated": bool(ctx.memo.get("sizes_estimated"))}
+            elif name == "ratio":
+                read = {"ratio": _ratio(ctx)}
+            else:
+                raise AttributeError(name)
+            for k, v in read.items():
+                got.setdefault(k, v)  # (a number set on the model stands)
+        return got[name]
 
     @property
     def n_wait(self) -> int:
-        return int(np.count_nonzero((self.queue > 0) & (self.label != "report")))
+        """Readings with a queue (a batch report beside a prefill is no reading): counted once, as the
+        labels are final when the model is built (several rules ask)."""
+        hit = self.known.get("n_wait")
+        if hit is None:
+            wait = self.queue > 0
+            hit = self.known["n_wait"] = int(np.count_nonzero(wait & (self.label != "report"))) if np.count_nonzero(wait) else 0
+        return hit  # type: ignore[no-any-return]
 
     def share(self, cls: str) -> float:
         n = self.n_wait
@@ -131,39 +184,49 @@ def _build(ctx: RuleContext) -> Admission:
     run, q = np.asarray(p.a, dtype=float), np.asarray(p.b, dtype=float)
     u = _along(ctx, p, "token_usage")
     a = Admission(ts=p.ts, running=run, queue=q, usage=u, label=np.full(len(p), "idle", dtype=object),
-                  sources=_Lazy(p))  # formatted when a finding cites one
+                  sources=_Lazy(p),  # formatted when a finding cites one
+                  pass_ctx=weakref.ref(ctx), inputs=(ctx.timeline, {}, ctx.adapter, ctx.version, ctx.extras))
     a.cap, a.cap_src = slot_cap(ctx)
     a.pool, a.pool_src = pool_tokens(ctx)
-    a.budget, a.budget_name, a.budget_src = prefill_budget(ctx)
-    a.prompt, a.output = finished_sizes(ctx)
-    a.ratio = _ratio(ctx)
+    # (the prefill budget, the request sizes and the reservation ratio are read when first asked for, _Read)
     wait = q > 0
     a.open, a.kv_arith = wait.copy(), np.zeros(len(p), dtype=bool)
     if not len(p):
         return a
+    if not np.count_nonzero(wait):  # no reading with a queue: every test below labels waiting readings, so all stay idle
+        a.core, a.refusal = _refusal(ctx, a)
+        return a
     lab = a.label
     lab[wait] = "none"
+    # (a signal the inputs lack reads NaN at every reading, which no test below passes: its test is skipped)
+    series = ctx.series
     # a scrape's num_running_reqs holds the last batch report, and after a prefill report that is the batch
     # beside the prefill (metrics_reporter.py at v0.5.23, as a Prefill line's #running-req): a reading with
     # requests waiting and KV in use but nothing, or far fewer than the tokens held, running is such a report
     with np.errstate(invalid="ignore", divide="ignore"):
-        snap = wait & (np.nan_to_num(u) > 0) & (run == 0)
+        total = np.add.reduce(u)
+        u0 = u if total - total == 0 else np.nan_to_num(u)  # (every usage finite: nan_to_num would copy it as it is)
+        snap = wait & (u0 > 0) & (run == 0)
         full = (a.prompt or 0) + (a.output or 0)
         if a.pool and full > 0:
-            snap |= wait & (np.nan_to_num(u) * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.nanmax(run))
+            # (run has no NaN: pairs() joined the readings where both counts were read, so its max is nanmax's)
+            snap |= wait & (u0 * a.pool / np.maximum(run, 1) > 3 * full) & (run < np.maximum.reduce(run))
         # the gauge is set at each batch report only (every --decode-log-interval steps), the decode counters
         # at every step: an interval whose mean decode batch (tokens decoded / decode passes, 0.5.7+) is well
         # above the gauge read the report beside a prefill, not the running batch
-        passes = _along(ctx, p, "decode_passes")
-        batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
-        snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
+        if series("decode_passes") is not None:
+            passes = _along(ctx, p, "decode_passes")
+            batch = np.where(passes > 0, _along(ctx, p, "decode_tokens") / np.where(passes > 0, passes, 1.0), np.nan)
+            snap |= wait & (batch > np.maximum(1.5 * run, run + 2))
     lab[snap] = "report"
     wait = wait & ~snap
     # in the scheduler's order: a PD decode server's prealloc/transfer queues, the state pool, the slots
     # (batch_is_full), the pass's prefill budget (budget_state), then the KV test of add_one_req
     for sig in ("pd_prealloc_reqs", "pd_transfer_reqs"):
-        lab[wait & (np.nan_to_num(_along(ctx, p, sig)) > 0)] = "transfer"
-    lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
+        if series(sig) is not None:
+            lab[wait & (np.nan_to_num(_along(ctx, p, sig)) > 0)] = "transfer"
+    if series("mamba_usage") is not None:
+        lab[wait & (lab == "none") & (np.nan_to_num(_along(ctx, p, "mamba_usage")) >= USAGE_FULL)] = "state"
     if a.cap:
         lab[wait & (lab == "none") & (run >= a.cap)] = "slots"
     if a.budget and ctx.mech.reserves_output:
@@ -181,7 +244,7 @@ def _build(ctx: RuleContext) -> Admission:
     if arith is not None:
         a.kv_arith |= a.open & arith
     with np.errstate(invalid="ignore"):
-        by_usage = np.nan_to_num((u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))).astype(bool)
+        by_usage = (u >= USAGE_FULL) | ((u >= USAGE_DEEP) & (q > DEEP_QUEUE))  # (a comparison with NaN is False)
     if arith is not None and np.any(wait & (lab == "none") & arith):
         a.kv_how = "arithmetic"
         lab[wait & (lab == "none") & arith] = "kv"
@@ -202,7 +265,7 @@ def _build(ctx: RuleContext) -> Admission:
         # (estimated sizes, no request finished yet, do not overrule it: they assume each running request
         # halfway through its output and reserving at new_token_ratio, where a cohort admitted together is
         # early in it, and ignore_eos requests reserve their whole remaining output, at ratio 1.0)
-        if (a.cap and held < a.cap and (arith is None or ctx.memo.get("sizes_estimated")) and not _usage_high(a)
+        if (a.cap and held < a.cap and (arith is None or a.estimated) and not _usage_high(a)
                 and ctx.mech.reserves_output):
             a.kv_how = a.kv_how or "inferred"
             lab[at] = "kv"
@@ -276,9 +339,10 @@ def _ratio(ctx: RuleContext) -> float | None:
     r = ctx.stats("new_token_ratio")
     c = ctx.cfg("schedule_conservativeness", ctx.cfg("arg.schedule_conservativeness"))
     read = float(r["p50"]) if r["n"] else None
-    if read is None and not ctx.mech.reserves_output:
+    mech = ctx.mech
+    if read is None and not mech.reserves_output:
         return None
-    return ctx.mech.admission_ratio(c, read, server_state_of(ctx).args_known if ctx.mech.reserves_output else False)
+    return mech.admission_ratio(c, read, args_known(ctx.cfg) if mech.reserves_output else False)
 
 
 def _reservation_full(ctx: RuleContext, a: Admission, ratio: Any) -> Any:
@@ -295,6 +359,8 @@ def _refusal(ctx: RuleContext, a: Admission) -> tuple[str | None, Any]:
     """(the engine core, per reading its KV refusal by ``ctx.mech.kv_refusal``: the pool cannot take one more
     request of the running ones' mean size beside what admission keeps free; None on an engine without it)."""
     core = ctx.mech.engine_core(ctx.cfg, ctx.version)
+    if not getattr(ctx.mech, "has_kv_refusal", True):
+        return core, None  # (its kv_refusal answers None: no inputs to read for it)
     bs, wm = ctx.cfg("block_size"), ctx.cfg("kv_watermark")
     # per pool: the running series sums the DP ranks, the usage is their mean, and each rank admits into its own pool
     got = ctx.mech.kv_refusal(KVInputs(pool=float(a.pool or 0), usage=a.usage, running=a.running / dp_ranks(ctx), prompt=a.prompt, output=a.output,
@@ -322,8 +388,6 @@ def _budget_spent(ctx: RuleContext, a: Admission) -> Any:
 def finished_sizes(ctx: RuleContext) -> tuple[float | None, float | None]:
     """(mean uncached prompt, mean output) of the requests that finished in the window, from the token and
     request counters (a cached prefix sits in the pool once, shared); (None, None) when none finished."""
-    from diagnoser.timeline.derived import window_rate
-
     tl = ctx.timeline
     rate = window_rate(tl, "request_rate").value
     out_tps, in_tps = window_rate(tl, "output_tps", decoded=False).value, window_rate(tl, "prompt_tps").value
@@ -463,7 +527,7 @@ def kv_reason(ctx: RuleContext, a: Admission, wshare: float, n_wait: int, evs: l
     foot, fit = fit_at_full_length(ctx)
     if foot and fit:
         evs.append(evidence("tokens per request at full length (mean prompt + output)", round(foot), None, ctx.window_text(),
-                            "prompt and generation token counters / finished requests" if not ctx.memo.get("sizes_estimated")
+                            "prompt and generation token counters / finished requests" if not a.estimated
                             else "Prefill lines' tokens per request and Decode lines' tokens per running request (estimated)"))
         evs.append(evidence("requests the pool holds at full length", round(fit, 1), None, "", a.pool_src))
         return (f"at {foot:,.0f} tokens per request (mean prompt + output) the pool holds about {fit:.1f} requests at full length, and in "
@@ -583,7 +647,7 @@ def retractions(ctx: RuleContext) -> tuple[int, int, str]:
     if evs and reqs >= counted:
         out = (len(evs), reqs, evs[0].source)
     elif counted:
-        out = (counted, counted, tot.sources[-1])  # type: ignore[union-attr]  # the counter counts requests
+        out = (counted, counted, tot.source_at(-1))  # type: ignore[union-attr]  # the counter counts requests
     else:
         rr = ctx.series("retracted_reqs")
         pos = [v for v in rr.values.tolist() if v > 0] if rr is not None else []

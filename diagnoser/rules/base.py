@@ -19,18 +19,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from diagnoser.floor import is_floor
+from diagnoser.floor import MARK, is_floor
 from diagnoser.mechanism import Mechanism, mechanism_of
 from diagnoser.model import Evidence, Finding, Severity, Suggestion
 from diagnoser.rules.columns import _arg_extreme, _col_sum, _column, _sorted, arrays, pairs
-from diagnoser.timeline import Series, Timeline, summarize
+from diagnoser.timeline import Series, Timeline, series_summary, summarize
+from diagnoser.timeline.derived import decode_tokens_per_request
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "Fix", "Known false positives", "References")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _CODE_RE = re.compile(r"^[A-Z]{2}\d{2}$")
 
 
-@dataclass(slots=True)
+_UNSET = object()
+
+
+@dataclass(slots=True, weakref_slot=True)  # (the admission model refers back to its pass weakly: no cycle)
 class RuleContext:
     """What a rule reads: the target's timeline window, its thresholds, the version and the adapter."""
 
@@ -44,6 +48,9 @@ class RuleContext:
     # (bound once; the rules call them a hundred times a pass)
     series: Callable[..., Series | None] = field(init=False, repr=False, compare=False)
     cfg: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    # the adapter whose mechanism ``mech`` holds (read again when the adapter changes)
+    _mech_of: Any = field(default=_UNSET, init=False, repr=False, compare=False)
+    _mech: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.series = self.timeline.get
@@ -55,8 +62,12 @@ class RuleContext:
 
     @property
     def mech(self) -> Mechanism:
-        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine import."""
-        return mechanism_of(self.adapter)
+        """The engine's mechanism (admission arithmetic, vetting, wording): the adapter's, never an engine
+        import (the rules of a pass ask a few dozen times)."""
+        adapter = self.adapter
+        if adapter is not self._mech_of:
+            self._mech_of, self._mech = adapter, mechanism_of(adapter)
+        return self._mech  # type: ignore[no-any-return]
 
     def word(self, key: str) -> str:
         """The engine's word for a behaviour (``preemption`` on vLLM, ``retraction`` on SGLang)."""
@@ -73,7 +84,7 @@ class RuleContext:
             if s is None:
                 hit = fast_summary([])
             elif len(s) < 64:
-                hit = summarize(s.values)
+                hit = series_summary(s)  # the one Timeline.stats and the report read too
             else:  # the series' own column (NaNs dropped), its sum and its sorted values, shared with the pass
                 vals = arrays(self, signal, rank)[1]  # type: ignore[index]
                 hit = _np_summary(vals, _col_sum(self, vals), _sorted(self, signal, rank))
@@ -327,12 +338,12 @@ def ev(ctx: RuleContext, signal: str, observed: Any, threshold: Any = None, at: 
             k = _arg_extreme(ctx, vals, at)
             if k is not None:
                 idx = k
-        src = s.sources[idx]
+        src = s.source_at(idx)
     obs = _round(observed)
     # a quantile that is only a bucket's lower bound (its point's source or the window value says so): its range
-    bound = f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (is_floor(source=src) and obs == _round(s.values[idx]))) else ""
-    return Evidence(signal=signal if not rank else f"{signal}[{rank}]", observed=obs, threshold=threshold,
-                    window=window if window is not None else ctx.window_text(), source=src, bound=bound)
+    bound = (f"> {obs:g} s" if isinstance(obs, (int, float)) and (is_floor(observed) or (MARK in src and is_floor(source=src)
+             and obs == _round(s.values[idx]))) else "")  # (MARK in src: is_floor's own first test, without its call)
+    return Evidence(signal if not rank else f"{signal}[{rank}]", obs, threshold, window if window is not None else ctx.window_text(), src, bound)
 
 
 def _round(v: Any) -> Any:
@@ -363,12 +374,15 @@ def busy_summary(ctx: RuleContext, signal: str, rank: str = "") -> dict[str, Any
     hit = ctx.memo.get(key)
     if hit is None:
         got = arrays(ctx, signal, rank)
-        b = got[1][got[1] > 0] if got is not None else None
-        if b is None or len(b) < 64:
-            hit = summarize(b.tolist() if b is not None else [])
+        if got is None or len(got[1]) < 64:  # (a short column: the positive values picked in Python)
+            hit = summarize([v for v in got[1].tolist() if v > 0] if got is not None else [])
         else:  # the positive values sorted are the tail of the series' sorted values (shared with stats)
-            srt = _sorted(ctx, signal, rank)
-            hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
+            b = got[1][got[1] > 0]
+            if len(b) < 64:
+                hit = summarize(b.tolist())
+            else:
+                srt = _sorted(ctx, signal, rank)
+                hit = _np_summary(b, None, srt[srt.searchsorted(0.0, "right"):])
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 
@@ -391,21 +405,32 @@ def next_pow2(n: float) -> int:
 
 
 def slot_cap(ctx: RuleContext) -> tuple[int | None, str]:
-    """The effective max_running_requests (summary line, server info or server args) and its source."""
-    for name in ("max_running_requests", "arg.max_running_requests"):
-        v = ctx.cfg(name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-            return int(v), ctx.timeline.cfg_source(name)
-    return None, ""
+    """The effective max_running_requests (summary line, server info or server args) and its source;
+    once per pass (several rules ask)."""
+    hit = ctx.memo.get("slot_cap")
+    if hit is None:
+        hit = (None, "")
+        for name in ("max_running_requests", "arg.max_running_requests"):
+            v = ctx.cfg(name)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                hit = (int(v), ctx.timeline.cfg_source(name))
+                break
+        ctx.memo["slot_cap"] = hit
+    return hit  # type: ignore[no-any-return]
 
 
 DERIVED_POOL = "(#token / token usage)"  # how pool_tokens marks a pool it derived rather than read
 
 
 def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
+    """The KV pool in tokens and its source: the config's, else derived (:data:`DERIVED_POOL`); once per pass."""
+    hit = ctx.memo.get("pool")
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
     v = ctx.cfg("max_total_tokens")
     if isinstance(v, int | float) and v > 0:
-        return int(v), ctx.timeline.cfg_source("max_total_tokens")
+        hit = ctx.memo["pool"] = (int(v), ctx.timeline.cfg_source("max_total_tokens"))
+        return hit
     # derive from #token / token usage on the same line when the pool size was not printed
     if "pool" not in ctx.memo:
         p = pairs(ctx, "used_tokens", "token_usage")
@@ -430,8 +455,6 @@ def tokens_per_request(ctx: RuleContext) -> tuple[float | None, str]:
     """KV tokens one running request holds at decode moments, derived the same way from a log, scrapes
     or Prometheus (:func:`diagnoser.timeline.derived.decode_tokens_per_request`)."""
     if "tpr" not in ctx.memo:
-        from diagnoser.timeline.derived import decode_tokens_per_request
-
         d = decode_tokens_per_request(ctx.timeline)
         ctx.memo["tpr"] = (d.value, d.how) if d.value is not None else (None, "")
     return ctx.memo["tpr"]  # type: ignore[no-any-return]

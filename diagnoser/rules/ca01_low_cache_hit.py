@@ -74,7 +74,7 @@ def hit_rate(ctx: RuleContext, lo: int = 0, hi: int | None = None) -> tuple[floa
         return (cached / (cached + new) if cached + new > 0 else None), p.src(lo)
     s = ctx.series("cache_hit_rate")
     if s is not None and len(s):
-        return sum(s.values.tolist()) / len(s), s.sources[0]
+        return sum(s.values.tolist()) / len(s), s.source_at(0)
     return None, ""
 
 
@@ -167,7 +167,7 @@ class LowCacheHit(Rule):
         if ttft is not None:
             evs.append(ev(ctx, "ttft_seconds_p95", ttft, t["ttft_high_s"], at="max"))
         if q is not None:
-            evs.append(evidence("share of readings with a queue", round(qshare, 2), t["queue_share"], ctx.window_text(), q.sources[0]))
+            evs.append(evidence("share of readings with a queue", round(qshare, 2), t["queue_share"], ctx.window_text(), q.source_at(0)))
         per = f" ({prompt:,.0f} tokens per prompt)" if prompt else ""
         summary = (f"The radix cache is off (--disable-radix-cache) while prefill dominates: {prefill:,.0f} prompt tokens were computed "
                    f"for {decoded:,.0f} decoded ({prefill / decoded:.0f}x){per}"

@@ -93,9 +93,11 @@ class CudaGraphDisabledOrExceeded(Rule):
         if ctx.cfg("device") == "cpu" or str(ctx.cfg("arg.device", "")).lower() == "cpu":
             return None
         pr = pairs(ctx, "cuda_graph", "running_reqs")
-        busy = (pr.b > 0).nonzero()[0]
         # (time, graph flag, batch, position in the join): a source is formatted only for the readings cited
-        pts = list(zip(pr.ts[busy].tolist(), pr.a[busy].tolist(), pr.b[busy].tolist(), busy.tolist(), strict=True))
+        pts: list[tuple[float, float, float, int]] = []
+        if len(pr):  # (no graph reading: no point to join)
+            busy = (pr.b > 0).nonzero()[0]
+            pts = list(zip(pr.ts[busy].tolist(), pr.a[busy].tolist(), pr.b[busy].tolist(), busy.tolist(), strict=True))
         disabled_cfg = ctx.cfg("disable_cuda_graph", ctx.cfg("arg.disable_cuda_graph")) is True
         if len(pts) < t["min_points"]:
             if disabled_cfg:

@@ -68,7 +68,7 @@ def argmax_source(ctx: RuleContext, signal: str, rank: str = "", at: str = "max"
 
     vals = _column(ctx, signal, rank, "values")
     k = _arg_extreme(ctx, vals, at)
-    return s.sources[-1] if k is None else s.sources[k]
+    return s.source_at(-1 if k is None else k)
 
 
 def _arg_extreme(ctx: RuleContext, vals: Any, at: str) -> int | None:
@@ -137,7 +137,7 @@ def _has_nan(ctx: RuleContext, arr: Any) -> bool:
     key = ("has_nan", id(arr))  # the array lives in the memo for the whole pass, so its id is stable
     hit = ctx.memo.get(key)
     if hit is None:
-        total = _col_sum(ctx, arr)
+        total = _col_sum(ctx, arr) if len(arr) >= 64 else np.add.reduce(arr)  # (a short column's mean is not taken from it)
         hit = ctx.memo[key] = total != total and bool(np.isnan(arr).any())
     return hit  # type: ignore[no-any-return]
 
@@ -314,7 +314,11 @@ class Pairs:
     a: Any
     b: Any
     idx: Any
-    sources: Any
+    series: Any  # ``a``'s series (None without it): its sources are read only when a finding cites a point
+
+    @property
+    def sources(self) -> Any:
+        return self.series.sources if self.series is not None else []
 
     def __len__(self) -> int:
         return len(self.a)
@@ -330,17 +334,16 @@ def pairs(ctx: RuleContext, a: str, b: str, rank: str = "") -> Pairs:
     if hit is None:
         ta, va = raw_arrays(ctx, a, rank)
         s = ctx.series(a, rank)
-        sources = s.sources if s is not None else []
         if not len(ta):
-            hit = Pairs(ta, va, np.zeros(0), None, sources)
+            hit = Pairs(ta, va, np.zeros(0), None, s)
         else:
             aligned(ctx, a, b, rank)
             w, w_nan = ctx.memo[("aligned", a, b, rank)]
             if not w_nan and not _has_nan(ctx, va):
-                hit = Pairs(ta, va, w, None, sources)  # every point joined: the arrays themselves (read-only use)
+                hit = Pairs(ta, va, w, None, s)  # every point joined: the arrays themselves (read-only use)
             else:
                 idx = np.nonzero(~np.isnan(va) & ~np.isnan(w))[0]
-                hit = Pairs(ta[idx], va[idx], w[idx], idx, sources)
+                hit = Pairs(ta[idx], va[idx], w[idx], idx, s)
         ctx.memo[key] = hit
     return hit  # type: ignore[no-any-return]
 

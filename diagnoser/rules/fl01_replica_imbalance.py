@@ -58,7 +58,7 @@ SHOW = 5
 
 def _src(tl: Timeline, signal: str) -> str:
     s = tl.get(signal)
-    return s.sources[-1] if s is not None else ""
+    return s.source_at(-1) if s is not None else ""
 
 
 def _names(rows: list[TargetLoad]) -> str:

@@ -45,6 +45,7 @@ import numpy as np
 from diagnoser.model import Evidence, Finding, Severity
 from diagnoser.rules.base import Rule, RuleContext
 from diagnoser.rules.columns import arrays
+from diagnoser.rules.in01_source_unreachable import target_error
 
 LOAD = ("running_reqs", "queue_reqs", "token_usage")
 
@@ -61,8 +62,6 @@ class InsufficientData(Rule):
     threshold_help = {"min_points": "fewer readings of every load signal than this make the note"}
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
-        from diagnoser.rules.in01_source_unreachable import target_error
-
         if target_error(ctx):
             return None
         counts = {s: len(ctx.series(s) or []) for s in LOAD}
@@ -100,10 +99,10 @@ class InsufficientData(Rule):
         """Nothing running and nothing waiting in any reading (a server with no load)."""
         seen = False
         for s in ("running_reqs", "queue_reqs", "pd_bootstrap_reqs", "pd_inflight_reqs", "pd_prealloc_reqs", "pd_transfer_reqs"):
-            got = arrays(ctx, s)
+            got = arrays(ctx, s) if ctx.series(s) is not None else None
             if got is None or not len(got[1]):
                 continue
             seen = True
-            if bool(np.any(got[1] > 0)):
+            if np.count_nonzero(got[1] > 0):
                 return False
         return seen

@@ -130,6 +130,7 @@ from diagnoser.rules.base import (
     pool_phrase,
     tokens_per_request,
 )
+from diagnoser.rules.columns import arrays
 from diagnoser.rules.er01_oom import oom_detail
 from diagnoser.rules.proposals import pool_suggestions, seqs_cut
 
@@ -178,8 +179,8 @@ class KVSaturation(Rule):
 
     def evaluate(self, ctx: RuleContext) -> Finding | None:
         t = ctx.thresholds
-        usage = ctx.series("token_usage")
-        vals = usage.values[~np.isnan(usage.values)] if usage is not None else np.zeros(0)
+        got = arrays(ctx, "token_usage")  # (NaNs dropped; the pass's column, which the admission model reads too)
+        vals = got[1] if got is not None else np.zeros(0)
         if not len(vals) or len(vals) < t["min_points"]:
             return self._ran_out(ctx) if not len(vals) else None
         a = admission(ctx)
@@ -187,16 +188,19 @@ class KVSaturation(Rule):
             return None  # the slot cap binds first (max_running_requests_cap)
         peak, high = float(vals.max()), t["usage_high"]
         wait_high = min(high, t["waiting_usage"])
-        with np.errstate(invalid="ignore"):
-            by_usage = np.nan_to_num((a.usage >= high) | ((a.usage >= wait_high) & (a.queue > t["deep_queue"]))).astype(bool)
-        arith = a.kv_arith if t["arithmetic"] else np.zeros(len(a.open), dtype=bool)
-        kv = a.open & (by_usage | arith)
         n_wait = a.n_wait
-        wshare = float(np.count_nonzero(kv)) / n_wait if n_wait else 0.0
-        deep = bool(np.any(kv & by_usage & ~(a.usage >= high)))
+        if n_wait:
+            with np.errstate(invalid="ignore"):
+                by_usage = (a.usage >= high) | ((a.usage >= wait_high) & (a.queue > t["deep_queue"]))  # (NaN usage: False)
+            arith = a.kv_arith if t["arithmetic"] else np.zeros(len(a.open), dtype=bool)
+            kv = a.open & (by_usage | arith)
+            wshare = float(np.count_nonzero(kv)) / n_wait
+            deep = bool(np.count_nonzero(kv & by_usage & ~(a.usage >= high)))
+            only_arith = not np.count_nonzero(kv & by_usage)  # then requests must also wait in most readings (a brief queue is no limit)
+        else:  # no reading with a queue: none is open to a KV test
+            by_usage, kv, wshare, deep, only_arith = None, a.open, 0.0, False, True
         n_retract, retract_src = retraction_count(ctx)
         fshare = float(np.count_nonzero(vals >= high)) / len(vals)
-        only_arith = not np.any(kv & by_usage)  # then requests must also wait in most readings (a brief queue is no limit)
         path_kv = n_wait > 0 and wshare >= t["min_share"] and (not only_arith or np.count_nonzero(a.queue > 0) >= t["min_share"] * len(a.queue))
         path_retract = n_retract > 0 and peak >= t["retract_usage_floor"] and (n_wait > 0 or fshare >= t["min_share"])
         ref = full_pool(ctx, a, n_wait, n_retract)
@@ -204,7 +208,7 @@ class KVSaturation(Rule):
         if not (path_kv or path_retract or path_full):
             return None
         only_arith = only_arith and path_kv
-        refused_kv = a.refusal is not None and bool(np.any(kv & (a.refusal != "")))  # the engine's refusal held queued readings
+        refused_kv = a.refusal is not None and bool(np.count_nonzero(kv & (a.refusal != "")))  # the engine's refusal held queued readings
         running, queue = ctx.stats("running_reqs"), ctx.stats("queue_reqs")
         pool, pool_src = a.pool, a.pool_src
         evs = [ev(ctx, "token_usage", peak, (wait_high if deep else high) if peak >= high or (path_kv and not only_arith) else

@@ -96,7 +96,7 @@ class ClientBound(Rule):
         if capacity and run["p95"] >= t["headroom_share"] * capacity:
             return None
         evs = [ev(ctx, "running_reqs", run["p95"], f"< {t['headroom_share']:.0%} of {capacity}" if capacity else None, at="max"),
-               evidence("share of readings with a queue", round(qshare, 2), t["max_queue_share"], ctx.window_text(), q.sources[0]),
+               evidence("share of readings with a queue", round(qshare, 2), t["max_queue_share"], ctx.window_text(), q.source_at(0)),
                ev(ctx, "token_usage", ust["p95"], t["max_usage"], at="max")]
         act = ctx.stats("http_requests_active")
         if act["n"]:

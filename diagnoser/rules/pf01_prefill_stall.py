@@ -245,6 +245,9 @@ class PrefillStall(Rule):
         if ctx.timeline.untimed or ctx.series("queue_reqs") is None:
             return None
         qts, qv = raw_arrays(ctx, "queue_reqs")
+        waiting = qv > 0
+        if not np.count_nonzero(waiting):
+            return None  # nothing waited
         pts, _ = raw_arrays(ctx, "prefill_new_tokens")
         if len(pts) and len(qts) and times_in_order(ctx, pts) and times_in_order(ctx, qts):
             # a stall lies between two admissions (or before the first / after the last): none that long, no stall
@@ -256,7 +259,7 @@ class PrefillStall(Rule):
         a = admission(ctx)
         held = np.isin(qts, np.asarray(a.ts)[(a.label != "none") & (a.label != "idle")])  # a limit of the admission model held these
         with np.errstate(invalid="ignore"):
-            ok = (qv > 0) & ~(u >= t["kv_room"]) & ~held
+            ok = waiting & ~(u >= t["kv_room"]) & ~held
         if not ok.any():
             return None
         rts = np.asarray(sorted(e.ts for e in ctx.events_of("retraction")), dtype=float)

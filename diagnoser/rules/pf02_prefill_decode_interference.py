@@ -58,7 +58,7 @@ import numpy as np
 from diagnoser.mechanism import StepModel
 from diagnoser.model import Finding, Severity, Suggestion
 from diagnoser.rules.base import Rule, RuleContext, evidence, next_pow2, suggest
-from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays
+from diagnoser.rules.columns import aligned, arrays, pairs, raw_arrays, times_in_order
 from diagnoser.timeline import quantile
 
 _LINE = re.compile(r":(\d+)$")
@@ -74,6 +74,9 @@ def running_at(ctx: RuleContext, times: list[float]) -> list[float]:
     At a time gen_throughput_tps was read, this is the join of running_reqs with it (pairs)."""
     got = arrays(ctx, "running_reqs")
     rts, rv = got if got is not None else (np.zeros(0), np.zeros(0))
+    if times_in_order(ctx, rts):  # (no NaN time) the last reading at a time is the one a dict of time -> reading keeps
+        get = dict(zip(rts.tolist(), rv.tolist(), strict=True)).get
+        return [get(t, 0) for t in times]
     at = rts.searchsorted(np.asarray(times, dtype=float), "right") - 1
     return [rv.item(k) if k >= 0 and rts.item(k) == t else 0 for k, t in zip(at.tolist(), times, strict=True)]
 
@@ -277,15 +280,15 @@ class PrefillDecodeInterference(Rule):
             get = dict(zip(sb.ts.tolist(), sb.values.tolist(), strict=True)).get
             pts: list = [(t_, v, w, i) for i, (t_, v) in enumerate(zip(sa.ts.tolist(), sa.values.tolist(), strict=True))  # type: ignore[type-arg]
                          if (w := get(t_)) is not None and v == v and w == w]
-            src = sa.sources.__getitem__
+            src = sa.source_at  # (a source is formatted only for a finding)
         else:  # joint()'s points from pairs(), with the position of each: its source is formatted for the evidence only
             pj = pairs(ctx, "prompt_tps", "gen_throughput_tps")
             pts = list(zip(pj.ts.tolist(), pj.a.tolist(), pj.b.tolist(), range(len(pj)), strict=True))
             src = pj.src  # type: ignore[assignment]
         if len(pts) < t["min_scrapes"]:
             return None
-        ok = [r >= t["min_running"] for r in running_at(ctx, [p[0] for p in pts])]
-        pts = [p for p, keep in zip(pts, ok, strict=True) if keep]
+        floor = t["min_running"]
+        pts = [p for p, r in zip(pts, running_at(ctx, [p[0] for p in pts]), strict=True) if r >= floor]
         if len(pts) < t["min_scrapes"]:
             return None
         gens = sorted(p[2] for p in pts)
@@ -293,8 +296,9 @@ class PrefillDecodeInterference(Rule):
         med, p75 = quantile(gens, 0.5), quantile(prompts, 0.75)
         if med <= 0 or p75 <= 0:
             return None
-        dips = [p for p in pts if p[1] >= p75 and p[2] < t["dip_ratio"] * med]
         peaks = [p for p in pts if p[1] >= p75]
+        low = t["dip_ratio"] * med
+        dips = [p for p in peaks if p[2] < low]
         if len(dips) < 2 or len(dips) < 0.5 * len(peaks):
             return None
         evs = [evidence("gen_throughput_tps at prompt peaks", round(min(d[2] for d in dips), 1), f"< {t['dip_ratio']} x median {med:.0f}", ctx.window_text(), src(dips[0][3])),

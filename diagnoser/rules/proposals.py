@@ -229,7 +229,7 @@ def compound_after_slots(ctx: RuleContext, cap: int, proposed: int) -> list[Sugg
     """The other order: a larger slot cap that the pool, at the requests' full length, cannot hold; when
     --max-total-tokens (not memory) sizes the pool, the pool's change that lets the new cap run."""
     a = admission(ctx)
-    full = a.full_length() if not ctx.memo.get("sizes_estimated") else None  # the finished requests' own sizes only
+    full = a.full_length() if not a.estimated else None  # the finished requests' own sizes only
     state = server_state_of(ctx)
     pinned, _ = state.pool_pinned()
     if not a.pool or not full or not pinned:

@@ -122,7 +122,7 @@ class QueueBuildup(Rule):
         running = ctx.stats("running_reqs")
         evs = [
             ev(ctx, "queue_reqs", st["max"], "> 0", at="max"),
-            evidence("share of readings with a queue", round(busy_share, 2), t["persist_share"], ctx.window_text(), q.sources[0]),
+            evidence("share of readings with a queue", round(busy_share, 2), t["persist_share"], ctx.window_text(), q.source_at(0)),
         ]
         if slope:
             evs.append(evidence("queue growth (requests/min)", round(slope, 1), t["growth_per_min"], ctx.window_text(), q.last_source()))

@@ -159,7 +159,7 @@ class RunawayGeneration(Rule):
             return None  # no longer than the requests that finished: a small pool of ordinary requests (KV01's case)
         pool, _ = pool_tokens(ctx)
         evs = [evidence("running_reqs (median)", med_run, f"<= {t['max_running']}", ctx.window_text(), pts[len(pts) // 2][3]),
-               evidence("token_usage (p50)", usage["p50"], t["pool_share"], ctx.window_text(), ctx.series("token_usage").sources[0]),  # type: ignore[union-attr]
+               evidence("token_usage (p50)", usage["p50"], t["pool_share"], ctx.window_text(), ctx.series("token_usage").source_at(0)),  # type: ignore[union-attr]
                evidence("used_tokens per running request", round(per), None, "", pts[-1][3]),
                evidence("used_tokens growth over the window", round(growth), "> 0 (still generating)", ctx.window_text(), f"{pts[0][3]} .. {pts[-1][3]}")]
         summary = (f"{med_run:.0f} request(s) held {usage['p50']:.0%} of the KV pool" + (f" ({fmt_int(pool)} tokens)" if pool else "")

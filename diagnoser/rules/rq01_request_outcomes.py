@@ -187,7 +187,7 @@ def _counter_increase(ctx: RuleContext, signal: str) -> int:
     s = ctx.series(signal)
     if s is None or not len(s):
         return 0
-    v = [float(x) for x in s.values.tolist() if x == x]
+    v = [x for x in s.values.tolist() if x == x]  # (floats already)
     if not v:
         return 0
     if len(v) == 1:

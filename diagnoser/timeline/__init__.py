@@ -28,7 +28,7 @@ import numpy as np
 from diagnoser.model import ConfigFact, InputReport, LogEvent, iso  # noqa: F401  (iso re-exported)
 from diagnoser.timeline.series import Series, Sources, _narrow
 
-__all__ = ["SIGNALS", "Series", "Sources", "Timeline", "quantile", "summarize", "iso"]
+__all__ = ["SIGNALS", "Series", "Sources", "Timeline", "quantile", "series_summary", "summarize", "iso"]
 
 # Canonical signals: name → (unit, how ranks aggregate, help). Later issues and scripts rely on these names.
 SIGNALS: dict[str, tuple[str, str, str]] = {
@@ -160,6 +160,16 @@ def summarize(values: Iterable[float] | np.ndarray) -> dict[str, Any]:
     }
 
 
+def series_summary(s: Series) -> dict[str, Any]:
+    """:func:`summarize` of a series' values, computed once per state of the series (:meth:`Series.memo`):
+    shared, so callers must not change it (:meth:`Timeline.stats` hands out copies)."""
+    memo = s.memo()
+    hit = memo.get("summary")
+    if hit is None:
+        hit = memo["summary"] = summarize(s.values)
+    return hit  # type: ignore[no-any-return]
+
+
 # a configuration number beyond this (or NaN, ±Inf) is garbage, not a setting: dropped by set_config
 MAX_NUMBER = float(2**63)
 
@@ -256,8 +266,10 @@ class Timeline:
         return "" if fact is None else fact.source
 
     def stats(self, signal: str, rank: str = "") -> dict[str, Any]:
+        """:func:`summarize` of the series (a new dict: callers may add to it), computed once per state of
+        the series (:meth:`Series.memo`)."""
         s = self.get(signal, rank)
-        return summarize(s.values if s else [])
+        return dict(series_summary(s)) if s is not None else dict(_EMPTY_SUMMARY)
 
     def span(self) -> tuple[float | None, float | None]:
         """(first, last) time over every series and event; (None, None) when empty. Built-in min/max

@@ -32,10 +32,10 @@ class Derived:
     how: str = ""
 
 
-def _median(a: np.ndarray) -> float:
-    s = np.sort(a)
+def _median(vals: list[float]) -> float:
+    s = sorted(vals)  # (no NaN: every ratio is of two positive readings)
     n = len(s)
-    return float(s[n // 2]) if n % 2 else float((s[n // 2 - 1] + s[n // 2]) / 2)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _line_keys(s: Series) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +47,18 @@ def _line_keys(s: Series) -> tuple[np.ndarray, np.ndarray]:
     return lab.astype(np.int64) * (1 << 32) + line.astype(np.int64), is_log
 
 
-def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None:
+def _log_mask(s: Series) -> np.ndarray | None:
+    """``_line_keys(s)[1]``, or None when no point is from a log line (every scrape and Prometheus step
+    has no line number, so the labels are read only when some point has one)."""
+    if not s.has_line_numbers():
+        return None
+    labels, lab, line = s.sources.parts()
+    logged = np.array([not lb.startswith(("scrape@", "prometheus@")) for lb in labels], dtype=bool)
+    mask = logged[lab] & (line >= 0)
+    return mask if np.count_nonzero(mask) else None
+
+
+def _no_prefill_at(tl: Timeline, ts: list[float], rank: str) -> list[bool] | None:
     """For scrape times: True where no prefill batch ran in the interval ending there (both prefill-token
     counters read 0 at that time); None when the input has no prefill counters."""
     new, hit = tl.get("prefill_new_tokens", rank), tl.get("prefill_cached_tokens", rank)
@@ -57,26 +68,30 @@ def _no_prefill_at(tl: Timeline, ts: np.ndarray, rank: str) -> np.ndarray | None
     for s in (new, hit):
         if s is None:
             continue
-        _keys, is_log = _line_keys(s)
-        for t, v in zip(s.ts[~is_log].tolist(), s.values[~is_log].tolist(), strict=True):
+        is_log = _log_mask(s)
+        at, vs = (s.ts, s.values) if is_log is None else (s.ts[~is_log], s.values[~is_log])
+        for t, v in zip(at.tolist(), vs.tolist(), strict=True):
             if v == v:
                 moved[t] = moved.get(t, 0.0) + v
     if not moved:
         return None
-    return np.array([moved.get(t, -1.0) == 0.0 for t in ts.tolist()], dtype=bool)
+    return [moved.get(t, -1.0) == 0.0 for t in ts]
 
 
 def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
-    """Median KV tokens per running request at decode moments (see the module doc); None when unknown."""
+    """Median KV tokens per running request at decode moments (see the module doc); None when unknown.
+    Plain lists: a window holds tens of readings, which Python walks as fast as numpy is called on them."""
     run = tl.get("running_reqs", rank)
     if run is None or not len(run):
         return Derived(None)
-    rkeys, rlog = _line_keys(run)
+    rlog = _log_mask(run)
     rvals = run.values
-    log_run = dict(zip(rkeys[rlog].tolist(), rvals[rlog].tolist(), strict=True))
-    scrape_run: dict[float, float] = {}
-    for t, v in zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True):
-        scrape_run[t] = v
+    log_run: dict[int, float] = {}
+    if rlog is None:
+        scrape_run = dict(zip(run.ts.tolist(), rvals.tolist(), strict=True))  # (the last reading at a time)
+    else:
+        log_run = dict(zip(_line_keys(run)[0][rlog].tolist(), rvals[rlog].tolist(), strict=True))
+        scrape_run = dict(zip(run.ts[~rlog].tolist(), rvals[~rlog].tolist(), strict=True))
     ratios: list[float] = []
     how: list[str] = []
     used = tl.get("used_tokens", rank)
@@ -95,37 +110,39 @@ def decode_tokens_per_request(tl: Timeline, rank: str = "") -> Derived:
             how.append(got[1])
     if not ratios:
         return Derived(None)
-    return Derived(_median(np.asarray(ratios)), len(ratios), "median of " + " and ".join(how))
+    return Derived(_median(ratios), len(ratios), "median of " + " and ".join(how))
 
 
 def _scrape_ratios(tl: Timeline, rank: str, scrape_run: dict[float, float]) -> tuple[list[float], str] | None:
     """Tokens / running at scrape (or Prometheus) times: used tokens at the readings with no prefill
     since the previous one (the log's #token at a decode report); when every reading saw a prefill (or
     the input has no prefill counters), decode_sum_seq_lens, which only a decode report writes."""
-    cands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    cands: dict[str, tuple[list[float], list[bool] | None]] = {}
+    get, nan = scrape_run.get, float("nan")
     for name in ("used_tokens", "decode_sum_seq_lens"):
         s = tl.get(name, rank)
         if s is None:
             continue
-        _k, slog = _line_keys(s)
-        ts, vals = s.ts[~slog], s.values[~slog]
-        r = np.array([scrape_run.get(t, np.nan) for t in ts.tolist()])
-        ok = (r > 0) & (vals > 0)
-        if ok.any():
-            cands[name] = (vals[ok] / r[ok], ts[ok], _no_prefill_at(tl, ts[ok], rank))
+        slog = _log_mask(s)
+        ts, vals = (s.ts, s.values) if slog is None else (s.ts[~slog], s.values[~slog])
+        # (a time no running reading has, or a NaN, compares False)
+        pts = [(t, v / r) for t, v in zip(ts.tolist(), vals.tolist(), strict=True) if (r := get(t, nan)) > 0 and v > 0]
+        if pts:
+            cands[name] = ([x for _t, x in pts], _no_prefill_at(tl, [t for t, _x in pts], rank))
     for name, label in (("used_tokens", "used tokens"), ("decode_sum_seq_lens", "decode_sum_seq_lens")):
         got = cands.get(name)
-        if got is not None and got[2] is not None and got[2].any():
-            return got[0][got[2]].tolist(), f"{label} / running requests in the readings with no prefill since the previous one"
+        if got is not None and got[1] is not None and any(got[1]):
+            return ([x for x, quiet in zip(got[0], got[1], strict=True) if quiet],
+                    f"{label} / running requests in the readings with no prefill since the previous one")
     # every reading saw a prefill: used tokens (the log's #token) overstate by the prompt being prefilled,
     # decode_sum_seq_lens by the requests that finished since the decode report that wrote it; with the
     # prefill counters at hand the first is the smaller error on the real runs (tests/data/sglang-cpu-real),
     # without them (no way to tell the moments apart) the gauge only a decode report writes
-    counters = any(got[2] is not None for got in cands.values())
+    counters = any(got[1] is not None for got in cands.values())
     for name in (("used_tokens", "decode_sum_seq_lens") if counters else ("decode_sum_seq_lens", "used_tokens")):
         got = cands.get(name)
         if got is not None:
-            return got[0].tolist(), f"{name} / running_reqs" + (" (every reading also saw a prefill report)" if counters else "")
+            return got[0], f"{name} / running_reqs" + (" (every reading also saw a prefill report)" if counters else "")
     return None
 
 
@@ -138,12 +155,12 @@ def prefill_per_pass(tl: Timeline, rank: str = "") -> np.ndarray | None:
     if s is None:
         return None
     out = s.values.astype(float).copy()
-    _k, is_log = _line_keys(s)
-    if is_log.all():
+    is_log = _log_mask(s)
+    if is_log is not None and is_log.all():
         return out
     passes = tl.get("prefill_passes", rank)
     by_ts = {} if passes is None else dict(zip(passes.ts.tolist(), passes.values.tolist(), strict=True))
-    for i in (~is_log).nonzero()[0].tolist():
+    for i in (range(len(out)) if is_log is None else (~is_log).nonzero()[0].tolist()):
         n = by_ts.get(float(s.ts[i]))
         out[i] = out[i] / n if n and n > 0 else np.nan
     return out
@@ -151,7 +168,8 @@ def prefill_per_pass(tl: Timeline, rank: str = "") -> np.ndarray | None:
 
 def _span_rate(s: Series) -> tuple[float, float] | None:
     """(sum of rate x interval, seconds) over a per-interval rate series; the first point's interval
-    starts before the window and is left out (unless it is the only point)."""
+    starts before the window and is left out (unless it is the only point). The reference of
+    :func:`_span_rate_fast` (tests/test_derived.py compares them)."""
     ts, v = s.ts, s.values
     ok = ~np.isnan(v)
     ts, v = ts[ok], v[ok]
@@ -166,24 +184,59 @@ def _span_rate(s: Series) -> tuple[float, float] | None:
     return float((v[1:][good] * dt[good]).sum()), float(dt[good].sum())
 
 
-def window_rate(tl: Timeline, signal: str, rank: str = "", decoded: bool = True) -> Derived:
-    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter,
-    unless ``decoded`` is False (per finished request: the completions' own counter, as ``request_rate``)."""
-    if signal == "output_tps" and decoded:
-        dec = tl.get("decode_tokens", rank)
-        if dec is not None and len(dec) >= 2:
-            v = dec.values[~np.isnan(dec.values)]
-            span = float(dec.ts[-1] - dec.ts[0])
-            if span > 0 and len(v) >= 2:
-                return Derived(float(v[1:].sum()) / span, len(v), "tokens decoded (sglang:realtime_tokens_total{mode=decode}) / window")
-    s = tl.get(signal, rank)
-    if s is None or not len(s):
-        return Derived(None)
-    got = _span_rate(s)
+def _span_rate_fast(s: Series) -> tuple[float, float] | None:
+    """:func:`_span_rate` in fewer numpy calls for the usual series (no NaN value, times strictly
+    increasing): the same products and sums of the same arrays, so the same numbers to the bit; any
+    other series takes the reference path."""
+    ts, v = s.ts, s.values
+    if len(ts) >= 2:
+        total = np.add.reduce(v)
+        if total == total:  # no NaN (nor both infinities: those go the reference way)
+            dt = np.subtract(ts[1:], ts[:-1])  # numpy.diff
+            if np.minimum.reduce(dt) > 0:  # every interval counts (a NaN time compares False)
+                return float(np.add.reduce(np.multiply(v[1:], dt))), float(np.add.reduce(dt))
+    return _span_rate(s)
+
+
+def _decoded_rate(dec: Series) -> Derived | None:
+    """Tokens decoded per second over the window, from the realtime decode-token counter (None: too few readings)."""
+    v = dec.values[~np.isnan(dec.values)]
+    span = float(dec.ts[-1] - dec.ts[0])
+    if span > 0 and len(v) >= 2:
+        return Derived(float(v[1:].sum()) / span, len(v), "tokens decoded (sglang:realtime_tokens_total{mode=decode}) / window")
+    return None
+
+
+def _window_rate(s: Series) -> Derived:
+    got = _span_rate_fast(s)
     if got is None:
         return Derived(None)
     total, secs = got
     return Derived(total / secs, len(s), "increase over the window / its length")
+
+
+def window_rate(tl: Timeline, signal: str, rank: str = "", decoded: bool = True) -> Derived:
+    """A rate over the window (see the module doc). ``output_tps`` prefers the decode-token counter,
+    unless ``decoded`` is False (per finished request: the completions' own counter, as ``request_rate``).
+    Computed once per state of the series it reads (:meth:`Series.memo`): the rules, the checks and the
+    report ask for the same rates."""
+    if signal == "output_tps" and decoded:
+        dec = tl.get("decode_tokens", rank)
+        if dec is not None and len(dec) >= 2:
+            memo = dec.memo()
+            got = memo.get("decoded_rate", memo)  # memo: not computed yet (None is a result: too few readings)
+            if got is memo:
+                got = memo["decoded_rate"] = _decoded_rate(dec)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+    s = tl.get(signal, rank)
+    if s is None or not len(s):
+        return Derived(None)
+    memo = s.memo()
+    hit = memo.get("window_rate")
+    if hit is None:
+        hit = memo["window_rate"] = _window_rate(s)
+    return hit  # type: ignore[no-any-return]
 
 
 __all__ = ["Derived", "decode_tokens_per_request", "prefill_per_pass", "window_rate"]

@@ -93,7 +93,7 @@ class Sources(Sequence[str]):
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
+    a.setflags(write=False)  # (what ``a.flags.writeable = False`` does, without building the flags object)
     return a
 
 
@@ -120,34 +120,74 @@ class Series:
         self._t, self._v, self._lab, self._line = t, v, lab, line
         self._lo, self._hi = 0, len(t)
         self._owner = True
-        self._views: tuple[np.ndarray, np.ndarray, Sources] | None = None
+        self._views: list[Any] | None = None  # [ts, values, sources, memo] (_view)
         self._exposed = False  # views of the current buffers were handed out: never shift them in place
         self._live_labels = 0  # labels in use at the last clean-up of the label table (_gc_labels)
         self._unsorted = False  # an appended point is older than one before it: sorted on the next read
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The points and their sources, without the read views and their memo (rebuilt on the next read)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_views"}
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple):  # pickled before __getstate__: (None, the slots)
+            state = state[1]
+        for k in self.__slots__:
+            if k != "_views":
+                setattr(self, k, state[k])
+        self._views = None
+
     # -- reading -------------------------------------------------------------------------------
-    def _view(self) -> tuple[np.ndarray, np.ndarray, Sources]:
+    def _view(self) -> list[Any]:
+        """What reading the current points has built: ``[ts, values, sources, memo]``, each made when first
+        read (a fleet target reads the sources of few series). Every write drops it all (``_views = None``)."""
         hit = self._views
         if hit is None:
             if self._unsorted:
                 self._settle()
-            self._exposed = True
-            lo, hi = self._lo, self._hi
-            hit = self._views = (_readonly(self._t[lo:hi]), _readonly(self._v[lo:hi]),
-                                 Sources(self._labels, _readonly(self._lab[lo:hi]), _readonly(self._line[lo:hi])))
+            hit = self._views = [None, None, None, None]
         return hit
+
+    def memo(self) -> dict[str, Any]:
+        """Numbers derived from the points' times and values that several readers share (the window's
+        summary, :meth:`Timeline.stats`; a counter's rate, :func:`diagnoser.timeline.derived.window_rate`).
+        The dict lives with the read views, and every write drops the views (``_views = None``), so a
+        cached number never outlives the points it was computed from. Its keys are a fixed set of names
+        (bounded). Nothing read from the sources belongs here: :meth:`blank_sources` rewrites those in
+        place under the views of slices that share the buffers."""
+        v = self._view()
+        got = v[3]
+        if got is None:
+            got = v[3] = {}
+        return got  # type: ignore[no-any-return]
 
     @property
     def ts(self) -> np.ndarray:
-        return self._view()[0]
+        v = self._views or self._view()
+        got = v[0]
+        if got is None:
+            self._exposed = True
+            got = v[0] = _readonly(self._t[self._lo:self._hi])
+        return got  # type: ignore[no-any-return]
 
     @property
     def values(self) -> np.ndarray:
-        return self._view()[1]
+        v = self._views or self._view()
+        got = v[1]
+        if got is None:
+            self._exposed = True
+            got = v[1] = _readonly(self._v[self._lo:self._hi])
+        return got  # type: ignore[no-any-return]
 
     @property
     def sources(self) -> Sources:
-        return self._view()[2]
+        v = self._views or self._view()
+        got = v[2]
+        if got is None:
+            self._exposed = True
+            lo, hi = self._lo, self._hi
+            got = v[2] = Sources(self._labels, _readonly(self._lab[lo:hi]), _readonly(self._line[lo:hi]))
+        return got  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return self._hi - self._lo
@@ -183,6 +223,11 @@ class Series:
         out._unsorted = False
         self._exposed = True
         return out
+
+    def has_line_numbers(self) -> bool:
+        """Whether any point's source carries a line number (``server.log:1842``; a scrape's or a Prometheus
+        step's does not), read from the stored column without building the sources view."""
+        return bool(np.count_nonzero(self._line[self._lo:self._hi] >= 0))
 
     def first_ts(self) -> float:
         if self._unsorted:
@@ -278,7 +323,23 @@ class Series:
         return v[~np.isnan(v)]
 
     def last_source(self) -> str:
-        return self.sources[-1] if len(self) else ""
+        return self.source_at(-1) if len(self) else ""
+
+    def source_at(self, i: int) -> str:
+        """``sources[i]``, formatted from the stored columns without building the sources view (a finding
+        cites one or two points of a series)."""
+        n = self._hi - self._lo
+        k = operator.index(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"point {i} of a series of {n}")
+        if self._unsorted:
+            self._settle()
+        k += self._lo
+        label = self._labels[self._lab.item(k)]
+        line = self._line.item(k)
+        return label if line < 0 else f"{label}:{line}"
 
     def argmax(self) -> int:
         """Index of the first largest value, NaNs skipped; -1 when there is none."""

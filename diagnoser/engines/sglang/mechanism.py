@@ -21,6 +21,7 @@ class SGLangMechanism:
     newest_known = NEWEST_KNOWN
     no_events: frozenset[str] = frozenset()
     reserves_output = True
+    has_kv_refusal = False  # kv_refusal answers None: the reservation (kv_blocked) is SGLang's KV test
     chunked_prefill_default = True
 
     def admission_ratio(self, conservativeness: Any, ratio_read: float | None, args_known: bool) -> float | None:

@@ -267,6 +267,11 @@ def _bool(v: Any) -> bool | None:
     return None
 
 
+def args_known(cfg: Callable[[str], Any]) -> bool:
+    """Whether the server's arguments were read (so an absent flag is unset, not unknown): :attr:`ServerState.args_known`."""
+    return cfg("arg.model_path") is not None or cfg("arg.mem_fraction_static") is not None or cfg("arg.tp_size") is not None
+
+
 @dataclass(slots=True)
 class ServerState:
     """What the model knows about one server; None is "not in the inputs"."""
@@ -306,7 +311,7 @@ class ServerState:
             return cfg(f"arg.{name}")
 
         s = cls(version=version)
-        s.args_known = arg("model_path") is not None or arg("mem_fraction_static") is not None or arg("tp_size") is not None
+        s.args_known = args_known(cfg)
         dev = cfg("device") or arg("device")
         s.device = str(dev).lower() if dev else None
         s.pool_tokens = _int(cfg("max_total_tokens")) or _int(cfg("kv_pool_tokens_log"))

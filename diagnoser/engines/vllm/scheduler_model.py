@@ -229,6 +229,7 @@ class VLLMMechanism:
     newest_known = NEWEST_KNOWN
     no_events = frozenset({"hicache_host_oom"})  # SGLang's HiCache host pool: vLLM has none
     reserves_output = False
+    has_kv_refusal = True  # kv_refusal: can_allocate / allocate_slots against the free blocks
     chunked_prefill_default = True  # V1; V0 servers set chunked_prefill False in their state
 
     def admission_ratio(self, conservativeness: Any, ratio_read: float | None, args_known: bool) -> float | None:
