@@ -75,7 +75,7 @@ class Prom:
 
 
 def start_prometheus(workdir: Path, config_yaml: str | None = None, data_dir: Path | None = None,
-                     extra_args: tuple[str, ...] = (), config_path: Path | None = None) -> Prom:
+                     extra_args: tuple[str, ...] = (), config_path: Path | None = None, retention: str = "2h") -> Prom:
     """Start prometheus with ``config_yaml`` (written to ``workdir``) or an existing ``config_path``
     (kept in place, so relative ``rule_files`` still resolve); wait until ``/-/ready``."""
     binary = need_binary("prometheus")
@@ -87,7 +87,7 @@ def start_prometheus(workdir: Path, config_yaml: str | None = None, data_dir: Pa
     port = free_port()
     log = workdir / "prometheus.log"
     proc = subprocess.Popen(
-        [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=2h",
+        [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data}", f"--storage.tsdb.retention.time={retention}",
          f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args],
         stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=workdir,
     )
