@@ -489,10 +489,16 @@ class LiveMonitor:
         for name, err in unreachable.items():
             if name in due_names and (name, "source_unreachable") not in have:
                 report.findings.insert(0, unreachable_finding(name, err))
+        by_target: dict[str, list[Finding]] = {}  # grouped once (a fleet has 10,000 targets and 230,000 checks)
+        for f in report.findings:
+            by_target.setdefault(f.target, []).append(f)
+        checks: dict[str, list[dict[str, Any]]] = {}
+        for c in report.checked:
+            checks.setdefault(c["target"], []).append(c)
         for i, t in enumerate(self.targets):
             if t.name in due_names:
-                self._findings[i] = [f for f in report.findings if f.target == t.name]
-                self._checked[i] = [c for c in report.checked if c["target"] == t.name]
+                self._findings[i] = by_target.get(t.name, [])
+                self._checked[i] = checks.get(t.name, [])
         current = [f for i in sorted(self._findings) for f in self._findings[i]] + list(self._fleet_findings)
         findings = cause_order(self.hysteresis.update(current, now))  # the report's one order (evaluate.cause_order)
         for f in self.hysteresis.resolved:
