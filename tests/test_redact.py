@@ -294,3 +294,102 @@ def test_redact_strings_walk_equals_the_plain_walk(data_dir: Path) -> None:
     col = collect_once(ADAPTER, ["http://u:hunter2@127.0.0.1:30000"], [], duration=0, client=client)
     real = {"info": _payload(), "doc": build(col, SimpleNamespace(findings=[], errors=[])), "raw": col.raw_config}
     assert redact_strings(real) == _redact_strings_plain(real)
+
+
+class _S(str):
+    pass
+
+
+def _containers(obj: Any, out: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Every list and dict in ``obj``, by id."""
+    out = {} if out is None else out
+    if isinstance(obj, dict | list) and id(obj) not in out:
+        out[id(obj)] = obj
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            _containers(v, out)
+    return out
+
+
+def _bulk_doc(seed: int) -> Any:
+    """A document of long lists and dicts (redacted column by column) with hostile leaves in every place a
+    column can hold them: records of one shape, of shapes that differ, sparse, with keys that redaction
+    changes or that are not strings, nested records, lists of lists, mixed columns, tuples, str subclasses,
+    JSON held in strings, surrogates, floats (-0.0, NaN, a float subclass), near and past the depth cap."""
+    import random
+
+    from diagnoser.floor import Floor
+    from diagnoser.redact import MAX_DEPTH
+
+    rng = random.Random(seed)
+    secret_json = json.dumps({"api_key": "sk-bulk-1", "inner": json.dumps({"token": "tk-bulk-2"})})
+    leaves = ["http://u:pw-bulk-3@h:1/x", secret_json, " " + secret_json, "--api-key sk-bulk-4 --port 1", "x\ud800y",
+              _S("--api-key sk-bulk-5"), _S("plain"), "prometheus@2026-12-01T00:00:00Z sglang:num_running_reqs", "", "{",
+              "[1, 2]", "a" * 500 + " token=tk-bulk-6", "Bearer tk-bulk-7", "fine", "fine too", 1.5, -0.0, float("nan"),
+              Floor(100.0, 200.0), None, True, 7, ("t", "token=tk-bulk-8"), ["l", "pwd=pw-bulk-9"], {"d": "Bearer tk-bulk-10"}]
+    clean = ["fine", "fine too", 1.5, -0.0, None, True, 7, "prometheus@2026-12-01T00:00:00Z q"]
+
+    def leaf(hostile: float) -> Any:
+        return rng.choice(leaves) if rng.random() < hostile else rng.choice(clean)
+
+    def records(n: int, keys: list[Any], hostile: float, fill: float = 1.0) -> list[dict[Any, Any]]:
+        return [{k: leaf(hostile) for k in keys if rng.random() < fill} for _ in range(n)]
+
+    keys = ["rule", "target", "why", "status", "x"]
+    doc: dict[Any, Any] = {
+        "clean": records(40, keys, 0.0),
+        "one": records(40, keys, 0.01),
+        "many": records(40, keys, 0.3),
+        "dense": records(40, keys, 0.2, fill=0.8),  # rows of different keys, most keys in most rows
+        "sparse": [{f"k{i}_{j}": leaf(0.2) for j in range(3)} for i in range(40)],
+        "odd keys": records(20, ["a", 3, None, 1.5], 0.2) + records(20, ["a", '{"api_key": "sk-key-11"}', "u:pw-key-12@h"], 0.2),
+        "nested": [{"ev": records(rng.randint(0, 4), ["signal", "observed", "source"], 0.1),
+                    "notes": [leaf(0.2) for _ in range(rng.randint(0, 3))], "basis": rng.choice([None, {"events": 1, "kind": leaf(0.3)}]),
+                    "tup": tuple(leaf(0.2) for _ in range(2)), "sub": [[leaf(0.2)] for _ in range(2)]} for _ in range(40)],
+        "lists": [[leaf(0.1) for _ in range(rng.randint(0, 5))] for _ in range(40)],
+        "mixed": [rng.choice([leaf(0.2), {"a": leaf(0.2)}, [leaf(0.2)], None]) for _ in range(40)],
+        "map": {f"t{i}": {"rule": leaf(0.05), "n": i} for i in range(40)},
+        "big map keys": {rng.choice(["fine", "u:pw-key-13@h", f"k{i}"]) + str(i % 30): leaf(0.1) for i in range(40)},
+    }
+    node = doc
+    for d in range(MAX_DEPTH + 2):  # long lists at every depth, up to past the cap
+        node["down"] = {"d": d, "rows": records(20, keys, 0.1), "lists": [[leaf(0.1)] for _ in range(20)]}
+        node = node["down"]
+    return doc
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_column_walks_equal_the_plain_walk(seed: int) -> None:
+    """redact_strings and redact_owned walk long lists column by column; both give what the plain walk gives
+    (types too), redact_owned leaves its input as it was, and keeps what does not change as it is."""
+    import copy
+
+    from diagnoser.redact import _BULK, redact_owned, redact_strings
+
+    doc = _bulk_doc(seed)
+    assert len(doc["clean"]) >= _BULK
+    before = repr(doc)
+    want = _redact_strings_plain(doc)
+    for walk in (redact_strings, redact_owned):
+        got = walk(copy.deepcopy(doc) if walk is redact_owned else doc)
+        assert got == want or repr(got) == repr(want)  # (NaN is not equal to itself: the reprs then)
+        assert repr(got) == repr(want)
+    assert repr(doc) == before
+    owned = redact_owned(doc)
+    assert repr(doc) == before  # (nothing written in place)
+    assert owned["clean"] is doc["clean"] and owned["many"] is not doc["many"]
+    copied = redact_strings(doc)
+    assert not _containers(copied).keys() & _containers(doc).keys()  # a copy: no list or dict of the input in it
+    text = json.dumps(owned)
+    assert not any(f"{s}-bulk-{i}" in text for s in ("sk", "tk", "pw") for i in range(1, 11))
+
+
+def test_redact_owned_returns_a_clean_document_as_it_is() -> None:
+    from diagnoser.redact import redact_owned
+
+    doc = {"rows": [{"rule": "kv", "why": f"read {i} readings", "n": i} for i in range(100)], "t": {"a": [1, 2, "x"]}}
+    assert redact_owned(doc) is doc
+    doc["rows"][50]["why"] = "http://u:pw-own-1@h"
+    out = redact_owned(doc)
+    assert out is not doc and out["t"] is doc["t"] and out["rows"][50]["why"] == "http://***@h"
+    assert doc["rows"][50]["why"] == "http://u:pw-own-1@h"  # (the input as it was)
+
