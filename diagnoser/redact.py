@@ -140,12 +140,22 @@ def _redact_short(text: str) -> str:
     return _redact_text(text)
 
 
+# What a match of each pattern below must contain (a cheap test first: a pattern that cannot match leaves the
+# text as it is). _INLINE_SECRET_RE's own scan is slow on text with words and colons (its key may start
+# anywhere in a word): its key word, then [\w-]*, a quote and "=" or ":" (as REDACT_CANDIDATE)
+_INLINE_HINT = re.compile(r"(?:key|secret|pass|pwd|token|credential|auth|cookie)[\w-]*\\*[\"']?\s*[=:]", re.IGNORECASE)
+_QUOTED_HINT = re.compile(r"['\"]\s*:")  # _QUOTED_KV_RE: the key's closing quote, then ":"
+_BEARER_HINT = re.compile("bearer", re.IGNORECASE)
+
+
 def _redact_text(text: str) -> str:
+    """Every pattern, each one only where it can match (tests/test_redact.py: the same as running each)."""
     if "@" in text and "/" in text:
         text = _URL_SLASH_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     if "sig=" in text or "SIG=" in text.upper():
         text = _SIG_RE.sub(lambda m: m.group("k") + REDACTED, text)
-    text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    if "@" in text:
+        text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     if "@" in text:
         text = _BARE_CRED_RE.sub(lambda m: f"{REDACTED}@" if m.group("cred") != REDACTED else m.group(0), text)
 
@@ -154,7 +164,8 @@ def _redact_text(text: str) -> str:
             return m.group(0)
         return f"{m.group(1)}{m.group(2)}{REDACTED}"
 
-    text = _CLI_SECRET_RE.sub(_cli, text)
+    if "--" in text:
+        text = _CLI_SECRET_RE.sub(_cli, text)
 
     def _quoted(m: re.Match[str]) -> str:
         if not is_secret_key(m.group("k")) or not m.group("v") or m.group("v") == REDACTED:
@@ -162,7 +173,8 @@ def _redact_text(text: str) -> str:
         vq = m.group("vq")
         return f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}{vq}{REDACTED}{vq}"
 
-    text = _QUOTED_KV_RE.sub(_quoted, text)
+    if _QUOTED_HINT.search(text):
+        text = _QUOTED_KV_RE.sub(_quoted, text)
 
     def _inline(m: re.Match[str]) -> str:
         if not is_secret_key(m.group("k")):
@@ -175,7 +187,10 @@ def _redact_text(text: str) -> str:
         quote = lead.group(0) if lead else ""
         return f"{m.group('k')}{m.group('q')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
-    text = _INLINE_SECRET_RE.sub(_inline, text)
+    if _INLINE_HINT.search(text):
+        text = _INLINE_SECRET_RE.sub(_inline, text)
+    if not _BEARER_HINT.search(text):
+        return text
     return _BEARER_RE.sub(lambda m: m.group(0) if m.group(3) == REDACTED else f"{m.group(1)}{m.group(2)}{REDACTED}", text)
 
 
