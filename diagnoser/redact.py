@@ -95,6 +95,18 @@ def _is_secret_key(k: str) -> bool:
 # secret-key pattern, each name is_secret_key accepts and the bearer pattern contain one): the rest is
 # returned as it is, with one search instead of six substitutions (a server_args line has ~550 values).
 _HINT_RE = re.compile(r"key|token|secret|pass|pwd|credential|auth|cookie|bearer|sig=", re.IGNORECASE)
+# Besides its two cases, IGNORECASE matches an ASCII letter to these (and U+0130 lower-cases to two characters):
+# a text without them holds a word of _HINT_RE exactly when its lower-cased text does (tests/test_redact.py)
+_CASE_ODD = ("\u0130", "\u0131", "\u017f", "\u212a")
+
+
+def _hinted(text: str) -> bool:
+    """``_HINT_RE.search(text)``, found with ``in`` on the lower-cased text (about 8x faster)."""
+    if not text.isascii() and ("\u0130" in text or "\u0131" in text or "\u017f" in text or "\u212a" in text):
+        return _HINT_RE.search(text) is not None
+    t = text.lower()
+    return ("key" in t or "token" in t or "secret" in t or "pass" in t or "pwd" in t or "credential" in t or "auth" in t
+            or "cookie" in t or "bearer" in t or "sig=" in t)
 # A narrower superset for line-based text (expositions, log lines), tested on lower-cased lines: a word of
 # _HINT_RE must be followed by what its pattern needs ("=" or ":" soon after, a quote, whitespace and a
 # value for a flag or "bearer"). Used by :func:`redact_lines`; tests prove it changes nothing.
@@ -124,7 +136,7 @@ def redact_text(text: str) -> str:
     if len(text) <= _SHORT:
         return _redact_short(text)
     text = no_surrogates(text)
-    if "@" not in text and not _HINT_RE.search(text):
+    if "@" not in text and not _hinted(text):
         return text
     return _redact_text(text)
 
@@ -135,7 +147,7 @@ _SHORT = 400  # texts this short are redacted once each (remembered): a report r
 @lru_cache(maxsize=1 << 15)  # pure: a fleet report holds each key and evidence source ("prometheus@T q") per target
 def _redact_short(text: str) -> str:
     text = no_surrogates(text)
-    if not text or ("@" not in text and not _HINT_RE.search(text)):
+    if not text or ("@" not in text and not _hinted(text)):
         return text
     return _redact_text(text)
 
@@ -222,7 +234,7 @@ def redact_string(text: str, depth: int = 0) -> str:
     if len(text) <= _SHORT and text.lstrip()[:1] not in ("{", "["):
         return _redact_short(text)  # (no JSON in it: the same as redact_text)
     text = no_surrogates(text)
-    if "@" not in text and not _HINT_RE.search(text):
+    if "@" not in text and not _hinted(text):
         return text
     inner = _json_in_string(text)
     if inner is not None:

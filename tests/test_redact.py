@@ -477,3 +477,25 @@ def test_each_pattern_runs_only_where_it_can_match(data_dir: Path) -> None:
         assert _redact_text(t) == want, t
         changed += want != t
     assert changed > 5_000
+
+
+def test_hinted_is_the_hint_pattern() -> None:
+    """_hinted (lower-cased text and ``in``) answers what _HINT_RE.search does: checked on every code point
+    against each letter of the hint words (what IGNORECASE matches to it is what lower-cases to it, but for
+    the four odd ones, which send a text to the pattern), and on texts."""
+    import random
+    import re
+
+    from diagnoser.redact import _CASE_ODD, _HINT_RE, _hinted
+
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    assert [c for c in every if len(c.lower()) != 1] == ["\u0130"]  # lower() keeps every other position
+    for letter in set("keytokensecretpasspwdcredentialauthcookiebearersig="):
+        matched = set(re.findall(re.escape(letter), every, re.IGNORECASE))
+        assert matched - set(_CASE_ODD) == {c for c in every if c.lower() == letter} - set(_CASE_ODD), letter
+    rng = random.Random(5)
+    pieces = ["KEY", "ToKeN", "sEcReT", "pa", "ss", "PWD", "credential", "AUTH", "cookie", "Bearer", "SIG=", "sig", "=", "é",
+              "\u0130", "\u0131", "\u017f", "\u212a", "x", " ", "k", "s", "i", "\u212aey", "pa\u017fs", "cred\u0131ential", "auth"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        assert _hinted(text) == (_HINT_RE.search(text) is not None), text
