@@ -73,8 +73,12 @@ def owned(value: Any, depth: int = 0) -> Any:
     if depth > _OWN_DEPTH:  # (a cycle, or a depth no output keeps)
         return value
     if t is dict:
+        if _SCALARS.issuperset(map(type, value.values())):  # (labels: strings)
+            return dict(value)
         return {k: owned(v, depth + 1) for k, v in value.items()}
     if t is list:
+        if _SCALARS.issuperset(map(type, value)):
+            return list(value)
         return [owned(v, depth + 1) for v in value]
     if t is tuple:
         return tuple([owned(v, depth + 1) for v in value])

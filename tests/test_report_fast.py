@@ -328,3 +328,20 @@ def test_the_document_shares_no_container_with_what_it_was_built_from(labels: li
     shared = [k for k in _containers(doc) if k in inputs]
     assert not shared, [inputs[k] for k in shared[:5]]
     assert len(_containers(doc)) > 1000  # (a document with something in it)
+
+
+def test_owned_copies_every_container_and_keeps_scalars() -> None:
+    import threading
+
+    from diagnoser.model import owned
+
+    lock = threading.Lock()  # (cannot be deep-copied: passed on as it is)
+    inner = {"b": [1, "x", None]}
+    value = {"a": inner, "t": (1, [2]), "s": "str", "n": 1.5, "l": ["p", "q"], "lock": lock, "deep": [[[{"k": "v"}]]]}
+    out = owned(value)
+    assert out == value and out is not value and out["a"] is not inner and out["a"]["b"] is not inner["b"]
+    assert out["t"] == (1, [2]) and out["t"][1] is not value["t"][1] and out["l"] is not value["l"] and out["lock"] is lock
+    assert not set(_containers(out)) & set(_containers(value))
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    assert owned(cycle)  # (a cycle is cut past a depth no output keeps, not followed for ever)
