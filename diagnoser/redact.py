@@ -107,6 +107,8 @@ def _hinted(text: str) -> bool:
     t = text.lower()
     return ("key" in t or "token" in t or "secret" in t or "pass" in t or "pwd" in t or "credential" in t or "auth" in t
             or "cookie" in t or "bearer" in t or "sig=" in t)
+
+
 # A narrower superset for line-based text (expositions, log lines), tested on lower-cased lines: a word of
 # _HINT_RE must be followed by what its pattern needs ("=" or ":" soon after, a quote, whitespace and a
 # value for a flag or "bearer"). Used by :func:`redact_lines`; tests prove it changes nothing.
