@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -45,7 +46,9 @@ class Evidence:
     bound: str = ""  # a quantile known only as more than ``observed``: its range ("> 100 s"), shown instead
 
     def to_dict(self) -> dict[str, Any]:
-        if all(type(x) in _SCALARS for x in (self.observed, self.threshold, self.signal, self.window, self.source, self.bound)):
+        scalars = _SCALARS
+        if (type(self.observed) in scalars and type(self.threshold) in scalars and type(self.signal) in scalars
+                and type(self.window) in scalars and type(self.source) in scalars and type(self.bound) in scalars):
             # the common case (scalars only): what asdict gives, without its deep copy
             d = {"signal": self.signal, "observed": self.observed, "threshold": self.threshold, "window": self.window,
                  "source": self.source, "bound": self.bound}
@@ -60,6 +63,32 @@ class Evidence:
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_OWN_DEPTH = 80  # deeper than any output keeps (redact.MAX_DEPTH cuts there)
+
+
+def owned(value: Any, depth: int = 0) -> Any:
+    """``value`` as a document's own: a scalar as it is, a container copied (deeply), so that the document
+    shares nothing that can change with the object it was read from (the report door returns what it
+    leaves unchanged as it is: tests/test_report_fast.py)."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if depth > _OWN_DEPTH:  # (a cycle, or a depth no output keeps)
+        return value
+    if t is dict:
+        if _SCALARS.issuperset(map(type, value.values())):  # (labels: strings)
+            return dict(value)
+        return {k: owned(v, depth + 1) for k, v in value.items()}
+    if t is list:
+        if _SCALARS.issuperset(map(type, value)):
+            return list(value)
+        return [owned(v, depth + 1) for v in value]
+    if t is tuple:
+        return tuple([owned(v, depth + 1) for v in value])
+    try:
+        return deepcopy(value)
+    except Exception:  # (what cannot be copied is passed on, as every output door does)
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +105,30 @@ class Suggestion:
     projection: dict[str, Any] | None = None  # numbers from the capacity model, when it has them
 
     def to_dict(self) -> dict[str, Any]:
+        scalars = _SCALARS
+        if (self.projection is None and type(self.flag) in scalars and type(self.current) in scalars
+                and type(self.proposed) in scalars and type(self.why) in scalars and type(self.effect) in scalars
+                and type(self.gain) in scalars):  # the common case: what asdict gives, without its deep copy
+            return {"flag": self.flag, "current": self.current, "proposed": self.proposed, "why": self.why,
+                    "effect": self.effect, "assumptions": _own_items(self.assumptions), "gain": self.gain, "projection": None}
         d = asdict(self)
-        d["assumptions"] = list(self.assumptions)
+        d["assumptions"] = _own_items(self.assumptions)
         return d
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled as a constructor call (diagnoser/forkmap.py)
         return Suggestion, (self.flag, self.current, self.proposed, self.why, self.effect, self.assumptions, self.gain, self.projection)
+
+
+def _own_dict(d: Any) -> dict[Any, Any]:
+    """A fresh dict of ``d``'s items (numbers and strings, usually), each value :func:`owned`."""
+    out = dict(d)
+    return out if _SCALARS.issuperset(map(type, out.values())) else {k: owned(v) for k, v in out.items()}
+
+
+def _own_items(items: Any) -> list[Any]:
+    """A fresh list of ``items`` (strings, usually), each :func:`owned`."""
+    out = list(items)
+    return out if all(type(x) is str for x in out) else [owned(x) for x in out]
 
 
 @dataclass(slots=True)
@@ -111,8 +158,8 @@ class Finding:
             "suggestions": [s.to_dict() for s in self.suggestions],
             "docs": self.docs,
             "state": self.state,
-            "notes": list(self.notes),
-            "basis": dict(self.basis),
+            "notes": _own_items(self.notes),
+            "basis": _own_dict(self.basis),
         }
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled as a constructor call (diagnoser/forkmap.py)
@@ -176,7 +223,7 @@ class InputReport:
         if self.messages:
             d["messages"] = list(self.messages)
         if self.window is not None:
-            d["window"] = self.window
+            d["window"] = owned(self.window)
         return d
 
 

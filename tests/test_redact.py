@@ -294,3 +294,208 @@ def test_redact_strings_walk_equals_the_plain_walk(data_dir: Path) -> None:
     col = collect_once(ADAPTER, ["http://u:hunter2@127.0.0.1:30000"], [], duration=0, client=client)
     real = {"info": _payload(), "doc": build(col, SimpleNamespace(findings=[], errors=[])), "raw": col.raw_config}
     assert redact_strings(real) == _redact_strings_plain(real)
+
+
+class _S(str):
+    pass
+
+
+def _containers(obj: Any, out: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Every list and dict in ``obj``, by id."""
+    out = {} if out is None else out
+    if isinstance(obj, dict | list) and id(obj) not in out:
+        out[id(obj)] = obj
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            _containers(v, out)
+    return out
+
+
+def _bulk_doc(seed: int) -> Any:
+    """A document of long lists and dicts (redacted column by column) with hostile leaves in every place a
+    column can hold them: records of one shape, of shapes that differ, sparse, with keys that redaction
+    changes or that are not strings, nested records, lists of lists, mixed columns, tuples, str subclasses,
+    JSON held in strings, surrogates, floats (-0.0, NaN, a float subclass), near and past the depth cap."""
+    import random
+
+    from diagnoser.floor import Floor
+    from diagnoser.redact import MAX_DEPTH
+
+    rng = random.Random(seed)
+    secret_json = json.dumps({"api_key": "sk-bulk-1", "inner": json.dumps({"token": "tk-bulk-2"})})
+    leaves = ["http://u:pw-bulk-3@h:1/x", secret_json, " " + secret_json, "--api-key sk-bulk-4 --port 1", "x\ud800y",
+              _S("--api-key sk-bulk-5"), _S("plain"), "prometheus@2026-12-01T00:00:00Z sglang:num_running_reqs", "", "{",
+              "[1, 2]", "a" * 500 + " token=tk-bulk-6", "Bearer tk-bulk-7", "fine", "fine too", 1.5, -0.0, float("nan"),
+              Floor(100.0, 200.0), None, True, 7, ("t", "token=tk-bulk-8"), ["l", "pwd=pw-bulk-9"], {"d": "Bearer tk-bulk-10"}]
+    clean = ["fine", "fine too", 1.5, -0.0, None, True, 7, "prometheus@2026-12-01T00:00:00Z q"]
+
+    def leaf(hostile: float) -> Any:
+        return rng.choice(leaves) if rng.random() < hostile else rng.choice(clean)
+
+    def records(n: int, keys: list[Any], hostile: float, fill: float = 1.0) -> list[dict[Any, Any]]:
+        return [{k: leaf(hostile) for k in keys if rng.random() < fill} for _ in range(n)]
+
+    keys = ["rule", "target", "why", "status", "x"]
+    doc: dict[Any, Any] = {
+        "clean": records(40, keys, 0.0),
+        "one": records(40, keys, 0.01),
+        "many": records(40, keys, 0.3),
+        "dense": records(40, keys, 0.2, fill=0.8),  # rows of different keys, most keys in most rows
+        "sparse": [{f"k{i}_{j}": leaf(0.2) for j in range(3)} for i in range(40)],
+        "odd keys": records(20, ["a", 3, None, 1.5], 0.2) + records(20, ["a", '{"api_key": "sk-key-11"}', "u:pw-key-12@h"], 0.2),
+        "nested": [{"ev": records(rng.randint(0, 4), ["signal", "observed", "source"], 0.1),
+                    "notes": [leaf(0.2) for _ in range(rng.randint(0, 3))], "basis": rng.choice([None, {"events": 1, "kind": leaf(0.3)}]),
+                    "tup": tuple(leaf(0.2) for _ in range(2)), "sub": [[leaf(0.2)] for _ in range(2)]} for _ in range(40)],
+        "lists": [[leaf(0.1) for _ in range(rng.randint(0, 5))] for _ in range(40)],
+        "mixed": [rng.choice([leaf(0.2), {"a": leaf(0.2)}, [leaf(0.2)], None]) for _ in range(40)],
+        "map": {f"t{i}": {"rule": leaf(0.05), "n": i} for i in range(40)},
+        "big map keys": {rng.choice(["fine", "u:pw-key-13@h", f"k{i}"]) + str(i % 30): leaf(0.1) for i in range(40)},
+    }
+    node = doc
+    for d in range(MAX_DEPTH + 2):  # long lists at every depth, up to past the cap
+        node["down"] = {"d": d, "rows": records(20, keys, 0.1), "lists": [[leaf(0.1)] for _ in range(20)]}
+        node = node["down"]
+    return doc
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_column_walks_equal_the_plain_walk(seed: int) -> None:
+    """redact_strings and redact_owned walk long lists column by column; both give what the plain walk gives
+    (types too), redact_owned leaves its input as it was, and keeps what does not change as it is."""
+    import copy
+
+    from diagnoser.redact import _BULK, redact_owned, redact_strings
+
+    doc = _bulk_doc(seed)
+    assert len(doc["clean"]) >= _BULK
+    before = repr(doc)
+    want = _redact_strings_plain(doc)
+    for walk in (redact_strings, redact_owned):
+        got = walk(copy.deepcopy(doc) if walk is redact_owned else doc)
+        assert got == want or repr(got) == repr(want)  # (NaN is not equal to itself: the reprs then)
+        assert repr(got) == repr(want)
+    assert repr(doc) == before
+    owned = redact_owned(doc)
+    assert repr(doc) == before  # (nothing written in place)
+    assert owned["clean"] is doc["clean"] and owned["many"] is not doc["many"]
+    copied = redact_strings(doc)
+    assert not _containers(copied).keys() & _containers(doc).keys()  # a copy: no list or dict of the input in it
+    text = json.dumps(owned)
+    assert not any(f"{s}-bulk-{i}" in text for s in ("sk", "tk", "pw") for i in range(1, 11))
+
+
+def test_redact_owned_returns_a_clean_document_as_it_is() -> None:
+    from diagnoser.redact import redact_owned
+
+    doc = {"rows": [{"rule": "kv", "why": f"read {i} readings", "n": i} for i in range(100)], "t": {"a": [1, 2, "x"]}}
+    assert redact_owned(doc) is doc
+    doc["rows"][50]["why"] = "http://u:pw-own-1@h"
+    out = redact_owned(doc)
+    assert out is not doc and out["t"] is doc["t"] and out["rows"][50]["why"] == "http://***@h"
+    assert doc["rows"][50]["why"] == "http://u:pw-own-1@h"  # (the input as it was)
+
+
+def _redact_text_every_pattern(text: str) -> str:
+    """The reference for _redact_text: every pattern run on every text (before its cheap tests first)."""
+    import re
+
+    from diagnoser.redact import (
+        _BARE_CRED_RE,
+        _BEARER_RE,
+        _CLI_SECRET_RE,
+        _INLINE_SECRET_RE,
+        _KEEP_VALUES,
+        _NUMBER_RE,
+        _QUOTED_KV_RE,
+        _SIG_RE,
+        _URL_CRED_RE,
+        _URL_SLASH_CRED_RE,
+    )
+
+    if "@" in text and "/" in text:
+        text = _URL_SLASH_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    if "sig=" in text or "SIG=" in text.upper():
+        text = _SIG_RE.sub(lambda m: m.group("k") + REDACTED, text)
+    text = _URL_CRED_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    if "@" in text:
+        text = _BARE_CRED_RE.sub(lambda m: f"{REDACTED}@" if m.group("cred") != REDACTED else m.group(0), text)
+
+    def _cli(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group(1).lstrip("-").replace("-", "_")) or _NUMBER_RE.match(m.group(3)) or m.group(3) == REDACTED:
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}{REDACTED}"
+
+    text = _CLI_SECRET_RE.sub(_cli, text)
+
+    def _quoted(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group("k")) or not m.group("v") or m.group("v") == REDACTED:
+            return m.group(0)
+        vq = m.group("vq")
+        return f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}{vq}{REDACTED}{vq}"
+
+    text = _QUOTED_KV_RE.sub(_quoted, text)
+
+    def _inline(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group("k")):
+            return m.group(0)
+        val = m.group("v")
+        bare = val.strip("\\\"'")
+        if val in _KEEP_VALUES or bare in _KEEP_VALUES or not bare or _NUMBER_RE.match(val):
+            return m.group(0)
+        lead = re.match(r"\\*[\"']", val)
+        quote = lead.group(0) if lead else ""
+        return f"{m.group('k')}{m.group('q')}{m.group('sep')}{quote}{REDACTED}{quote}"
+
+    text = _INLINE_SECRET_RE.sub(_inline, text)
+    return _BEARER_RE.sub(lambda m: m.group(0) if m.group(3) == REDACTED else f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+
+def test_each_pattern_runs_only_where_it_can_match(data_dir: Path) -> None:
+    """_redact_text tests what each pattern's match must hold before running it: the same result as running
+    every pattern, on the leak shapes, the real logs and expositions, and 40,000 texts made of the pieces
+    the patterns look for (key words in any case, quotes, escaped quotes, "=" and ":", "@", "//", "--",
+    spaces and newlines)."""
+    import random
+
+    from diagnoser.redact import _redact_text
+
+    texts = [t for t, _, _ in LEAK_SHAPES] + [t.upper() for t, _, _ in LEAK_SHAPES]
+    for f in sorted(data_dir.rglob("*.log"))[:20] + sorted(data_dir.rglob("*.prom"))[::25]:
+        texts += f.read_text(errors="replace").splitlines()
+    pieces = ["api_key", "Token", "SECRET", "pass", "pwd", "credential", "Auth", "cookie", "key", "bearer ", "Bearer",
+              "basic ", "sig=", "SIG=", "--", "--api-key", "--hf-token", "-", "=", ":", " : ", "'", '"', "\\", '\\"', "@",
+              "://", "/", "http", "u", "pw", "x1", "***", "None", "12", " ", "  ", "\n", "{", "}", ",", "_", ".", "é", "ß"]
+    rng = random.Random(26)
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))) for _ in range(40_000)]
+    keys, quotes, gaps = ["api_key", "Token", "db_pass", "page_size", "x.auth", "cookie-1"], ["'", '"', '\\"', "\\'", ""], ["", " ", "  ", "\n"]
+    for _ in range(10_000):  # key-value shapes: quoted, inline, as flags, with a scheme word before the value
+        q, q2, g1, g2 = rng.choice(quotes), rng.choice(quotes), rng.choice(gaps), rng.choice(gaps)
+        kv = f"{q}{rng.choice(keys)}{q}{g1}{rng.choice([':', '='])}{g2}{q2}{rng.choice(['', 'Bearer ', 'basic '])}{rng.choice(['v-1', 'None', '12', '***', ''])}{q2}"
+        texts.append(rng.choice(["", "x ", "{", "--api-key "]) + kv + rng.choice(["", ", ", "}", " tail"]))
+    changed = 0
+    for t in texts:
+        want = _redact_text_every_pattern(t)
+        assert _redact_text(t) == want, t
+        changed += want != t
+    assert changed > 5_000
+
+
+def test_hinted_is_the_hint_pattern() -> None:
+    """_hinted (lower-cased text and ``in``) answers what _HINT_RE.search does: checked on every code point
+    against each letter of the hint words (what IGNORECASE matches to it is what lower-cases to it, but for
+    the four odd ones, which send a text to the pattern), and on texts."""
+    import random
+    import re
+
+    from diagnoser.redact import _CASE_ODD, _HINT_RE, _hinted
+
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    assert [c for c in every if len(c.lower()) != 1] == ["\u0130"]  # lower() keeps every other position
+    for letter in set("keytokensecretpasspwdcredentialauthcookiebearersig="):
+        matched = set(re.findall(re.escape(letter), every, re.IGNORECASE))
+        assert matched - set(_CASE_ODD) == {c for c in every if c.lower() == letter} - set(_CASE_ODD), letter
+    rng = random.Random(5)
+    pieces = ["KEY", "ToKeN", "sEcReT", "pa", "ss", "PWD", "credential", "AUTH", "cookie", "Bearer", "SIG=", "sig", "=", "é",
+              "\u0130", "\u0131", "\u017f", "\u212a", "x", " ", "k", "s", "i", "\u212aey", "pa\u017fs", "cred\u0131ential", "auth"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        assert _hinted(text) == (_HINT_RE.search(text) is not None), text

@@ -241,3 +241,49 @@ def test_markdown_of_nothing_usable_says_so(tmp_path: Path) -> None:
     out = run("--once", "--log", str(junk), "--format", "markdown")
     assert out.returncode == 2 and "· ERROR" in out.stdout
     assert "**Verdict:** nothing usable was read: No line of" in out.stdout and "no problem found" not in out.stdout
+
+
+def _wrap_word_by_word(t: Term, text: str, indent: str = "  ", first: str | None = None) -> list[str]:
+    """The reference for Term.wrap: the word-by-word loop (before its one-rfind-a-line path)."""
+    from diagnoser.outputs.term import _split_long
+
+    first = indent if first is None else first
+    lines: list[str] = []
+    line, bare = first, True
+    for w in str(text).split():
+        room = t.width - len(line) - (0 if bare else 1)
+        if len(w) <= room:
+            line, bare = line + ("" if bare else " ") + w, False
+            continue
+        if not bare:
+            lines.append(line)
+            line, bare = indent, True
+            room = t.width - len(line)
+        if len(w) <= room:
+            line, bare = line + w, False
+            continue
+        pieces = _split_long(w, max(8, room))
+        for p in pieces[:-1]:
+            lines.append(line + p)
+            line = indent
+        line, bare = line + pieces[-1], False
+    if not bare or not lines:
+        lines.append(line.rstrip() if bare else line)
+    return lines
+
+
+def test_wrap_is_the_word_by_word_loop() -> None:
+    import random
+
+    rng = random.Random(80)
+    words = ["a", "to", "the", "token_usage", "10.0.0.1:30000", "—", "KV01", "x" * 30, "/very/long/path/" * 6, "y" * 90, ""]
+    greedy = 0
+    for _ in range(20_000):
+        t = Term(width=rng.choice([40, 41, 60, 80, 120, 160]))
+        text = rng.choice([" ", "  ", "\n", " \t "]).join(rng.choice(words) for _ in range(rng.randint(0, 30)))
+        indent, first = rng.choice(["", "  ", "    ", "      "]), rng.choice([None, "", "  ! ", "    · ", "▸ " * 30])
+        assert t.wrap(text, indent, first) == _wrap_word_by_word(t, text, indent, first), (t.width, text, indent, first)
+        words_ = text.split()
+        f = indent if first is None else first
+        greedy += bool(words_) and len(words_[0]) <= t.width - len(f) and max(map(len, words_)) <= t.width - len(indent)
+    assert greedy > 5_000

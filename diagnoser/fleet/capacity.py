@@ -12,11 +12,12 @@ slot limit is usually unknown and the headroom is a KV-only upper bound; the row
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from diagnoser.timeline import Timeline
+from diagnoser.timeline import Timeline, summarize
 
 SATURATED_QUEUE = 1.0  # mean waiting requests at or above this: requests wait here
 SATURATED_USAGE = 0.9  # mean KV usage at or above this: the pool is (nearly) full
@@ -40,12 +41,17 @@ class TargetLoad:
     state: str = "no data"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in (
-            ("target", self.target), ("model", self.model), ("state", self.state), ("running", self.running),
-            ("queue", self.queue), ("token_usage", self.usage), ("token_usage_max", self.usage_max),
-            ("pool_tokens", self.pool), ("used_tokens", self.used_tokens), ("gen_throughput_tps", self.gen_tps),
-            ("tokens_per_request", self.tokens_per_req), ("headroom_requests", self.headroom_reqs),
-            ("headroom_basis", self.headroom_basis))}
+        """The row, floats rounded to 4 decimals."""
+        r = _round4
+        return {"target": r(self.target), "model": r(self.model), "state": r(self.state), "running": r(self.running),
+                "queue": r(self.queue), "token_usage": r(self.usage), "token_usage_max": r(self.usage_max),
+                "pool_tokens": r(self.pool), "used_tokens": r(self.used_tokens), "gen_throughput_tps": r(self.gen_tps),
+                "tokens_per_request": r(self.tokens_per_req), "headroom_requests": r(self.headroom_reqs),
+                "headroom_basis": r(self.headroom_basis)}
+
+
+def _round4(v: Any) -> Any:
+    return round(v, 4) if isinstance(v, float) else v
 
 
 UNKNOWN_MODEL = "(unknown model)"
@@ -62,17 +68,19 @@ def group_of(tl: Timeline) -> str:
     return model if engine == "sglang" or model == UNKNOWN_MODEL else f"{model} ({engine})"
 
 
-def _mean(tl: Timeline, signal: str) -> float | None:
-    return tl.stats(signal)["mean"]
+_NO_STATS = summarize([])
 
 
-def target_load(tl: Timeline) -> TargetLoad:
-    usage_st = tl.stats("token_usage")
+def target_load(tl: Timeline, table: Mapping[str, Mapping[str, Any]] | None = None) -> TargetLoad:
+    """The load of one target from its signals' summaries: ``tl.stats``, or ``table`` when given (the
+    report's :func:`~diagnoser.outputs.report.signal_table` of ``tl``, which holds the same numbers)."""
+    st = tl.stats if table is None else (lambda signal: table.get(signal, _NO_STATS))
+    usage_st = st("token_usage")
     pool = tl.cfg("max_total_tokens")
     if pool is None:
-        pool = tl.stats("max_total_tokens")["last"]
-    row = TargetLoad(tl.target, group_of(tl), _mean(tl, "running_reqs"), _mean(tl, "queue_reqs"), usage_st["mean"],
-                     usage_st["max"], float(pool) if pool else None, _mean(tl, "used_tokens"), _mean(tl, "gen_throughput_tps"))
+        pool = st("max_total_tokens")["last"]
+    row = TargetLoad(tl.target, group_of(tl), st("running_reqs")["mean"], st("queue_reqs")["mean"], usage_st["mean"],
+                     usage_st["max"], float(pool) if pool else None, st("used_tokens")["mean"], st("gen_throughput_tps")["mean"])
     if row.running is not None and row.running >= 0.5:
         used = row.used_tokens
         if used is None and row.usage is not None and row.pool:
@@ -97,11 +105,14 @@ def fill_headroom(rows: list[TargetLoad], timelines: dict[str, Timeline]) -> Non
     for r in rows:
         if r.tokens_per_req:
             per_model.setdefault(r.model, []).append(r.tokens_per_req)
+    medians: dict[str, float] = {}  # (once per model: a fleet has thousands of idle replicas of one model)
     for r in rows:
         tpr = r.tokens_per_req
         basis = "own tokens/request"
         if not tpr and per_model.get(r.model):
-            tpr = median(per_model[r.model])
+            tpr = medians.get(r.model)
+            if tpr is None:
+                tpr = medians[r.model] = median(per_model[r.model])
             basis = "model median tokens/request"
         if not tpr or not r.pool or r.usage is None:
             r.headroom_basis = "unknown: needs pool size, token usage and a running request on some replica of the model"
@@ -121,8 +132,10 @@ def fill_headroom(rows: list[TargetLoad], timelines: dict[str, Timeline]) -> Non
         r.headroom_basis = basis
 
 
-def loads(timelines: list[Timeline]) -> list[TargetLoad]:
-    rows = [target_load(tl) for tl in timelines]
+def loads(timelines: list[Timeline], tables: Sequence[Mapping[str, Mapping[str, Any]]] | None = None) -> list[TargetLoad]:
+    """Each timeline's load (``tables``: each one's signal table, when the caller has them) and headroom."""
+    rows = [target_load(tl) for tl in timelines] if tables is None else [
+        target_load(tl, t) for tl, t in zip(timelines, tables, strict=True)]
     fill_headroom(rows, {tl.target: tl for tl in timelines})
     return rows
 

@@ -20,35 +20,36 @@ from __future__ import annotations
 from typing import Any
 
 from diagnoser.fleet.capacity import loads, summarize
-from diagnoser.model import Severity
+from diagnoser.model import Severity, owned
 
 WORST = 10
 SEV_RANK = {"critical": 3, "warning": 2, "info": 1}
 STATE_RANK = {"saturated": 3, "serving": 2, "idle": 1, "no data": 0}
 
 
-def fleet_section(collection: Any, report: Any) -> dict[str, Any]:
+def fleet_section(collection: Any, report: Any, tables: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``fleet`` key (``tables``: the report's signal table of each timeline, when built already)."""
     tls = collection.timelines
-    rows = loads(tls)
+    rows = loads(tls, tables)
     worst: dict[str, int] = {}
     count: dict[str, int] = {}
     for f in report.findings:
         worst[f.target] = max(worst.get(f.target, 0), int(f.severity))
         count[f.target] = count.get(f.target, 0) + 1
     by_target = {tl.target: tl for tl in tls}
+    labels = {int(s): s.label for s in Severity}
     targets = []
     for r in rows:
         tl = by_target[r.target]
+        meta = tl.meta
         d = r.to_dict()
+        d["labels"] = owned(meta.get("labels", {}))
+        d["version"] = tl.version
+        d["spelling"] = owned(meta.get("spelling", []))
         sev = worst.get(r.target, 0)
-        d.update({
-            "labels": tl.meta.get("labels", {}),
-            "version": tl.version,
-            "spelling": tl.meta.get("spelling", []),
-            "worst_severity": Severity(sev).label if sev else None,
-            "findings": count.get(r.target, 0),
-            "missing_signals": tl.meta.get("missing_signals", []),
-        })
+        d["worst_severity"] = labels[sev] if sev else None
+        d["findings"] = count.get(r.target, 0)
+        d["missing_signals"] = owned(meta.get("missing_signals", []))
         targets.append(d)
     targets.sort(key=lambda d: (-SEV_RANK.get(d["worst_severity"] or "", 0), -STATE_RANK.get(d["state"], 0),
                                 -(d["queue"] or 0), -(d["token_usage"] or 0), d["target"]))
@@ -61,7 +62,8 @@ def fleet_section(collection: Any, report: Any) -> dict[str, Any]:
             spell[s] = spell.get(s, 0) + 1
     summary = summarize(rows)
     summary["spellings"] = spell
-    return {"source": raw, "summary": summary, "targets": targets, "missing": missing, "failed_queries": failed}
+    # (the document owns all it holds: the report door passes on what it leaves unchanged as it is)
+    return {"source": owned(raw), "summary": summary, "targets": targets, "missing": owned(missing), "failed_queries": owned(failed)}
 
 
 def _n(v: Any, fmt: str = "{:,.0f}") -> str:

@@ -22,6 +22,9 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any
 
+from diagnoser.outputs.termsafe import term_safe_line
+from diagnoser.redact import redact_text
+
 MAX_WIDTH = 160
 MIN_WIDTH = 40
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -34,9 +37,6 @@ def shown(value: Any) -> str:
     """A server- or bundle-provided value as it may be printed on a terminal: redacted, with control
     characters (ESC, BEL, CR, C1, bidi overrides, lone surrogates) shown escaped
     (:func:`diagnoser.outputs.termsafe.term_safe`). Every such string in a text output passes here."""
-    from diagnoser.outputs.termsafe import term_safe_line
-    from diagnoser.redact import redact_text
-
     return term_safe_line(redact_text(str(value)))
 
 
@@ -103,6 +103,8 @@ class Term:
         """``text`` in lines of at most :attr:`width`, breaking between words (see the module doc)."""
         first = indent if first is None else first
         words = str(text).split()
+        if words and len(words[0]) <= self.width - len(first) and max(map(len, words)) <= self.width - len(indent):
+            return self._greedy(" ".join(words), indent, first)
         lines: list[str] = []
         line = first
         bare = True  # nothing but the indent on the current line yet
@@ -127,6 +129,21 @@ class Term:
         if not bare or not lines:
             lines.append(line.rstrip() if bare else line)
         return lines
+
+    def _greedy(self, rest: str, indent: str, first: str) -> list[str]:
+        """:meth:`wrap` of words (``rest``, joined by single spaces) of which none is wider than a line: as many
+        words on each line as fit, found with one ``rfind`` a line (the last space within the room)."""
+        lines = []
+        prefix = first
+        while True:
+            room = self.width - len(prefix)
+            if len(rest) <= room:
+                lines.append(prefix + rest)
+                return lines
+            cut = rest.rfind(" ", 0, room + 1)  # (the first word fits: a space follows it within the room)
+            lines.append(prefix + rest[:cut])
+            rest = rest[cut + 1:]
+            prefix = indent
 
     def fit(self, text: str) -> str:
         """One line, cut at a word boundary with an ellipsis when wider than the terminal."""

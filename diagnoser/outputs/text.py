@@ -162,14 +162,9 @@ def _effect(s: dict[str, Any]) -> str:
 
 def _order_by_target(doc: dict[str, Any]) -> list[str]:
     """The targets in the findings' order (the worst first: evaluate.cause_order), then the rest."""
-    order: list[str] = []
-    for f in doc.get("findings", []):
-        if f["target"] not in order:
-            order.append(f["target"])
-    for t in doc.get("signals", {}):
-        if t not in order:
-            order.append(t)
-    return order
+    order = dict.fromkeys(f["target"] for f in doc.get("findings", []))  # (a fleet's: 10,000 targets)
+    order.update(dict.fromkeys(doc.get("signals", {})))  # (the targets already in it keep their place)
+    return list(order)
 
 
 def _top_fix(findings: list[dict[str, Any]], top: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[tuple[dict[str, Any], dict[str, Any]]]]:
