@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.model import InputReport
+from diagnoser.engines.sglang.versions import VersionRange, newest_on
+from diagnoser.model import InputReport, iso
 from diagnoser.sources.logs import LogReader, read_log
 from diagnoser.timeline import Timeline
 
@@ -113,21 +113,33 @@ def log_facts(tl: Timeline, parser: Any) -> None:
             tl.set_config("device", dev, f"the '{dev} graph' field of the batch lines", override=False)
 
 
+# memoised for date_bound: a fleet's targets mostly start at one time (iso and newest_on cost more than a lookup)
+_DAYS: dict[float, str] = {}
+_NEWEST: dict[str, Any] = {}
+
+
 def date_bound(tl: Timeline, version: VersionRange) -> None:
     """The earliest time read bounds the version from above: a release published after it cannot have
     printed it (a development build is at most the next release)."""
     if tl.untimed or version.exact or tl.engine != "sglang":  # the release dates are SGLang's
         return
-    from diagnoser.engines.sglang.versions import newest_on
-    from diagnoser.model import iso
-
     day = tl.meta.get("first_stamp")  # a log's first dated line (its span may hold no point)
     if not day:
         start, _ = tl.span()
         if start is None or start != start:
             return
-        day = (iso(start) or "")[:10]
-    got = newest_on(day)
+        day = _DAYS.get(start)
+        if day is None:
+            day = (iso(start) or "")[:10]
+            if len(_DAYS) > 4096:
+                _DAYS.clear()
+            _DAYS[start] = day
+    got = _NEWEST.get(day, _NEWEST)  # (the dict itself: not looked up yet)
+    if got is _NEWEST:
+        got = newest_on(day)
+        if len(_NEWEST) > 4096:
+            _NEWEST.clear()
+        _NEWEST[day] = got
     if got is not None:
         v, when = got
         version.at_most(v, f"the inputs start on {day}, before {'.'.join(map(str, v))} was released ({when}) or while it was in development")

@@ -45,6 +45,14 @@ def idle_times(tl: Timeline) -> np.ndarray:
     run, queue = tl.get("running_reqs"), tl.get("queue_reqs")
     if run is None or queue is None or not len(run) or not len(queue):
         return np.empty(0)
+    if _FAST:
+        ts = run.ts
+        if len(ts) == len(queue) and np.array_equal(ts, queue.ts) and bool((ts[1:] > ts[:-1]).all()):
+            return ts[(run.values == 0) & (queue.values == 0)]  # one time grid (a fleet's): the loop's points, in order
+    return _idle_times_reference(run, queue)
+
+
+def _idle_times_reference(run: Any, queue: Any) -> np.ndarray:
     q_at = dict(zip(queue.ts.tolist(), queue.values.tolist(), strict=True))
     return np.array(sorted(t for t, v in zip(run.ts.tolist(), run.values.tolist(), strict=True) if v == 0 and q_at.get(t) == 0))
 
@@ -112,12 +120,28 @@ def _base_of(src: str) -> str | None:
     return hit
 
 
+_RISING: dict[tuple[float, ...], bool] = {}
+
+
+def _increasing(bounds: tuple[float, ...]) -> bool:
+    """No bound at or below the one before (memoised: a pass asks it of every target's few bucket lists)."""
+    hit = _RISING.get(bounds)
+    if hit is None:
+        hit = not any(y <= x for x, y in zip(bounds, bounds[1:], strict=False))
+        if len(_RISING) > 64:
+            _RISING.clear()
+        _RISING[bounds] = hit
+    return hit
+
+
 def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]], idle: np.ndarray) -> bool:
     """True when :func:`bound_quantiles` would change no point of ``s`` (its loop's comparisons, without
     building the new points and sources); False when some point changes or the series is not plain (its points'
     sources name more than one histogram, or unsorted bounds): the loop then decides."""
-    srcs = set(s.sources.tolist())
-    bases = {_base_of(src) for src in srcs}
+    # the histograms its points' sources name: one per label in use (a source is a label, or a label and a
+    # line number, which adds no "[": the same histogram)
+    labels, lab, _line = s.sources.parts()
+    bases = {_base_of(labels[i]) for i in set(lab.tolist())}
     if len(bases) != 1:
         return False
     base = next(iter(bases))
@@ -126,7 +150,7 @@ def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tu
         bounds = default_ttft_bounds(vr)
     if not bounds:
         return True
-    if any(y <= x for x, y in zip(bounds, bounds[1:], strict=False)):
+    if not _increasing(bounds):
         return False
     # the loop's comparisons, on plain floats (a quantile series holds a few points: numpy's calls cost more)
     idle_l = idle.tolist()
@@ -198,15 +222,15 @@ def totals_from_zero(tl: Timeline, signals: set[str] | frozenset[str]) -> int:
     run = tl.get("running_reqs")
     if run is None or not len(run):
         return 0
-    steps = run.ts
     changed = 0
-    for (name, rank), s in list(tl.series.items()):
-        if name not in signals or not len(s):
+    for name, rank in [key for key in tl.series if key[0] in signals]:
+        s = tl.series[(name, rank)]
+        if not len(s):
             continue
-        k = int(np.searchsorted(steps, float(s.ts[0]), "left")) - 1
+        k = run.search(s.first_ts(), "left") - 1  # (numpy.searchsorted over its times)
         if k < 0:
             continue
-        t0 = float(steps[k])
+        t0 = float(run.ts[k])
         ts = [t0, *s.ts.tolist()]
         vals = [0.0, *s.values.tolist()]
         srcs = [f"{s.sources[0]} (not exported yet: 0)", *s.sources.tolist()]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from diagnoser import gcpause
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
+from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.fleet import queries as Q
 from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
@@ -568,12 +570,18 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             tl.set_config("served_model_name", key[2], "prometheus label model_name", override=False)
     missing_core = _missing(targets, failed)
     totals = {q.signal for q in plan if q.kind == "total"}
+    detected: dict[tuple[Any, ...], VersionRange] = {}  # what a target's names and labels tell, once per kind of target
     for key, tl in targets.keys.items():
         names = targets.names.get(key, set())
-        state = M.MetricsState(seen_names=names, label_names=targets.labels.get(key, set()),
-                               sched_labels=targets.sched.get(key), engine_types=targets.engine_types.get(key, set()),
-                               prerelease=bool(names & M.PRERELEASE_NAMES))
-        vr = M.detect_version(state)
+        labels, sched, engine_types = targets.labels.get(key, set()), targets.sched.get(key), targets.engine_types.get(key, set())
+        kind = (frozenset(names), frozenset(labels), None if sched is None else frozenset(sched), frozenset(engine_types))
+        vr = detected.get(kind)
+        if vr is None:
+            state = M.MetricsState(seen_names=names, label_names=labels, sched_labels=sched, engine_types=engine_types,
+                                   prerelease=bool(names & M.PRERELEASE_NAMES))
+            vr = detected[kind] = M.detect_version(state)
+        vr = VersionRange(vr.low, vr.high, vr.exact, None if vr.reasons is None else list(vr.reasons),
+                          None if vr.conflicts is None else list(vr.conflicts))  # (each target's own: finalize narrows it)
         finalize(tl, vr)
         bound_quantiles(tl, vr, buckets)  # a quantile past the time since the target was idle is "> its bucket's floor"
         totals_from_zero(tl, totals)  # a labelled counter that appears in the range was 0 before
@@ -700,9 +708,10 @@ def _pick_reference(result: list[Any], targets: _Targets, done: set[int]) -> lis
 
 def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]] | None:
     """:func:`_pick_reference` for a plain answer, the types checked once over all of it (every result a
-    dict with a ``metric`` dict of strings) and each target looked up by its key directly. None when
-    anything is not plain: the caller then takes the reference, which counts what it drops. Nothing is
-    changed here (targets are frozen while the answers are read: :meth:`_Targets.resolve` adds none)."""
+    dict with a ``metric`` dict of strings) and each target looked up by its key directly (the labels read
+    a column at a time). None when anything is not plain: the caller then takes the reference, which
+    counts what it drops. Nothing is changed here (targets are frozen while the answers are read:
+    :meth:`_Targets.resolve` adds none)."""
     if not result:
         return []
     if set(map(type, result)) != {dict}:
@@ -713,23 +722,41 @@ def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[di
         return None
     if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
         return None
-    keys = targets.keys
+    models = list(map(_get_model, metrics))
+    if not all(models):  # (an empty or missing model_name: the pre-release `name` label)
+        models = [m or n for m, n in zip(models, map(_get_name, metrics), strict=True)]
+    tls = list(map(targets.keys.get, zip(map(_get_job, metrics), map(_get_instance, metrics), models, strict=True)))
+    values = list(map(_get_values, result))
+    if all(tls) and not done:  # (a Timeline is always true)
+        return list(zip(metrics, tls, values, strict=True))
     resolve = targets.resolve
     picked: list[tuple[dict[str, str], Timeline, Any]] = []
-    for r, m in zip(result, metrics, strict=True):
-        get = m.get
-        tl = keys.get((get("job", ""), get("instance", ""), get("model_name") or get("name", "")))
+    for m, tl, v in zip(metrics, tls, values, strict=True):
         if tl is None:
             tl = resolve(m)  # a model-less series: its instance's only model
             if tl is None:
                 continue
         if id(tl) in done:
             continue
-        picked.append((m, tl, r.get("values")))
+        picked.append((m, tl, v))
     return picked
 
 
 _metric_of = itemgetter("metric")
+_get_job = methodcaller("get", "job", "")
+_get_instance = methodcaller("get", "instance", "")
+_get_model = methodcaller("get", "model_name")
+_get_name = methodcaller("get", "name", "")
+_get_values = methodcaller("get", "values")
+_get_dp = methodcaller("get", "dp_rank")
+_get_pp = methodcaller("get", "pp_rank")
+
+
+def _ranks(metrics: list[dict[str, str]]) -> list[str]:
+    """:func:`_rank` of each label set (one pass per label while every series is of a single scheduler)."""
+    if not any(map(_get_dp, metrics)) and set(map(_get_pp, metrics)) <= {None, "", "0"}:
+        return [""] * len(metrics)
+    return [_rank(m) for m in metrics]
 
 
 def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
@@ -738,48 +765,87 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
     Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
     lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
     exports the same numbers)."""
-    cache: dict[float, str] = {}
     picked = _pick(result, targets, done) if _BATCH else None
     if picked is None:
         picked = _pick_reference(result, targets, done)
-    arrays = _values_batch([p[2] for p in picked]) if _BATCH else None
+    flat = _values_flat([p[2] for p in picked]) if _BATCH else None
+    return _write(q, picked, flat, targets, done)
+
+
+class _Grids:
+    """The sources and time grids of one query's series: range results sit on the step grid, so the series
+    of one grid share its times and sources (encoded once), each holding only its values
+    (:meth:`Series.with_values`, :meth:`Series.with_rows`)."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.cache: dict[float, str] = {}
+        self.grids: dict[bytes, Series] = {}
+
+    def source(self, t: float) -> str:
+        s = self.cache.get(t)
+        if s is None:
+            s = self.cache[t] = f"prometheus@{iso(t)} {self.shown}"
+        return s
+
+    def grid(self, ts: np.ndarray) -> Series:
+        key = ts.tobytes()
+        grid = self.grids.get(key)
+        if grid is None:
+            grid = self.grids[key] = Series(ts, np.zeros(len(ts)), [self.source(t) for t in ts.tolist()])
+        return grid
+
+    def on_grid(self, ts: np.ndarray, vals: Any) -> Series:
+        return self.grid(ts).with_values(vals)
+
+
+def _write(q: Q.SignalQuery, picked: list[tuple[dict[str, str], Timeline, Any]],
+           flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None, targets: _Targets, done: set[int]) -> int:
+    """:func:`_ingest` once the series are picked: their points are the flat columns ``flat`` (see
+    :func:`_values_flat`: one pass over the answer), or, without them, each series' ``values`` read by
+    :func:`_values` (the reference, which counts what it drops)."""
+    ranks = _ranks([p[0] for p in picked]) if q.per_rank else [""] * len(picked)
+    grids = _Grids(q.shown)
+    if flat is not None and q.kind != "prefill" and len(set(zip(map(id, map(_second, picked)), ranks, strict=True))) == len(picked):
+        return _write_singles(q, [p[1] for p in picked], ranks, flat, grids, done)
+    if flat is not None:
+        ts_all, vs_all, ends = flat
+        size_l, end_l = np.diff(ends, prepend=0).tolist(), ends.tolist()
+
+    def points(k: Any) -> tuple[np.ndarray, np.ndarray]:
+        # a series' arrays: sliced from the flat columns (k: its index), or already read (k: the arrays)
+        if flat is None:
+            return k  # type: ignore[no-any-return]
+        a, b = end_l[k] - size_l[k], end_l[k]
+        return (ts_all[a:b], vs_all[a:b]) if b > a else (_EMPTY, _EMPTY)
+
     # (target, rank) → [timeline, its series by (TP rank, mode), or None while it has one series: then that
-    # series' arrays and labels]; one series, the common case, is written as it is (what the grouping gives)
+    # series (its index in the flat columns, or its arrays) and labels]; one series, the common case, is
+    # written as it is (what the grouping gives)
     groups: dict[tuple[int, str], list[Any]] = {}
     for k, (metric, tl, values) in enumerate(picked):
-        pts = arrays[k] if arrays is not None else _values(values, targets)
-        if not len(pts[0]):
-            continue
-        rank = _rank(metric) if q.per_rank else ""
+        if flat is not None:
+            if not size_l[k]:
+                continue
+            pts: Any = k
+        else:
+            pts = _values(values, targets)
+            if not len(pts[0]):
+                continue
+        rank = ranks[k]
         g = groups.get((id(tl), rank))
         if g is None:
             groups[(id(tl), rank)] = [tl, None, pts, metric]
             continue
         if g[1] is None:
-            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [g[2]]}
-        g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(pts)
+            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [points(g[2])]}
+        g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(points(pts))
     used = 0
     fresh: set[int] = set()
-
-    def source(t: float, shown: str = q.shown) -> str:
-        s = cache.get(t)
-        if s is None:
-            s = cache[t] = f"prometheus@{iso(t)} {shown}"
-        return s
-
-    grids: dict[bytes, Series] = {}
-
-    def on_grid(ts: np.ndarray, vals: Any) -> Series:
-        # range results sit on the step grid: the series of one grid share its times and sources (encoded
-        # once), each holding only its values (Series.with_values)
-        key = ts.tobytes()
-        grid = grids.get(key)
-        if grid is None:
-            grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
-        return grid.with_values(vals)
-
+    on_grid = grids.on_grid
     for (tid, rank), (tl, by_tp, one, metric) in groups.items():
         if by_tp is None:
+            one = points(one)
             if q.kind == "prefill":  # (split by mode)
                 by_tp = {(_tp(metric), _label(metric, "mode")): [one]}
             else:
@@ -789,7 +855,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             low = min(tp for tp, _m in by_tp)
             parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
             if q.kind == "prefill":
-                used += _prefill(tl, rank, q, parts, source)
+                used += _prefill(tl, rank, q, parts, grids.source)
                 fresh.add(tid)
                 continue
             lists = [v for vals in parts.values() for v in vals]
@@ -813,6 +879,77 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         used += n_used
     done.update(fresh)
     return used
+
+
+def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   grids: _Grids, done: set[int]) -> int:
+    """:func:`_write` when each picked series is the only one of its (target, rank) and the points are
+    flat columns (``q.kind`` is not "prefill"): what its grouping gives, the series of each time grid
+    written at once (:func:`_same_times`, :meth:`Series.with_rows`, the per-step counts of a "delta" query
+    from a whole matrix)."""
+    ts_all, vs_all, ends = flat
+    made: list[Series | None] = [None] * len(tls)  # each series, or its running total for a "delta" query
+    steps: list[Series | None] = [None] * len(tls)  # a "delta" query's per-step counts (None: one point)
+    delta = q.kind == "delta"
+    for members, times, vals in _same_times(ts_all, vs_all, ends, range(len(tls))):
+        for k, s in zip(members, grids.grid(times).with_rows(vals), strict=True):
+            made[k] = s
+        if delta and len(times) > 1:
+            cur, prev = vals[:, 1:], vals[:, :-1]
+            for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
+                steps[k] = s
+    used = 0
+    fresh: set[int] = set()
+    a = 0
+    for k, b in enumerate(ends.tolist()):
+        tl, rank, whole, step = tls[k], ranks[k], made[k], steps[k]
+        if whole is None:  # a series no other shares its times with, or an empty one
+            if b == a:
+                continue
+            t_arr, v_arr = ts_all[a:b], vs_all[a:b]
+            whole = grids.on_grid(t_arr, v_arr)
+            if delta and b - a > 1:
+                step = grids.on_grid(t_arr[1:], np.array(deltas(v_arr.tolist())))
+        a = b
+        if delta:
+            if q.total:
+                tl.series[(q.total, rank)] = whole
+            if step is None:
+                continue
+            whole = step
+        tl.series[(q.signal, rank)] = whole
+        fresh.add(id(tl))
+        used += 1
+    done.update(fresh)
+    return used
+
+
+def _same_times(ts: np.ndarray, vs: np.ndarray, ends: np.ndarray, which: Sequence[int]) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """The series ``which`` (indexes into the flat columns ``ts``/``vs``, series ``k`` ending at
+    ``ends[k]``) grouped by their times, compared exactly: ``(indexes, their times, their values a row
+    each)`` for each time grid two or more of them share. Empty series, and a series whose times no other
+    has, are left out."""
+    if len(which) < 2:
+        return []
+    k = np.asarray(which, dtype=np.int64)
+    size = ends[k] - np.where(k > 0, ends[k - 1], 0)
+    k, size = k[size > 0], size[size > 0]
+    start = ends[k] - size
+    first = ts[start]
+    order = np.lexsort((first, size))  # (stable: each grid's series stay in their order)
+    k, size, start, first = k[order], size[order], start[order], first[order]
+    cut = np.flatnonzero((size[1:] != size[:-1]) | (first[1:] != first[:-1])) + 1
+    out: list[tuple[list[int], np.ndarray, np.ndarray]] = []
+    for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(k)], strict=True):
+        if b - a < 2:
+            continue
+        at = start[a:b, None] + np.arange(int(size[a]))
+        times = ts[at]
+        same = (times == times[0]).all(axis=1)
+        if int(same.sum()) < 2:
+            continue
+        out.append((k[a:b][same].tolist(), times[0].copy(), vs[at[same]]))
+    return out
 
 
 def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[tuple[np.ndarray, np.ndarray]]], source: Any) -> int:

@@ -260,6 +260,32 @@ class Series:
         out._unsorted = False
         return out
 
+    def with_rows(self, rows: np.ndarray) -> list[Series]:
+        """:meth:`with_values` for each row of ``rows`` (2-D, a row per series, as many columns as points),
+        each series holding its row as it is instead of a copy (a read-only view of it, copied on the first
+        write like the shared times): a fleet's range query writes a whole time grid of series at once."""
+        rows = np.asarray(rows, dtype=_FLOAT)
+        lo, hi = self._lo, self._hi
+        if rows.ndim != 2 or rows.shape[1] != hi - lo:
+            raise ValueError(f"a series needs as many values as times (got rows of {rows.shape[1:]} and {hi - lo})")
+        if self._unsorted or lo != 0 or hi != len(self._t):
+            return [self.with_values(v) for v in rows]
+        t, lab, line, labels, ids, live = self._t, self._lab, self._line, self._labels, self._ids, self._live_labels
+        new = Series.__new__
+        out = []
+        for v in rows:
+            s = new(Series)
+            s._t, s._v, s._lab, s._line = t, v, lab, line
+            s._lo, s._hi = 0, hi
+            s._labels, s._ids = labels, ids
+            s._owner = False  # writing to it first copies (it must never write into the shared buffers)
+            s._views = None
+            s._exposed = True
+            s._live_labels = live
+            s._unsorted = False
+            out.append(s)
+        return out
+
     @classmethod
     def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
         """A series owning these columns (``lab`` indexes ``labels``)."""
