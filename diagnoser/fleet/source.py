@@ -32,7 +32,7 @@ from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.fleet import queries as Q
 from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
-from diagnoser.fleet.quantiles import quantile_rows
+from diagnoser.fleet.quantiles import Columns, quantile_columns, quantile_rows
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
@@ -184,6 +184,47 @@ class _Targets:
             tl.target = name
 
 
+def _discover(found: list[dict[str, str]], targets: _Targets) -> None:
+    """The targets of a ``series`` answer's label sets (dicts of strings; model-less ones last), with what
+    each tells of its target: label names, spellings, metric names, scheduler labels, engine types."""
+    keys, add, by_instance = targets.keys, targets.add, targets.by_instance
+    labels, spellings, names, sched, engine_types = targets.labels, targets.spellings, targets.names, targets.sched, targets.engine_types
+    probe = M.SCHEDULER_PROBE
+    for metric in found:
+        get = metric.get
+        key = (get("job", ""), get("instance", ""), get("model_name") or get("name", ""))  # (_Targets.key_of)
+        if not key[2]:
+            same = by_instance.get(key[:2], [])
+            if len(same) > 1:
+                continue  # ambiguous: several models behind one instance
+            key = same[0] if same else key
+        if key not in keys:
+            add(key)
+        have = labels.get(key)
+        if have is None:
+            have = labels[key] = set()
+        have.update(metric)
+        name = get("__name__", "")
+        have = spellings.get(key)
+        if have is None:
+            have = spellings[key] = set()
+        have.add(name[:7])
+        base = M.normalise(name)
+        if base:
+            have = names.get(key)
+            if have is None:
+                have = names[key] = set()
+            have.add(base)
+            if base in probe and key not in sched:
+                sched[key] = set(metric)
+        kind = get("engine_type")
+        if kind:
+            have = engine_types.get(key)
+            if have is None:
+                have = engine_types[key] = set()
+            have.add(kind)
+
+
 def _label(metric: dict[str, Any], name: str) -> str:
     v = metric.get(name, "")
     return v if isinstance(v, str) else ""
@@ -191,6 +232,9 @@ def _label(metric: dict[str, Any], name: str) -> str:
 
 def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
     """A ``series`` answer's label sets, each a dict of strings (anything else is dropped and counted)."""
+    if (isinstance(found, list) and set(map(type, found)) <= {dict}
+            and set(map(type, chain.from_iterable(found))) | set(map(type, chain.from_iterable(map(dict.values, found)))) <= {str}):
+        return list(found)  # (every label set plain: checked a column at a time)
     out: list[dict[str, str]] = []
     for m in found:
         if isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
@@ -244,18 +288,24 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
 def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Every point of ``lists`` (one ``values`` list per series) as two flat float64 columns and each
     series' end in them, with :func:`_values_batch`'s checks; None when anything is not plain."""
-    if not all(type(v) is list for v in lists):
+    if not set(map(type, lists)) <= {list}:
         return None
-    n = [len(v) for v in lists]
+    n = list(map(len, lists))
     total = sum(n)
     flat = list(chain.from_iterable(lists))
     try:
         times = list(map(_first, flat))
-        if set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
+        k = n[0] if n else 0
+        grid = times[:k]
+        if k and n.count(k) == len(n) and set(map(type, grid)) <= _NUMBER and 0 not in grid and times == grid * len(n):
+            # every series on one time grid (the usual range answer): its k times converted once (equal
+            # numbers, none of them zero, so no -0.0 among them: the same floats as converting each)
+            ts = np.tile(np.array(grid, np.float64), len(n))
+        elif set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
             ts = np.array(times, np.float64)
         else:
             ts = np.fromiter(map(float, times), np.float64, total)
-        del times
+        del times, grid
         vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         return None
@@ -374,24 +424,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # series with a model label first: a model-less one (radix-cache, HTTP collectors) then joins its
     # instance's only model instead of making a target of its own
     found.sort(key=lambda m: not (m.get("model_name") or m.get("name")))
-    for metric in found:
-        key = targets.key_of(metric)
-        if not key[2]:
-            same = targets.by_instance.get(key[:2], [])
-            if len(same) > 1:
-                continue  # ambiguous: several models behind one instance
-            key = same[0] if same else key
-        targets.add(key)
-        targets.labels.setdefault(key, set()).update(metric)
-        name = metric.get("__name__", "")
-        targets.spellings.setdefault(key, set()).add(name[:7])
-        base = M.normalise(name)
-        if base:
-            targets.names.setdefault(key, set()).add(base)
-            if base in M.SCHEDULER_PROBE and key not in targets.sched:
-                targets.sched[key] = set(metric)
-        if metric.get("engine_type"):
-            targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
+    _discover(found, targets)
     if not targets.keys:
         if not _add_vllm(api, matchers, win, col, rep):  # a fleet of vLLM servers only
             rep.errors += 1
@@ -478,7 +511,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                 return
             for q, raw, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
                 res = None  # (the previous answer's parsed lists are let go before this one is parsed)
-                if isinstance(raw, list):  # rows computed here (_quantiles_from_rates)
+                if isinstance(raw, list | Columns):  # rows computed here (_quantiles_from_rates)
                     res = raw
                 elif raw is not None:
                     try:
@@ -500,7 +533,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             timed_out = False
             if raw is not None:
                 try:
-                    rows = quantile_rows(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
+                    rows = (quantile_columns if _BATCH else quantile_rows)(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
                 except PromError as e:
                     err, timed_out = str(e), e.timeout
             elif job.signal in timed or "deadline" in err:  # (its own time, or the pass's, ran out)
@@ -714,6 +747,14 @@ def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[di
     :meth:`_Targets.resolve` adds none)."""
     if not result:
         return []
+    metrics = _plain_metrics(result)
+    if metrics is None:
+        return None
+    return _picked(metrics, list(map(_get_values, result)), targets, done)
+
+
+def _plain_metrics(result: list[Any]) -> list[dict[str, str]] | None:
+    """Each result's ``metric`` when every result is a dict whose ``metric`` is a dict of strings, else None."""
     if set(map(type, result)) != {dict}:
         return None
     try:
@@ -722,27 +763,36 @@ def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[di
         return None
     if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
         return None
-    models = list(map(_get_model, metrics))
-    if not all(models):  # (an empty or missing model_name: the pre-release `name` label)
-        models = [m or n for m, n in zip(models, map(_get_name, metrics), strict=True)]
-    tls = list(map(targets.keys.get, zip(map(_get_job, metrics), map(_get_instance, metrics), models, strict=True)))
-    values = list(map(_get_values, result))
+    return metrics
+
+
+def _picked(metrics: list[dict[str, str]], values: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]]:
+    """(labels, timeline, values) of each series whose target is known and not ``done`` (:func:`_pick`)."""
+    tls = _timelines(metrics, targets)
     if all(tls) and not done:  # (a Timeline is always true)
         return list(zip(metrics, tls, values, strict=True))
-    resolve = targets.resolve
-    picked: list[tuple[dict[str, str], Timeline, Any]] = []
-    for m, tl, v in zip(metrics, tls, values, strict=True):
-        if tl is None:
-            tl = resolve(m)  # a model-less series: its instance's only model
-            if tl is None:
-                continue
-        if id(tl) in done:
-            continue
-        picked.append((m, tl, v))
-    return picked
+    return [(m, tl, v) for m, tl, v in zip(metrics, tls, values, strict=True) if tl is not None and id(tl) not in done]
+
+
+def _timelines(metrics: list[dict[str, str]], targets: _Targets) -> list[Timeline | None]:
+    """:meth:`_Targets.resolve` of each label set (dicts of strings), looked up a column at a time."""
+    try:
+        keys = list(map(_job_instance_model, metrics))  # (a KeyError: some label is missing)
+        if not all(map(_third, keys)):  # an empty model_name: the pre-release `name` label
+            raise KeyError
+    except KeyError:
+        models = [m or n for m, n in zip(map(_get_model, metrics), map(_get_name, metrics), strict=True)]
+        keys = list(zip(map(_get_job, metrics), map(_get_instance, metrics), models, strict=True))
+    tls = list(map(targets.keys.get, keys))
+    if not all(tls):
+        resolve = targets.resolve
+        tls = [tl if tl is not None else resolve(m) for tl, m in zip(tls, metrics, strict=True)]  # a model-less series
+    return tls
 
 
 _metric_of = itemgetter("metric")
+_job_instance_model = itemgetter("job", "instance", "model_name")
+_third = itemgetter(2)
 _get_job = methodcaller("get", "job", "")
 _get_instance = methodcaller("get", "instance", "")
 _get_model = methodcaller("get", "model_name")
@@ -759,17 +809,51 @@ def _ranks(metrics: list[dict[str, str]]) -> list[str]:
     return [_rank(m) for m in metrics]
 
 
-def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
-    """Write one query's series into the timelines. Returns the number of series used.
+def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]] | Columns, targets: _Targets, done: set[int]) -> int:
+    """Write one query's series into the timelines (an answer's results, or quantiles computed here as
+    :class:`Columns`). Returns the number of series used.
 
     Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
     lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
     exports the same numbers)."""
+    if isinstance(result, Columns):
+        return _ingest_columns(q, result, targets, done)
     picked = _pick(result, targets, done) if _BATCH else None
     if picked is None:
         picked = _pick_reference(result, targets, done)
     flat = _values_flat([p[2] for p in picked]) if _BATCH else None
     return _write(q, picked, flat, targets, done)
+
+
+def _ingest_columns(q: Q.SignalQuery, cols: Columns, targets: _Targets, done: set[int]) -> int:
+    """:func:`_ingest` of quantiles computed here (:func:`quantile_columns`), as it reads their rows
+    (:meth:`Columns.rows`): NaN and infinite points dropped and counted as :func:`_values` does, series by series."""
+    picked = _picked(cols.metrics, list(range(len(cols.metrics))), targets, done)
+    sizes = np.diff(cols.ends, prepend=0)
+    ts, vs = cols.ts, cols.vs
+    if len(picked) < len(cols.metrics):  # the points of the picked series only, in order
+        k = np.array([p[2] for p in picked], dtype=np.int64)
+        n = sizes[k]
+        ends = np.cumsum(n, dtype=np.int64)
+        take = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - n - (cols.ends[k] - n), n)
+        ts, vs = ts[take], vs[take]
+    else:
+        n, ends = sizes, cols.ends
+    inner = np.ones(len(ts), dtype=bool)
+    inner[ends[:-1][ends[:-1] < len(ts)]] = False  # (a series' first point follows another series' last)
+    if len(ts) > 1 and bool(((ts[1:] < ts[:-1]) & inner[1:]).any()):
+        return _ingest(q, cols.rows(), targets, done)  # not in time order (never, from quantile_columns): as rows
+    good = np.isfinite(vs) & np.isfinite(ts)
+    if not good.all():  # what _values drops, counted in its order (series by series: NaN, then infinite)
+        which = np.repeat(np.arange(len(n)), n)
+        nan = np.isnan(vs)  # (a point whose time is not finite, its value finite, counts as infinite)
+        inf = ~good & ~nan
+        first = {kind: int(which[mask].min()) for kind, mask in (("nan", nan), ("inf", inf)) if mask.any()}
+        for kind in sorted(first, key=lambda kind: (first[kind], kind != "nan")):
+            targets.drop(kind, int((nan if kind == "nan" else inf).sum()))
+        ts, vs = ts[good], vs[good]
+        ends = np.cumsum(np.bincount(which[good], minlength=len(n)), dtype=np.int64)
+    return _write(q, picked, (ts, vs, ends), targets, done)
 
 
 class _Grids:
@@ -891,13 +975,20 @@ def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat
     made: list[Series | None] = [None] * len(tls)  # each series, or its running total for a "delta" query
     steps: list[Series | None] = [None] * len(tls)  # a "delta" query's per-step counts (None: one point)
     delta = q.kind == "delta"
+    filled = 0
     for members, times, vals in _same_times(ts_all, vs_all, ends, range(len(tls))):
+        filled += len(members)
         for k, s in zip(members, grids.grid(times).with_rows(vals), strict=True):
             made[k] = s
         if delta and len(times) > 1:
             cur, prev = vals[:, 1:], vals[:, :-1]
             for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
                 steps[k] = s
+    if not delta and filled == len(tls):  # every series on a shared grid (the usual answer)
+        for tl, rank, whole in zip(tls, ranks, made, strict=True):
+            tl.series[(q.signal, rank)] = whole  # type: ignore[assignment]
+        done.update(map(id, tls))
+        return len(tls)
     used = 0
     fresh: set[int] = set()
     a = 0
@@ -977,6 +1068,11 @@ def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[
 
 
 def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
+    facts = _config_facts(result, targets) if _BATCH else None
+    if facts is not None:
+        for tl, name, val, src in facts:
+            tl.set_config(name, val, src)
+        return
     for r in result:
         if not isinstance(r, dict) or not isinstance(r.get("metric"), dict):
             targets.drop("shape")
@@ -992,6 +1088,38 @@ def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
         ts, x = float(t_arr[-1]), float(v_arr[-1])
         val: Any = int(x) if x.is_integer() else x
         tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(ts)} sglang:{base}")
+
+
+def _config_facts(result: list[Any], targets: _Targets) -> list[tuple[Timeline, str, Any, str]] | None:
+    """The config facts :func:`_ingest_config` sets, in its order, for a plain answer (its series' labels
+    strings, every series it reads a non-empty list of finite points in time order, :func:`_values_flat`);
+    None otherwise: the caller then takes the loop, which counts what it drops."""
+    if not result:
+        return []
+    metrics = _plain_metrics(result)
+    if metrics is None:
+        return None
+    keep: list[tuple[Timeline, str]] = []
+    lists: list[Any] = []
+    for r, m, tl in zip(result, metrics, _timelines(metrics, targets), strict=True):
+        base = M.normalise(m.get("__name__", ""))
+        if tl is None or base not in M.CONFIG_GAUGES or M.rank_key(m) not in ("", "dp0"):
+            continue
+        keep.append((tl, base))  # type: ignore[arg-type]
+        lists.append(r.get("values"))
+    flat = _values_flat(lists)
+    if flat is None or (len(lists) and not bool((np.diff(flat[2], prepend=0) > 0).all())):
+        return None  # (an empty list: the loop reads the result's "value" instead)
+    ts, vs, ends = flat
+    last = ends - 1
+    shown: dict[float, str] = {}
+    out: list[tuple[Timeline, str, Any, str]] = []
+    for (tl, base), t, x in zip(keep, ts[last].tolist(), vs[last].tolist(), strict=True):
+        when = shown.get(t)
+        if when is None:
+            when = shown[t] = f"prometheus@{iso(t)}"
+        out.append((tl, M.CONFIG_GAUGES[base], int(x) if x.is_integer() else x, f"{when} sglang:{base}"))
+    return out
 
 
 def _missing(targets: _Targets, failed: dict[str, str]) -> list[str]:
