@@ -30,7 +30,13 @@ from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.fleet import queries as Q
-from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
+from diagnoser.fleet.bounds import (
+    bound_quantiles,
+    bucket_query,
+    quiet_targets,
+    shared_bounds,
+    totals_from_zero,
+)
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
 from diagnoser.fleet.quantiles import Columns, quantile_columns, quantile_rows
 from diagnoser.model import InputReport, iso
@@ -140,6 +146,9 @@ class _Targets:
         # values and results dropped, by kind: nan, inf (±Inf, 1e309), junk (not a number), shape (a result
         # that is not {"metric": {…}, "values": […]})
         self.dropped: dict[str, int] = {}
+        # series written a time grid at a time (rank ""): signal → (timelines, their series, the grid's times,
+        # their values a row each), for bounds.quiet_targets
+        self.rows: dict[str, list[tuple[list[Timeline], list[Series], np.ndarray, np.ndarray]]] = {}
 
     def drop(self, kind: str, n: int = 1) -> None:
         self.dropped[kind] = self.dropped.get(kind, 0) + n
@@ -187,42 +196,51 @@ class _Targets:
 def _discover(found: list[dict[str, str]], targets: _Targets) -> None:
     """The targets of a ``series`` answer's label sets (dicts of strings; model-less ones last), with what
     each tells of its target: label names, spellings, metric names, scheduler labels, engine types."""
-    keys, add, by_instance = targets.keys, targets.add, targets.by_instance
-    labels, spellings, names, sched, engine_types = targets.labels, targets.spellings, targets.names, targets.sched, targets.engine_types
-    probe = M.SCHEDULER_PROBE
+    per: dict[tuple[str, str, str], list[dict[str, str]]] = {}  # the series with a model label, by target
+    rest: list[dict[str, str]] = []
     for metric in found:
         get = metric.get
         key = (get("job", ""), get("instance", ""), get("model_name") or get("name", ""))  # (_Targets.key_of)
-        if not key[2]:
-            same = by_instance.get(key[:2], [])
-            if len(same) > 1:
-                continue  # ambiguous: several models behind one instance
-            key = same[0] if same else key
-        if key not in keys:
-            add(key)
-        have = labels.get(key)
-        if have is None:
-            have = labels[key] = set()
-        have.update(metric)
-        name = get("__name__", "")
-        have = spellings.get(key)
-        if have is None:
-            have = spellings[key] = set()
-        have.add(name[:7])
+        if key[2]:
+            have = per.get(key)
+            if have is None:
+                per[key] = [metric]
+            else:
+                have.append(metric)
+        else:
+            rest.append(metric)
+    normalise, probe = M.normalise, M.SCHEDULER_PROBE
+    for key, ms in per.items():  # (in order of appearance)
+        targets.add(key)
+        targets.labels[key] = set().union(*ms)
+        names = [m.get("__name__", "") for m in ms]
+        targets.spellings[key] = {n[:7] for n in names}
+        bases = [normalise(n) for n in names]
+        if any(bases):
+            targets.names[key] = {b for b in bases if b}
+            sched = next((m for m, b in zip(ms, bases, strict=True) if b in probe), None)
+            if sched is not None:
+                targets.sched[key] = set(sched)
+        kinds = [m["engine_type"] for m in ms if m.get("engine_type")]
+        if kinds:
+            targets.engine_types[key] = set(kinds)
+    for metric in rest:  # a model-less series (radix-cache, HTTP collectors): its instance's only model
+        key = targets.key_of(metric)
+        same = targets.by_instance.get(key[:2], [])
+        if len(same) > 1:
+            continue  # ambiguous: several models behind one instance
+        key = same[0] if same else key
+        targets.add(key)
+        targets.labels.setdefault(key, set()).update(metric)
+        name = metric.get("__name__", "")
+        targets.spellings.setdefault(key, set()).add(name[:7])
         base = M.normalise(name)
         if base:
-            have = names.get(key)
-            if have is None:
-                have = names[key] = set()
-            have.add(base)
-            if base in probe and key not in sched:
-                sched[key] = set(metric)
-        kind = get("engine_type")
-        if kind:
-            have = engine_types.get(key)
-            if have is None:
-                have = engine_types[key] = set()
-            have.add(kind)
+            targets.names.setdefault(key, set()).add(base)
+            if base in M.SCHEDULER_PROBE and key not in targets.sched:
+                targets.sched[key] = set(metric)
+        if metric.get("engine_type"):
+            targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
 
 
 def _label(metric: dict[str, Any], name: str) -> str:
@@ -585,6 +603,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             buckets = {}
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        # handle and _quantiles_from_rates call each other: unbound here, their cycle does not keep this
+        # pass's locals (the targets' tables, the plan) alive until the next cyclic collection
+        handle = _quantiles_from_rates = None  # type: ignore[assignment]
     if late or api.cut:
         col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 2} queries before the "
                                     f"pass's deadline ({PASS_QUERIES} x {api.timeout + DEADLINE_GRACE_S:g} s); their signals are missing.")
@@ -604,6 +625,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     missing_core = _missing(targets, failed)
     totals = {q.signal for q in plan if q.kind == "total"}
     detected: dict[tuple[Any, ...], VersionRange] = {}  # what a target's names and labels tell, once per kind of target
+    versions: dict[int, VersionRange] = {}
     for key, tl in targets.keys.items():
         names = targets.names.get(key, set())
         labels, sched, engine_types = targets.labels.get(key, set()), targets.sched.get(key), targets.engine_types.get(key, set())
@@ -613,10 +635,17 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             state = M.MetricsState(seen_names=names, label_names=labels, sched_labels=sched, engine_types=engine_types,
                                    prerelease=bool(names & M.PRERELEASE_NAMES))
             vr = detected[kind] = M.detect_version(state)
-        vr = VersionRange(vr.low, vr.high, vr.exact, None if vr.reasons is None else list(vr.reasons),
-                          None if vr.conflicts is None else list(vr.conflicts))  # (each target's own: finalize narrows it)
+        vr = versions[id(tl)] = VersionRange(vr.low, vr.high, vr.exact, None if vr.reasons is None else list(vr.reasons),
+                                             None if vr.conflicts is None else list(vr.conflicts))  # (each target's own: finalize narrows it)
         finalize(tl, vr)
-        bound_quantiles(tl, vr, buckets)  # a quantile past the time since the target was idle is "> its bucket's floor"
+    # a quantile past the time since the target was idle is "> its bucket's floor": the targets none of whose
+    # quantiles can be are found a time grid at a time (bounds.quiet_targets), the others each looked at
+    quiet = quiet_targets(list(targets.keys.values()), targets.rows, versions, buckets) if _BATCH else set()  # type: ignore[arg-type]
+    targets.rows.clear()
+    for key, tl in targets.keys.items():
+        vr = versions[id(tl)]
+        if id(tl) not in quiet:
+            bound_quantiles(tl, vr, buckets)
         totals_from_zero(tl, totals)  # a labelled counter that appears in the range was 0 before
         tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
         tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))
@@ -891,7 +920,7 @@ def _write(q: Q.SignalQuery, picked: list[tuple[dict[str, str], Timeline, Any]],
     ranks = _ranks([p[0] for p in picked]) if q.per_rank else [""] * len(picked)
     grids = _Grids(q.shown)
     if flat is not None and q.kind != "prefill" and len(set(zip(map(id, map(_second, picked)), ranks, strict=True))) == len(picked):
-        return _write_singles(q, [p[1] for p in picked], ranks, flat, grids, done)
+        return _write_singles(q, [p[1] for p in picked], ranks, flat, grids, done, targets.rows)
     if flat is not None:
         ts_all, vs_all, ends = flat
         size_l, end_l = np.diff(ends, prepend=0).tolist(), ends.tolist()
@@ -966,27 +995,32 @@ def _write(q: Q.SignalQuery, picked: list[tuple[dict[str, str], Timeline, Any]],
 
 
 def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[np.ndarray, np.ndarray, np.ndarray],
-                   grids: _Grids, done: set[int]) -> int:
+                   grids: _Grids, done: set[int], rows: dict[str, list[Any]]) -> int:
     """:func:`_write` when each picked series is the only one of its (target, rank) and the points are
     flat columns (``q.kind`` is not "prefill"): what its grouping gives, the series of each time grid
     written at once (:func:`_same_times`, :meth:`Series.with_rows`, the per-step counts of a "delta" query
-    from a whole matrix)."""
+    from a whole matrix). The grids of rank "" are noted in ``rows`` (:attr:`_Targets.rows`)."""
     ts_all, vs_all, ends = flat
     made: list[Series | None] = [None] * len(tls)  # each series, or its running total for a "delta" query
     steps: list[Series | None] = [None] * len(tls)  # a "delta" query's per-step counts (None: one point)
     delta = q.kind == "delta"
     filled = 0
+    note = not delta and not any(ranks)
     for members, times, vals in _same_times(ts_all, vs_all, ends, range(len(tls))):
         filled += len(members)
-        for k, s in zip(members, grids.grid(times).with_rows(vals), strict=True):
+        series = grids.grid(times).with_rows(vals)
+        for k, s in zip(members, series, strict=True):
             made[k] = s
+        if note:
+            rows.setdefault(q.signal, []).append(([tls[k] for k in members], series, times, vals))
         if delta and len(times) > 1:
             cur, prev = vals[:, 1:], vals[:, :-1]
             for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
                 steps[k] = s
     if not delta and filled == len(tls):  # every series on a shared grid (the usual answer)
+        keys = {rank: (q.signal, rank) for rank in set(ranks)}  # (one key per rank: fewer objects to hold)
         for tl, rank, whole in zip(tls, ranks, made, strict=True):
-            tl.series[(q.signal, rank)] = whole  # type: ignore[assignment]
+            tl.series[keys[rank]] = whole  # type: ignore[assignment]
         done.update(map(id, tls))
         return len(tls)
     used = 0
