@@ -224,12 +224,18 @@ def _discover(found: list[dict[str, str]], targets: _Targets) -> None:
         kinds = [m["engine_type"] for m in ms if m.get("engine_type")]
         if kinds:
             targets.engine_types[key] = set(kinds)
-    for metric in rest:  # a model-less series (radix-cache, HTTP collectors): its instance's only model
+    _discover_reference(rest, targets)  # the model-less series (radix-cache, HTTP collectors): each its instance's only model
+
+
+def _discover_reference(found: list[dict[str, str]], targets: _Targets) -> None:
+    """:func:`_discover` a series at a time (the reference; tests/test_fleet_speed_paths.py)."""
+    for metric in found:
         key = targets.key_of(metric)
-        same = targets.by_instance.get(key[:2], [])
-        if len(same) > 1:
-            continue  # ambiguous: several models behind one instance
-        key = same[0] if same else key
+        if not key[2]:
+            same = targets.by_instance.get(key[:2], [])
+            if len(same) > 1:
+                continue  # ambiguous: several models behind one instance
+            key = same[0] if same else key
         targets.add(key)
         targets.labels.setdefault(key, set()).update(metric)
         name = metric.get("__name__", "")
@@ -250,7 +256,7 @@ def _label(metric: dict[str, Any], name: str) -> str:
 
 def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
     """A ``series`` answer's label sets, each a dict of strings (anything else is dropped and counted)."""
-    if (isinstance(found, list) and set(map(type, found)) <= {dict}
+    if (_BATCH and isinstance(found, list) and set(map(type, found)) <= {dict}
             and set(map(type, chain.from_iterable(found))) | set(map(type, chain.from_iterable(map(dict.values, found)))) <= {str}):
         return list(found)  # (every label set plain: checked a column at a time)
     out: list[dict[str, str]] = []
@@ -306,6 +312,48 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
 def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Every point of ``lists`` (one ``values`` list per series) as two flat float64 columns and each
     series' end in them, with :func:`_values_batch`'s checks; None when anything is not plain."""
+    got = _converted(lists)
+    if got is None or not (np.isfinite(got[0]).all() and np.isfinite(got[1]).all()) or not _in_order(got[0], got[2]):
+        return None
+    return got
+
+
+def _values_kept(lists: list[Any], targets: _Targets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_values_flat`, NaN and infinite points dropped and counted as :func:`_values` drops them
+    series by series; None (nothing counted) when a point does not convert or a series is out of order."""
+    got = _converted(lists)
+    return None if got is None else _kept(*got, targets)
+
+
+def _kept(ts: np.ndarray, vs: np.ndarray, ends: np.ndarray, targets: _Targets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Flat columns (series k ending at ``ends[k]``) less their NaN and infinite points, counted as
+    :func:`_values` counts them; None (nothing counted) when a series is out of order."""
+    good = np.isfinite(ts) & np.isfinite(vs)
+    if good.all():
+        return (ts, vs, ends) if _in_order(ts, ends) else None
+    n = np.diff(ends, prepend=0)
+    which = np.repeat(np.arange(len(n)), n)
+    kept = np.cumsum(np.bincount(which[good], minlength=len(n)), dtype=np.int64)
+    if not _in_order(ts[good], kept):
+        return None
+    _count_dropped(vs, good, which, targets)
+    return ts[good], vs[good], kept
+
+
+def _count_dropped(vs: np.ndarray, good: np.ndarray, which: np.ndarray, targets: _Targets) -> None:
+    """Count the points not ``good`` as :func:`_values` does, series by series (``which``: each point's
+    series): a NaN value as "nan", any other as "inf" (each kind first counted where its first series is)."""
+    nan = np.isnan(vs)  # (a point whose time is not finite, its value finite, counts as infinite)
+    inf = ~good & ~nan
+    first = {kind: int(which[mask].min()) for kind, mask in (("nan", nan), ("inf", inf)) if mask.any()}
+    for kind in sorted(first, key=lambda kind: (first[kind], kind != "nan")):
+        targets.drop(kind, int((nan if kind == "nan" else inf).sum()))
+
+
+def _converted(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every point of ``lists`` converted as :func:`_values` converts it (``float`` of the time and of the
+    value), as flat float64 columns and each series' end in them; None when a point does not convert or a
+    ``values`` is not a list."""
     if not set(map(type, lists)) <= {list}:
         return None
     n = list(map(len, lists))
@@ -327,17 +375,18 @@ def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
         vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         return None
-    del flat
-    if not (np.isfinite(ts).all() and np.isfinite(vs).all()):
-        return None
-    ends = np.cumsum(n, dtype=np.int64)
-    if total > 1:
-        back = ts[1:] < ts[:-1]
-        inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
-        back[inner] = False
-        if bool(back.any()):
-            return None
-    return ts, vs, ends
+    return ts, vs, np.cumsum(n, dtype=np.int64)
+
+
+def _in_order(ts: np.ndarray, ends: np.ndarray) -> bool:
+    """Each series' times (series k ends at ``ends[k]``) in order (equal times too)."""
+    total = len(ts)
+    if total < 2:
+        return True
+    back = ts[1:] < ts[:-1]
+    inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
+    back[inner] = False
+    return not bool(back.any())
 
 
 def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -442,7 +491,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # series with a model label first: a model-less one (radix-cache, HTTP collectors) then joins its
     # instance's only model instead of making a target of its own
     found.sort(key=lambda m: not (m.get("model_name") or m.get("name")))
-    _discover(found, targets)
+    (_discover if _BATCH else _discover_reference)(found, targets)
     if not targets.keys:
         if not _add_vllm(api, matchers, win, col, rep):  # a fleet of vLLM servers only
             rep.errors += 1
@@ -630,7 +679,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         names = targets.names.get(key, set())
         labels, sched, engine_types = targets.labels.get(key, set()), targets.sched.get(key), targets.engine_types.get(key, set())
         kind = (frozenset(names), frozenset(labels), None if sched is None else frozenset(sched), frozenset(engine_types))
-        vr = detected.get(kind)
+        vr = detected.get(kind) if _BATCH else None
         if vr is None:
             state = M.MetricsState(seen_names=names, label_names=labels, sched_labels=sched, engine_types=engine_types,
                                    prerelease=bool(names & M.PRERELEASE_NAMES))
@@ -850,7 +899,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]] | Columns, targets: _
     picked = _pick(result, targets, done) if _BATCH else None
     if picked is None:
         picked = _pick_reference(result, targets, done)
-    flat = _values_flat([p[2] for p in picked]) if _BATCH else None
+    flat = _values_kept([p[2] for p in picked], targets) if _BATCH else None
     return _write(q, picked, flat, targets, done)
 
 
@@ -867,21 +916,11 @@ def _ingest_columns(q: Q.SignalQuery, cols: Columns, targets: _Targets, done: se
         take = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - n - (cols.ends[k] - n), n)
         ts, vs = ts[take], vs[take]
     else:
-        n, ends = sizes, cols.ends
-    inner = np.ones(len(ts), dtype=bool)
-    inner[ends[:-1][ends[:-1] < len(ts)]] = False  # (a series' first point follows another series' last)
-    if len(ts) > 1 and bool(((ts[1:] < ts[:-1]) & inner[1:]).any()):
+        ends = cols.ends
+    kept = _kept(ts, vs, ends, targets)
+    if kept is None:
         return _ingest(q, cols.rows(), targets, done)  # not in time order (never, from quantile_columns): as rows
-    good = np.isfinite(vs) & np.isfinite(ts)
-    if not good.all():  # what _values drops, counted in its order (series by series: NaN, then infinite)
-        which = np.repeat(np.arange(len(n)), n)
-        nan = np.isnan(vs)  # (a point whose time is not finite, its value finite, counts as infinite)
-        inf = ~good & ~nan
-        first = {kind: int(which[mask].min()) for kind, mask in (("nan", nan), ("inf", inf)) if mask.any()}
-        for kind in sorted(first, key=lambda kind: (first[kind], kind != "nan")):
-            targets.drop(kind, int((nan if kind == "nan" else inf).sum()))
-        ts, vs = ts[good], vs[good]
-        ends = np.cumsum(np.bincount(which[good], minlength=len(n)), dtype=np.int64)
+    ts, vs, ends = kept
     return _write(q, picked, (ts, vs, ends), targets, done)
 
 
@@ -956,7 +995,22 @@ def _write(q: Q.SignalQuery, picked: list[tuple[dict[str, str], Timeline, Any]],
     used = 0
     fresh: set[int] = set()
     on_grid = grids.on_grid
+    made: list[Series | None] = []
+    if flat is not None and q.kind != "prefill":  # the single series of a target and rank: a time grid at a time
+        made, steps, _n = _made(q, [p[1] for p in picked], ranks, flat, [g[2] for g in groups.values() if g[1] is None], grids, targets.rows)
     for (tid, rank), (tl, by_tp, one, metric) in groups.items():
+        if by_tp is None and made and made[one] is not None:
+            whole, step = made[one], steps[one]
+            if q.kind == "delta":
+                if q.total:
+                    tl.series[(q.total, rank)] = whole  # type: ignore[assignment]
+                if step is None:
+                    continue
+                whole = step
+            tl.series[(q.signal, rank)] = whole  # type: ignore[assignment]
+            fresh.add(tid)
+            used += 1
+            continue
         if by_tp is None:
             one = points(one)
             if q.kind == "prefill":  # (split by mode)
@@ -1001,22 +1055,8 @@ def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat
     written at once (:func:`_same_times`, :meth:`Series.with_rows`, the per-step counts of a "delta" query
     from a whole matrix). The grids of rank "" are noted in ``rows`` (:attr:`_Targets.rows`)."""
     ts_all, vs_all, ends = flat
-    made: list[Series | None] = [None] * len(tls)  # each series, or its running total for a "delta" query
-    steps: list[Series | None] = [None] * len(tls)  # a "delta" query's per-step counts (None: one point)
     delta = q.kind == "delta"
-    filled = 0
-    note = not delta and not any(ranks)
-    for members, times, vals in _same_times(ts_all, vs_all, ends, range(len(tls))):
-        filled += len(members)
-        series = grids.grid(times).with_rows(vals)
-        for k, s in zip(members, series, strict=True):
-            made[k] = s
-        if note:
-            rows.setdefault(q.signal, []).append(([tls[k] for k in members], series, times, vals))
-        if delta and len(times) > 1:
-            cur, prev = vals[:, 1:], vals[:, :-1]
-            for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
-                steps[k] = s
+    made, steps, filled = _made(q, tls, ranks, flat, range(len(tls)), grids, rows)
     if not delta and filled == len(tls):  # every series on a shared grid (the usual answer)
         keys = {rank: (q.signal, rank) for rank in set(ranks)}  # (one key per rank: fewer objects to hold)
         for tl, rank, whole in zip(tls, ranks, made, strict=True):
@@ -1047,6 +1087,35 @@ def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat
         used += 1
     done.update(fresh)
     return used
+
+
+def _made(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[np.ndarray, np.ndarray, np.ndarray],
+          which: Sequence[int], grids: _Grids, rows: dict[str, list[Any]]) -> tuple[list[Series | None], list[Series | None], int]:
+    """The series ``which`` (each the only one of its target and rank) made a time grid at a time
+    (:func:`_same_times`, :meth:`Series.with_rows`): each series (for a "delta" query its running total),
+    a "delta" query's per-step counts (None: one point; the differences of a whole matrix), and how many
+    were made; those of a grid no other series shares are left None. The grids of rank "" are noted in
+    ``rows`` (:attr:`_Targets.rows`)."""
+    ts_all, vs_all, ends = flat
+    made: list[Series | None] = [None] * len(tls)
+    steps: list[Series | None] = [None] * len(tls)
+    delta = q.kind == "delta"
+    filled = 0
+    for members, times, vals in _same_times(ts_all, vs_all, ends, which):
+        filled += len(members)
+        series = grids.grid(times).with_rows(vals)
+        for k, s in zip(members, series, strict=True):
+            made[k] = s
+        if not delta:
+            pick = [j for j, k in enumerate(members) if not ranks[k]]
+            if pick:
+                rows.setdefault(q.signal, []).append(([tls[members[j]] for j in pick], [series[j] for j in pick], times,
+                                                      vals if len(pick) == len(members) else vals[pick]))
+        if delta and len(times) > 1:
+            cur, prev = vals[:, 1:], vals[:, :-1]
+            for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
+                steps[k] = s
+    return made, steps, filled
 
 
 def _same_times(ts: np.ndarray, vs: np.ndarray, ends: np.ndarray, which: Sequence[int]) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
