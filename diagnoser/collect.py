@@ -95,8 +95,8 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
     # a pool size read from a series also counts as a config fact
     if "max_total_tokens" not in tl.config:
         s = tl.get("max_total_tokens")
-        if s is not None and math.isfinite(float(s.values[-1])):
-            tl.set_config("max_total_tokens", int(float(s.values[-1])), s.sources[-1])
+        if s is not None and math.isfinite(s.last_value()):
+            tl.set_config("max_total_tokens", int(s.last_value()), s.last_source())
     if "max_total_tokens" not in tl.config and "kv_pool_tokens_log" in tl.config:
         f = tl.config["kv_pool_tokens_log"]
         tl.set_config("max_total_tokens", f.value, f.source)

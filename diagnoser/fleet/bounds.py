@@ -179,7 +179,20 @@ def quiet_targets(timelines: list[Timeline], rows: dict[str, list[tuple[list[Tim
     written so on one grid). ``versions``: each timeline's version range (the TTFT buckets assumed when
     none were read). A target not in the set may change (or was not written so): the caller bounds it."""
     out = _still_rows(rows, versions, buckets or {})
-    return {id(tl) for tl in timelines if out.get(id(tl), 0) == sum(1 for name, rank in tl.series if rank == "" and _quantile_stem(name))}
+    if len(_QUANTILE_KEYS) > 4096:
+        _QUANTILE_KEYS.clear()
+    return {id(tl) for tl in timelines if out.get(id(tl), 0) == sum(map(_QUANTILE_KEYS.__getitem__, tl.series))}
+
+
+class _QuantileKeys(dict[tuple[str, str], bool]):
+    """(signal, rank) → whether :func:`bound_quantiles` looks at that series (rank "", a quantile's name), memoised."""
+
+    def __missing__(self, key: tuple[str, str]) -> bool:
+        hit = self[key] = key[1] == "" and _quantile_stem(key[0]) is not None
+        return hit
+
+
+_QUANTILE_KEYS = _QuantileKeys()
 
 
 def _still_rows(rows: dict[str, list[tuple[list[Timeline], list[Any], np.ndarray, np.ndarray]]], versions: dict[int, VersionRange | None],

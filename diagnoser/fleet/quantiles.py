@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import itemgetter, methodcaller, ne
+from operator import itemgetter, ne
 from typing import Any
 
 import numpy as np
@@ -221,8 +221,6 @@ class Columns:
 
 _group_key = itemgetter(*GROUP_LABELS[:3])
 _le = itemgetter("le")
-_get_le = methodcaller("get", "le")
-_GETS = [methodcaller("get", k, "") for k in GROUP_LABELS]
 
 
 def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Columns] | None:
@@ -242,7 +240,7 @@ def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Co
     try:
         les_text: list[Any] = list(map(_le, metrics))
     except KeyError:
-        les_text = list(map(_get_le, metrics))
+        les_text = list(map(dict.get, metrics, repeat("le")))
     bound_of: dict[str, float | None] = {}
     for le in set(les_text):
         if type(le) is not str:
@@ -255,7 +253,7 @@ def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Co
         if any(map(dict.__contains__, metrics, repeat("name"))):
             raise KeyError
     except KeyError:  # (job, instance, model_name, name), "" for a missing one
-        keys = list(zip(*(map(get, metrics) for get in _GETS), strict=True))
+        keys = list(zip(*(map(dict.get, metrics, repeat(k), repeat("")) for k in GROUP_LABELS), strict=True))
     # each group's index, in order of appearance: the series of one group are next to each other in an
     # answer (sorted by labels), so only the first of each run is looked up
     new_run = list(map(ne, keys[1:], keys[:-1]))

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import itemgetter, methodcaller
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -209,16 +209,24 @@ def _discover(found: list[dict[str, str]], targets: _Targets) -> None:
                 have.append(metric)
         else:
             rest.append(metric)
-    normalise, probe = M.normalise, M.SCHEDULER_PROBE
+    probe = M.SCHEDULER_PROBE
+    told: dict[str, tuple[str, str | None, bool]] = {}  # metric name → (spelling, base, a scheduler gauge)
     for key, ms in per.items():  # (in order of appearance)
         targets.add(key)
         targets.labels[key] = set().union(*ms)
-        names = [m.get("__name__", "") for m in ms]
-        targets.spellings[key] = {n[:7] for n in names}
-        bases = [normalise(n) for n in names]
-        if any(bases):
-            targets.names[key] = {b for b in bases if b}
-            sched = next((m for m, b in zip(ms, bases, strict=True) if b in probe), None)
+        tells = []
+        for m in ms:
+            name = m.get("__name__", "")
+            tell = told.get(name)
+            if tell is None:
+                base = M.normalise(name)
+                tell = told[name] = (name[:7], base, bool(base) and base in probe)
+            tells.append(tell)
+        targets.spellings[key] = {t[0] for t in tells}
+        bases = {t[1] for t in tells if t[1]}
+        if bases:
+            targets.names[key] = bases  # type: ignore[assignment]
+            sched = next((m for m, t in zip(ms, tells, strict=True) if t[2]), None)
             if sched is not None:
                 targets.sched[key] = set(sched)
         kinds = [m["engine_type"] for m in ms if m.get("engine_type")]
@@ -828,7 +836,7 @@ def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[di
     metrics = _plain_metrics(result)
     if metrics is None:
         return None
-    return _picked(metrics, list(map(_get_values, result)), targets, done)
+    return _picked(metrics, list(_column(result, "values")), targets, done)
 
 
 def _plain_metrics(result: list[Any]) -> list[dict[str, str]] | None:
@@ -859,8 +867,8 @@ def _timelines(metrics: list[dict[str, str]], targets: _Targets) -> list[Timelin
         if not all(map(_third, keys)):  # an empty model_name: the pre-release `name` label
             raise KeyError
     except KeyError:
-        models = [m or n for m, n in zip(map(_get_model, metrics), map(_get_name, metrics), strict=True)]
-        keys = list(zip(map(_get_job, metrics), map(_get_instance, metrics), models, strict=True))
+        models = [m or n for m, n in zip(_column(metrics, "model_name"), _column(metrics, "name", ""), strict=True)]
+        keys = list(zip(_column(metrics, "job", ""), _column(metrics, "instance", ""), models, strict=True))
     tls = list(map(targets.keys.get, keys))
     if not all(tls):
         resolve = targets.resolve
@@ -871,18 +879,16 @@ def _timelines(metrics: list[dict[str, str]], targets: _Targets) -> list[Timelin
 _metric_of = itemgetter("metric")
 _job_instance_model = itemgetter("job", "instance", "model_name")
 _third = itemgetter(2)
-_get_job = methodcaller("get", "job", "")
-_get_instance = methodcaller("get", "instance", "")
-_get_model = methodcaller("get", "model_name")
-_get_name = methodcaller("get", "name", "")
-_get_values = methodcaller("get", "values")
-_get_dp = methodcaller("get", "dp_rank")
-_get_pp = methodcaller("get", "pp_rank")
+
+
+def _column(dicts: list[dict[str, Any]], key: str, default: Any = None) -> Iterator[Any]:
+    """``d.get(key, default)`` of each dict, a column at a time (map over ``dict.get``: no Python call each)."""
+    return map(dict.get, dicts, repeat(key), repeat(default))
 
 
 def _ranks(metrics: list[dict[str, str]]) -> list[str]:
     """:func:`_rank` of each label set (one pass per label while every series is of a single scheduler)."""
-    if not any(map(_get_dp, metrics)) and set(map(_get_pp, metrics)) <= {None, "", "0"}:
+    if not any(_column(metrics, "dp_rank")) and set(_column(metrics, "pp_rank")) <= {None, "", "0"}:
         return [""] * len(metrics)
     return [_rank(m) for m in metrics]
 
@@ -1107,7 +1113,7 @@ def _made(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[n
         for k, s in zip(members, series, strict=True):
             made[k] = s
         if not delta:
-            pick = [j for j, k in enumerate(members) if not ranks[k]]
+            pick = list(range(len(members))) if not any(ranks) else [j for j, k in enumerate(members) if not ranks[k]]
             if pick:
                 rows.setdefault(q.signal, []).append(([tls[members[j]] for j in pick], [series[j] for j in pick], times,
                                                       vals if len(pick) == len(members) else vals[pick]))
@@ -1204,9 +1210,11 @@ def _config_facts(result: list[Any], targets: _Targets) -> list[tuple[Timeline, 
         return None
     keep: list[tuple[Timeline, str]] = []
     lists: list[Any] = []
-    for r, m, tl in zip(result, metrics, _timelines(metrics, targets), strict=True):
-        base = M.normalise(m.get("__name__", ""))
-        if tl is None or base not in M.CONFIG_GAUGES or M.rank_key(m) not in ("", "dp0"):
+    names = list(_column(metrics, "__name__", ""))
+    bases = {name: M.normalise(name) for name in set(names)}
+    for r, name, tl, rank in zip(result, names, _timelines(metrics, targets), _ranks(metrics), strict=True):
+        base = bases[name]
+        if tl is None or base not in M.CONFIG_GAUGES or rank not in ("", "dp0"):
             continue
         keep.append((tl, base))  # type: ignore[arg-type]
         lists.append(r.get("values"))

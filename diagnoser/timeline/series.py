@@ -304,7 +304,14 @@ class Series:
         return v[~np.isnan(v)]
 
     def last_source(self) -> str:
-        return self.sources[-1] if len(self) else ""
+        """The last point's source (no read views built), "" when the series is empty."""
+        if self._hi == self._lo:
+            return ""
+        if self._unsorted:
+            self._settle()
+        label = self._labels[self._lab.item(self._hi - 1)]
+        n = self._line.item(self._hi - 1)
+        return label if n < 0 else f"{label}:{n}"  # (Sources.__getitem__)
 
     def argmax(self) -> int:
         """Index of the first largest value, NaNs skipped; -1 when there is none."""
