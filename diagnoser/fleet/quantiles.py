@@ -279,7 +279,10 @@ def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Co
     starts = np.searchsorted(gs, np.arange(len(groups) + 1))
     counts = np.diff(starts)
     keys_l = list(groups)
-    metrics_out = [{k: v for k, v in zip(GROUP_LABELS, keys_l[g], strict=False) if v} for g in np.flatnonzero(counts).tolist()]
+    if len(keys_l[0]) == 3 and all(map(all, keys_l)):  # (job, instance, model_name), none empty: every label kept
+        metrics_out = list(map(dict, map(zip, repeat(GROUP_LABELS[:3]), map(keys_l.__getitem__, np.flatnonzero(counts).tolist()))))
+    else:
+        metrics_out = [{k: v for k, v in zip(GROUP_LABELS, keys_l[g], strict=False) if v} for g in np.flatnonzero(counts).tolist()]
     ends = np.cumsum(counts[counts > 0], dtype=np.int64)
     ts = all_ts[ss]
     return {q: Columns(metrics_out, ts, per_q[q], ends) for q in qs}
@@ -313,11 +316,12 @@ def _sum_by_group(g_idx: list[int], les: list[float], n_g: int, got: tuple[np.nd
     full = have.all(axis=1)
     gs, ss = np.nonzero(present)
     dense = full[gs, ss]
+    counts = total[gs[dense], :, ss[dense]] if dense.any() else None  # (the same buckets for every q)
     out: dict[float, np.ndarray] = {}
     for q in qs:
         vals_q = np.full(len(gs), np.nan)
-        if dense.any():
-            vals_q[dense] = _quantiles_dense(q, bounds, total[gs[dense], :, ss[dense]])
+        if counts is not None:
+            vals_q[dense] = _quantiles_dense(q, bounds, counts)
         for j in np.nonzero(~dense)[0].tolist():
             g, s = int(gs[j]), int(ss[j])
             bk = [(float(bounds[b]), float(total[g, b, s])) for b in range(n_b) if have[g, b, s]]
