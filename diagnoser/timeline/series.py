@@ -261,9 +261,10 @@ class Series:
         return out
 
     def with_rows(self, rows: np.ndarray) -> list[Series]:
-        """:meth:`with_values` for each row of ``rows`` (2-D, a row per series, as many columns as points),
-        each series holding its row as it is instead of a copy (a read-only view of it, copied on the first
-        write like the shared times): a fleet's range query writes a whole time grid of series at once."""
+        """:meth:`with_values` for each row of ``rows`` (2-D, a row per series, as many columns as points):
+        a fleet's range query writes a whole time grid of series at once. Each series gets its own copy of
+        its row (a view would keep the whole matrix alive as long as any one of them is: a target that
+        leaves a fleet keeps its last timeline in ``serve``)."""
         rows = np.asarray(rows, dtype=_FLOAT)
         lo, hi = self._lo, self._hi
         if rows.ndim != 2 or rows.shape[1] != hi - lo:
@@ -275,7 +276,7 @@ class Series:
         out = []
         for v in rows:
             s = new(Series)
-            s._t, s._v, s._lab, s._line = t, v, lab, line
+            s._t, s._v, s._lab, s._line = t, v.copy(), lab, line
             s._lo, s._hi = 0, hi
             s._labels, s._ids = labels, ids
             s._owner = False  # writing to it first copies (it must never write into the shared buffers)
