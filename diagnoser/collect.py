@@ -83,13 +83,13 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
         if pv:
             version.set_exact(pv, "server info")
     date_bound(tl, version)
-    tl.version = version.text()
+    tl.version = text = version.text()
     tl.meta["version_best"] = list(version.best()) if version.known else None
     tl.meta["version_reasons"] = list(version.reasons or [])
     if version.known:  # the detected version or range, with the evidence as its source
         why = version.reasons or []
         exact = [r for r in why if r.startswith("= ")]
-        tl.set_config("version_detected", version.text(), exact[-1] if version.exact and exact else "; ".join(why[-3:]))
+        tl.set_config("version_detected", text, exact[-1] if version.exact and exact else "; ".join(why[-3:]))
     if version.conflicts:
         tl.set_config("version_conflicts", list(version.conflicts), "hints that contradicted stronger evidence (ignored)")
     # a pool size read from a series also counts as a config fact
@@ -113,7 +113,8 @@ def log_facts(tl: Timeline, parser: Any) -> None:
             tl.set_config("device", dev, f"the '{dev} graph' field of the batch lines", override=False)
 
 
-# memoised for date_bound: a fleet's targets mostly start at one time (iso and newest_on cost more than a lookup)
+# memoised for date_bound: a fleet's targets mostly start at one time (iso and newest_on cost more than a
+# lookup): time → day, day → (the newest version then, the reason) or None
 _DAYS: dict[float, str] = {}
 _NEWEST: dict[str, Any] = {}
 
@@ -134,15 +135,16 @@ def date_bound(tl: Timeline, version: VersionRange) -> None:
             if len(_DAYS) > 4096:
                 _DAYS.clear()
             _DAYS[start] = day
-    got = _NEWEST.get(day, _NEWEST)  # (the dict itself: not looked up yet)
-    if got is _NEWEST:
+    bound = _NEWEST.get(day, _NEWEST)  # (the dict itself: not looked up yet)
+    if bound is _NEWEST:
         got = newest_on(day)
+        bound = None if got is None else (got[0], f"the inputs start on {day}, before {'.'.join(map(str, got[0]))} was released "
+                                                  f"({got[1]}) or while it was in development")
         if len(_NEWEST) > 4096:
             _NEWEST.clear()
-        _NEWEST[day] = got
-    if got is not None:
-        v, when = got
-        version.at_most(v, f"the inputs start on {day}, before {'.'.join(map(str, v))} was released ({when}) or while it was in development")
+        _NEWEST[day] = bound
+    if bound is not None:
+        version.at_most(*bound)
 
 
 def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None,
