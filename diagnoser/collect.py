@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from diagnoser.engines.sglang.versions import VersionRange
-from diagnoser.model import InputReport
+from diagnoser.engines.sglang.versions import VersionRange, newest_on
+from diagnoser.model import InputReport, iso
 from diagnoser.sources.logs import LogReader, read_log
 from diagnoser.timeline import Timeline
 
@@ -83,20 +83,20 @@ def finalize(tl: Timeline, version: VersionRange) -> None:
         if pv:
             version.set_exact(pv, "server info")
     date_bound(tl, version)
-    tl.version = version.text()
+    tl.version = text = version.text()
     tl.meta["version_best"] = list(version.best()) if version.known else None
     tl.meta["version_reasons"] = list(version.reasons or [])
     if version.known:  # the detected version or range, with the evidence as its source
         why = version.reasons or []
         exact = [r for r in why if r.startswith("= ")]
-        tl.set_config("version_detected", version.text(), exact[-1] if version.exact and exact else "; ".join(why[-3:]))
+        tl.set_config("version_detected", text, exact[-1] if version.exact and exact else "; ".join(why[-3:]))
     if version.conflicts:
         tl.set_config("version_conflicts", list(version.conflicts), "hints that contradicted stronger evidence (ignored)")
     # a pool size read from a series also counts as a config fact
     if "max_total_tokens" not in tl.config:
         s = tl.get("max_total_tokens")
-        if s is not None and math.isfinite(float(s.values[-1])):
-            tl.set_config("max_total_tokens", int(float(s.values[-1])), s.sources[-1])
+        if s is not None and math.isfinite(s.last_value()):
+            tl.set_config("max_total_tokens", int(s.last_value()), s.last_source())
     if "max_total_tokens" not in tl.config and "kv_pool_tokens_log" in tl.config:
         f = tl.config["kv_pool_tokens_log"]
         tl.set_config("max_total_tokens", f.value, f.source)
@@ -113,24 +113,38 @@ def log_facts(tl: Timeline, parser: Any) -> None:
             tl.set_config("device", dev, f"the '{dev} graph' field of the batch lines", override=False)
 
 
+# memoised for date_bound: a fleet's targets mostly start at one time (iso and newest_on cost more than a
+# lookup): time → day, day → (the newest version then, the reason) or None
+_DAYS: dict[float, str] = {}
+_NEWEST: dict[str, Any] = {}
+
+
 def date_bound(tl: Timeline, version: VersionRange) -> None:
     """The earliest time read bounds the version from above: a release published after it cannot have
     printed it (a development build is at most the next release)."""
     if tl.untimed or version.exact or tl.engine != "sglang":  # the release dates are SGLang's
         return
-    from diagnoser.engines.sglang.versions import newest_on
-    from diagnoser.model import iso
-
     day = tl.meta.get("first_stamp")  # a log's first dated line (its span may hold no point)
     if not day:
         start, _ = tl.span()
         if start is None or start != start:
             return
-        day = (iso(start) or "")[:10]
-    got = newest_on(day)
-    if got is not None:
-        v, when = got
-        version.at_most(v, f"the inputs start on {day}, before {'.'.join(map(str, v))} was released ({when}) or while it was in development")
+        day = _DAYS.get(start)
+        if day is None:
+            day = (iso(start) or "")[:10]
+            if len(_DAYS) > 4096:
+                _DAYS.clear()
+            _DAYS[start] = day
+    bound = _NEWEST.get(day, _NEWEST)  # (the dict itself: not looked up yet)
+    if bound is _NEWEST:
+        got = newest_on(day)
+        bound = None if got is None else (got[0], f"the inputs start on {day}, before {'.'.join(map(str, got[0]))} was released "
+                                                  f"({got[1]}) or while it was in development")
+        if len(_NEWEST) > 4096:
+            _NEWEST.clear()
+        _NEWEST[day] = bound
+    if bound is not None:
+        version.at_most(*bound)
 
 
 def collect_logs(adapter: Any, paths: list[str], stdin: IO[bytes] | None = None, target: str | None = None,

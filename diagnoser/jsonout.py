@@ -26,7 +26,7 @@ def loads(data: str | bytes) -> Any:
     if isinstance(data, bytes | bytearray):
         data = bytes(data).decode("utf-8", "replace")
     doc = json.loads(data)
-    if "\\u" in data and _SURROGATE_ESCAPE.search(data):
+    if "\\" in data and "\\u" in data and _SURROGATE_ESCAPE.search(data):  # (one character: the fast scan first)
         doc = _no_surrogates(doc)
     return doc
 

@@ -45,6 +45,14 @@ def idle_times(tl: Timeline) -> np.ndarray:
     run, queue = tl.get("running_reqs"), tl.get("queue_reqs")
     if run is None or queue is None or not len(run) or not len(queue):
         return np.empty(0)
+    if _FAST:
+        ts = run.ts
+        if len(ts) == len(queue) and np.array_equal(ts, queue.ts) and bool((ts[1:] > ts[:-1]).all()):
+            return ts[(run.values == 0) & (queue.values == 0)]  # one time grid (a fleet's): the loop's points, in order
+    return _idle_times_reference(run, queue)
+
+
+def _idle_times_reference(run: Any, queue: Any) -> np.ndarray:
     q_at = dict(zip(queue.ts.tolist(), queue.values.tolist(), strict=True))
     return np.array(sorted(t for t, v in zip(run.ts.tolist(), run.values.tolist(), strict=True) if v == 0 and q_at.get(t) == 0))
 
@@ -112,12 +120,28 @@ def _base_of(src: str) -> str | None:
     return hit
 
 
+_RISING: dict[tuple[float, ...], bool] = {}
+
+
+def _increasing(bounds: tuple[float, ...]) -> bool:
+    """No bound at or below the one before (memoised: a pass asks it of every target's few bucket lists)."""
+    hit = _RISING.get(bounds)
+    if hit is None:
+        hit = not any(y <= x for x, y in zip(bounds, bounds[1:], strict=False))
+        if len(_RISING) > 64:
+            _RISING.clear()
+        _RISING[bounds] = hit
+    return hit
+
+
 def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]], idle: np.ndarray) -> bool:
     """True when :func:`bound_quantiles` would change no point of ``s`` (its loop's comparisons, without
     building the new points and sources); False when some point changes or the series is not plain (its points'
     sources name more than one histogram, or unsorted bounds): the loop then decides."""
-    srcs = set(s.sources.tolist())
-    bases = {_base_of(src) for src in srcs}
+    # the histograms its points' sources name: one per label in use (a source is a label, or a label and a
+    # line number, which adds no "[": the same histogram)
+    labels, lab, _line = s.sources.parts()
+    bases = {_base_of(labels[i]) for i in set(lab.tolist())}
     if len(bases) != 1:
         return False
     base = next(iter(bases))
@@ -126,7 +150,7 @@ def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tu
         bounds = default_ttft_bounds(vr)
     if not bounds:
         return True
-    if any(y <= x for x, y in zip(bounds, bounds[1:], strict=False)):
+    if not _increasing(bounds):
         return False
     # the loop's comparisons, on plain floats (a quantile series holds a few points: numpy's calls cost more)
     idle_l = idle.tolist()
@@ -144,6 +168,96 @@ def _unchanged(s: Any, stem: str, vr: VersionRange | None, buckets: dict[str, tu
             if x > elapsed and (bounds[i] if i < nb else math.inf) > elapsed:
                 return False
     return True
+
+
+def quiet_targets(timelines: list[Timeline], rows: dict[str, list[tuple[list[Timeline], list[Any], np.ndarray, np.ndarray]]],
+                  versions: dict[int, VersionRange | None], buckets: dict[str, tuple[float, ...]] | None = None) -> set[int]:
+    """For :func:`bound_quantiles`, a whole fleet at once: the ids of the ``timelines`` it would leave as they
+    are, every quantile series of which was written a time grid at a time (``rows``: signal → (timelines,
+    their series, the grid's times, their values a row each), rank "") and passes the test of
+    :func:`_unchanged`, done on every row at once (the idle steps from the running and queued requests
+    written so on one grid). ``versions``: each timeline's version range (the TTFT buckets assumed when
+    none were read). A target not in the set may change (or was not written so): the caller bounds it."""
+    out = _still_rows(rows, versions, buckets or {})
+    if len(_QUANTILE_KEYS) > 4096:
+        _QUANTILE_KEYS.clear()
+    return {id(tl) for tl in timelines if out.get(id(tl), 0) == sum(map(_QUANTILE_KEYS.__getitem__, tl.series))}
+
+
+class _QuantileKeys(dict[tuple[str, str], bool]):
+    """(signal, rank) → whether :func:`bound_quantiles` looks at that series (rank "", a quantile's name), memoised."""
+
+    def __missing__(self, key: tuple[str, str]) -> bool:
+        hit = self[key] = key[1] == "" and _quantile_stem(key[0]) is not None
+        return hit
+
+
+_QUANTILE_KEYS = _QuantileKeys()
+
+
+def _still_rows(rows: dict[str, list[tuple[list[Timeline], list[Any], np.ndarray, np.ndarray]]], versions: dict[int, VersionRange | None],
+                buckets: dict[str, tuple[float, ...]]) -> dict[int, int]:
+    """:func:`quiet_targets`' count: per timeline, its quantile series in ``rows`` no point of which changes."""
+    out: dict[int, int] = {}
+    where: dict[str, dict[int, tuple[int, int, Any]]] = {}  # running / queued requests: timeline → (grid, row, series)
+    for sig in ("running_reqs", "queue_reqs"):
+        where[sig] = {id(tl): (e, j, s) for e, (tls, series, _t, _v) in enumerate(rows.get(sig, ())) for j, (tl, s) in enumerate(zip(tls, series, strict=True))}
+    for name, entries in rows.items():
+        stem = _quantile_stem(name)
+        if stem is None:
+            continue
+        for tls, series, times, vals in entries:
+            labels, lab, _line = series[0].sources.parts()  # (one grid: its series share the sources)
+            bases = {_base_of(labels[i]) for i in set(lab.tolist())}
+            if len(bases) != 1:
+                continue
+            base = next(iter(bases))
+            # the members this can judge, by the grids of their running and queued requests and their buckets
+            groups: dict[tuple[Any, ...], list[int]] = {}
+            for j, (tl, s) in enumerate(zip(tls, series, strict=True)):
+                if tl.series.get((name, "")) is not s:
+                    continue  # (since replaced)
+                run, queue = where["running_reqs"].get(id(tl)), where["queue_reqs"].get(id(tl))
+                if run is None or queue is None or tl.series.get(("running_reqs", "")) is not run[2] or tl.series.get(("queue_reqs", "")) is not queue[2]:
+                    continue
+                bounds, read = (buckets[base], True) if base is not None and base in buckets else ((), False)
+                if not bounds and stem == "ttft_seconds":
+                    bounds = default_ttft_bounds(versions.get(id(tl)))
+                groups.setdefault((run[0], queue[0], bounds, read), []).append(j)
+            for (re_, qe, bounds, read), members in groups.items():
+                if not bounds:
+                    still = members
+                elif not _increasing(bounds):
+                    continue
+                else:
+                    still = _still(members, [where["running_reqs"][id(tls[j])][1] for j in members],
+                                   [where["queue_reqs"][id(tls[j])][1] for j in members],
+                                   rows["running_reqs"][re_], rows["queue_reqs"][qe], times, vals, bounds, read)
+                for j in still:
+                    out[id(tls[j])] = out.get(id(tls[j]), 0) + 1
+    return out
+
+
+def _still(members: list[int], run_rows: list[int], queue_rows: list[int], run: tuple[Any, ...], queue: tuple[Any, ...],
+           times: np.ndarray, vals: np.ndarray, bounds: tuple[float, ...], read: bool) -> list[int]:
+    """The ``members`` (rows of ``vals``, on ``times``) no point of which :func:`_unchanged` would see change,
+    their idle steps where the rows ``run_rows`` of ``run`` and ``queue_rows`` of ``queue`` (grids as
+    :func:`quiet_targets` takes them) are both 0; none when those two are not on one rising grid."""
+    grid = run[2]
+    if not np.array_equal(grid, queue[2]) or not bool((grid[1:] > grid[:-1]).all()):
+        return []
+    x = vals[members]
+    idle = (run[3][run_rows] == 0) & (queue[3][queue_rows] == 0)
+    last = np.maximum.accumulate(np.where(idle, np.arange(len(grid)), -1), axis=1)  # the last idle step at or before each
+    before = np.searchsorted(grid, times, "left") - 1  # the last step before each point's time
+    k = np.where(before >= 0, last[:, np.maximum(before, 0)], -1)
+    with np.errstate(invalid="ignore"):
+        elapsed = times - grid[np.maximum(k, 0)]
+        b = np.array(bounds)
+        i = np.searchsorted(b, x, "left")  # bisect_left: bounds[i - 1] < x <= bounds[i]
+        hi = np.append(b, math.inf)[np.minimum(i, len(b))]
+        change = ~np.isnan(x) & (((x >= b[-1]) & read) | ((i > 0) & (k >= 0) & (x > elapsed) & (hi > elapsed)))
+    return [j for j, c in zip(members, change.any(axis=1).tolist(), strict=True) if not c]
 
 
 def bound_quantiles(tl: Timeline, vr: VersionRange | None, buckets: dict[str, tuple[float, ...]] | None = None) -> int:
@@ -198,15 +312,15 @@ def totals_from_zero(tl: Timeline, signals: set[str] | frozenset[str]) -> int:
     run = tl.get("running_reqs")
     if run is None or not len(run):
         return 0
-    steps = run.ts
     changed = 0
-    for (name, rank), s in list(tl.series.items()):
-        if name not in signals or not len(s):
+    for name, rank in [key for key in tl.series if key[0] in signals]:
+        s = tl.series[(name, rank)]
+        if not len(s):
             continue
-        k = int(np.searchsorted(steps, float(s.ts[0]), "left")) - 1
+        k = run.search(s.first_ts(), "left") - 1  # (numpy.searchsorted over its times)
         if k < 0:
             continue
-        t0 = float(steps[k])
+        t0 = float(run.ts[k])
         ts = [t0, *s.ts.tolist()]
         vals = [0.0, *s.values.tolist()]
         srcs = [f"{s.sources[0]} (not exported yet: 0)", *s.sources.tolist()]

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import re
-from itertools import chain
-from operator import itemgetter
+from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import itemgetter, ne
 from typing import Any
 
 import numpy as np
@@ -176,10 +177,125 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
     got = _values_flat(series_vals)
     if got is None:
         return None
+    summed = _sum_by_group(g_idx, les, len(groups), got, qs)
+    if summed is None:
+        return None
+    all_ts, gs, ss, per_q = summed
+    keys = list(groups)
+    out: dict[float, list[dict[str, Any]]] = {}
+    starts = np.searchsorted(gs, np.arange(len(groups) + 1))
+    tsl = all_ts.tolist()
+    ssl = ss.tolist()
+    for q in qs:
+        rows: list[dict[str, Any]] = []
+        vl = per_q[q].tolist()
+        for g in range(len(groups)):
+            a, b = int(starts[g]), int(starts[g + 1])
+            if a == b:
+                continue
+            metric = {k: v for k, v in zip(GROUP_LABELS, keys[g], strict=True) if v}
+            rows.append({"metric": metric, "values": [[tsl[ssl[j]], vl[j]] for j in range(a, b)]})
+        out[q] = rows
+    return out
+
+
+@dataclass(slots=True)
+class Columns:
+    """One quantile's answer as :func:`quantile_columns` gives it: the label set of each group that has a
+    point (in :func:`quantile_rows`' order) and their points as flat columns (``ts``, ``vs``; group ``i``'s
+    end at ``ends[i]``, as :func:`diagnoser.fleet.source._values_flat` gives an answer's)."""
+
+    metrics: list[dict[str, str]]
+    ts: np.ndarray
+    vs: np.ndarray
+    ends: np.ndarray
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The same as :func:`quantile_rows`' rows."""
+        out, a = [], 0
+        for m, b in zip(self.metrics, self.ends.tolist(), strict=True):
+            out.append({"metric": m, "values": [list(p) for p in zip(self.ts[a:b].tolist(), self.vs[a:b].tolist(), strict=True)]})
+            a = b
+        return out
+
+
+_group_key = itemgetter(*GROUP_LABELS[:3])
+_le = itemgetter("le")
+
+
+def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Columns] | None:
+    """:func:`quantile_rows` as flat columns: the same groups, times and floats, without a Python list per
+    point (tests/test_fleet_speed.py holds the two equal); the labels read a column at a time."""
+    if not result:
+        return {q: Columns([], np.zeros(0), np.zeros(0), np.zeros(0, np.int64)) for q in qs}
+    if set(map(type, result)) != {dict}:
+        return None
+    try:
+        metrics = list(map(_metric, result))
+        series_vals = list(map(_values_of, result))
+    except KeyError:
+        return None
+    if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
+        return None
+    try:
+        les_text: list[Any] = list(map(_le, metrics))
+    except KeyError:
+        les_text = list(map(dict.get, metrics, repeat("le")))
+    bound_of: dict[str, float | None] = {}
+    for le in set(les_text):
+        if type(le) is not str:
+            return None
+        bound_of[le] = parse_le(le)
+        if bound_of[le] is None:
+            return None
+    try:  # (job, instance, model_name): in every label set, and `name` in none (the usual case)
+        keys: list[tuple[str, ...]] = list(map(_group_key, metrics))
+        if any(map(dict.__contains__, metrics, repeat("name"))):
+            raise KeyError
+    except KeyError:  # (job, instance, model_name, name), "" for a missing one
+        keys = list(zip(*(map(dict.get, metrics, repeat(k), repeat("")) for k in GROUP_LABELS), strict=True))
+    # each group's index, in order of appearance: the series of one group are next to each other in an
+    # answer (sorted by labels), so only the first of each run is looked up
+    new_run = list(map(ne, keys[1:], keys[:-1]))
+    heads = [keys[0], *compress(keys[1:], new_run)]
+    if len(set(heads)) == len(heads):
+        groups = dict(zip(heads, range(len(heads)), strict=True))
+        g_idx: Any = np.cumsum([0, *new_run])
+    else:
+        groups = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        g_idx = list(map(groups.__getitem__, keys))
+    les = list(map(bound_of.__getitem__, les_text))
+    if len(set(bound_of.values())) != len(bound_of):
+        return None  # two spellings of one bound ("1", "1.0"): Prometheus would coalesce them
+    from diagnoser.fleet.source import _values_flat  # (the same conversion as every answer)
+
+    got = _values_flat(series_vals)
+    if got is None:
+        return None
+    summed = _sum_by_group(g_idx, les, len(groups), got, qs)
+    if summed is None:
+        return None
+    all_ts, gs, ss, per_q = summed
+    starts = np.searchsorted(gs, np.arange(len(groups) + 1))
+    counts = np.diff(starts)
+    keys_l = list(groups)
+    if len(keys_l[0]) == 3 and all(map(all, keys_l)):  # (job, instance, model_name), none empty: every label kept
+        metrics_out = list(map(dict, map(zip, repeat(GROUP_LABELS[:3]), map(keys_l.__getitem__, np.flatnonzero(counts).tolist()))))
+    else:
+        metrics_out = [{k: v for k, v in zip(GROUP_LABELS, keys_l[g], strict=False) if v} for g in np.flatnonzero(counts).tolist()]
+    ends = np.cumsum(counts[counts > 0], dtype=np.int64)
+    ts = all_ts[ss]
+    return {q: Columns(metrics_out, ts, per_q[q], ends) for q in qs}
+
+
+def _sum_by_group(g_idx: list[int], les: list[float], n_g: int, got: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  qs: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[float, np.ndarray]] | None:
+    """The ``sum by`` and ``histogram_quantile`` of :func:`quantile_rows` once each series' group and bound
+    are known: (every time, the (group, time) of each point in order, its quantile for each ``q``)."""
     ts, vals, ends = got
     all_ts = np.unique(ts)
     bounds = np.array(sorted(set(les)))
-    n_g, n_b, n_s = len(groups), len(bounds), len(all_ts)
+    n_b, n_s = len(bounds), len(all_ts)
     if n_g * n_b * n_s > MAX_CELLS:
         return None
     gi = np.array(g_idx, dtype=np.int64)
@@ -187,7 +303,6 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
     _u, per_pair = np.unique(gi * n_b + bi, return_counts=True)
     if len(per_pair) and int(per_pair.max()) > 2:
         return None  # three or more series to add: their order would matter (two add alike either way)
-    # the sum by (group, le) at each step; a (group, le) of one series is that series, of two their sum
     which = np.repeat(np.arange(len(ends)), np.diff(ends, prepend=0))
     at = (gi[which], bi[which], np.searchsorted(all_ts, ts))
     total = np.zeros((n_g, n_b, n_s))
@@ -199,27 +314,17 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
     have[at] = True
     present = have.any(axis=1)  # (group, step): Prometheus has a point there
     full = have.all(axis=1)
-    keys = list(groups)
-    out: dict[float, list[dict[str, Any]]] = {}
     gs, ss = np.nonzero(present)
     dense = full[gs, ss]
+    counts = total[gs[dense], :, ss[dense]] if dense.any() else None  # (the same buckets for every q)
+    out: dict[float, np.ndarray] = {}
     for q in qs:
         vals_q = np.full(len(gs), np.nan)
-        if dense.any():
-            vals_q[dense] = _quantiles_dense(q, bounds, total[gs[dense], :, ss[dense]])
+        if counts is not None:
+            vals_q[dense] = _quantiles_dense(q, bounds, counts)
         for j in np.nonzero(~dense)[0].tolist():
             g, s = int(gs[j]), int(ss[j])
             bk = [(float(bounds[b]), float(total[g, b, s])) for b in range(n_b) if have[g, b, s]]
             vals_q[j] = bucket_quantile(q, bk)
-        rows: list[dict[str, Any]] = []
-        starts = np.searchsorted(gs, np.arange(n_g + 1))
-        tsl, vl = all_ts.tolist(), vals_q.tolist()
-        ssl = ss.tolist()
-        for g in range(n_g):
-            a, b = int(starts[g]), int(starts[g + 1])
-            if a == b:
-                continue
-            metric = {k: v for k, v in zip(GROUP_LABELS, keys[g], strict=True) if v}
-            rows.append({"metric": metric, "values": [[tsl[ssl[j]], vl[j]] for j in range(a, b)]})
-        out[q] = rows
-    return out
+        out[q] = vals_q
+    return all_ts, gs, ss, out

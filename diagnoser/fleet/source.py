@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -27,10 +28,17 @@ import numpy as np
 from diagnoser import gcpause
 from diagnoser.collect import Collection, finalize
 from diagnoser.engines.sglang import metrics as M
+from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.fleet import queries as Q
-from diagnoser.fleet.bounds import bound_quantiles, bucket_query, shared_bounds, totals_from_zero
+from diagnoser.fleet.bounds import (
+    bound_quantiles,
+    bucket_query,
+    quiet_targets,
+    shared_bounds,
+    totals_from_zero,
+)
 from diagnoser.fleet.promapi import DEADLINE_GRACE_S, PromAPI, PromError
-from diagnoser.fleet.quantiles import quantile_rows
+from diagnoser.fleet.quantiles import Columns, quantile_columns, quantile_rows
 from diagnoser.model import InputReport, iso
 from diagnoser.timeline import Series, Timeline
 
@@ -138,6 +146,9 @@ class _Targets:
         # values and results dropped, by kind: nan, inf (±Inf, 1e309), junk (not a number), shape (a result
         # that is not {"metric": {…}, "values": […]})
         self.dropped: dict[str, int] = {}
+        # series written a time grid at a time (rank ""): signal → (timelines, their series, the grid's times,
+        # their values a row each), for bounds.quiet_targets
+        self.rows: dict[str, list[tuple[list[Timeline], list[Series], np.ndarray, np.ndarray]]] = {}
 
     def drop(self, kind: str, n: int = 1) -> None:
         self.dropped[kind] = self.dropped.get(kind, 0) + n
@@ -182,6 +193,70 @@ class _Targets:
             tl.target = name
 
 
+def _discover(found: list[dict[str, str]], targets: _Targets) -> None:
+    """The targets of a ``series`` answer's label sets (dicts of strings; model-less ones last), with what
+    each tells of its target: label names, spellings, metric names, scheduler labels, engine types."""
+    per: dict[tuple[str, str, str], list[dict[str, str]]] = {}  # the series with a model label, by target
+    rest: list[dict[str, str]] = []
+    for metric in found:
+        get = metric.get
+        key = (get("job", ""), get("instance", ""), get("model_name") or get("name", ""))  # (_Targets.key_of)
+        if key[2]:
+            have = per.get(key)
+            if have is None:
+                per[key] = [metric]
+            else:
+                have.append(metric)
+        else:
+            rest.append(metric)
+    probe = M.SCHEDULER_PROBE
+    told: dict[str, tuple[str, str | None, bool]] = {}  # metric name → (spelling, base, a scheduler gauge)
+    for key, ms in per.items():  # (in order of appearance)
+        targets.add(key)
+        targets.labels[key] = set().union(*ms)
+        tells = []
+        for m in ms:
+            name = m.get("__name__", "")
+            tell = told.get(name)
+            if tell is None:
+                base = M.normalise(name)
+                tell = told[name] = (name[:7], base, bool(base) and base in probe)
+            tells.append(tell)
+        targets.spellings[key] = {t[0] for t in tells}
+        bases = {t[1] for t in tells if t[1]}
+        if bases:
+            targets.names[key] = bases  # type: ignore[assignment]
+            sched = next((m for m, t in zip(ms, tells, strict=True) if t[2]), None)
+            if sched is not None:
+                targets.sched[key] = set(sched)
+        kinds = [m["engine_type"] for m in ms if m.get("engine_type")]
+        if kinds:
+            targets.engine_types[key] = set(kinds)
+    _discover_reference(rest, targets)  # the model-less series (radix-cache, HTTP collectors): each its instance's only model
+
+
+def _discover_reference(found: list[dict[str, str]], targets: _Targets) -> None:
+    """:func:`_discover` a series at a time (the reference; tests/test_fleet_speed_paths.py)."""
+    for metric in found:
+        key = targets.key_of(metric)
+        if not key[2]:
+            same = targets.by_instance.get(key[:2], [])
+            if len(same) > 1:
+                continue  # ambiguous: several models behind one instance
+            key = same[0] if same else key
+        targets.add(key)
+        targets.labels.setdefault(key, set()).update(metric)
+        name = metric.get("__name__", "")
+        targets.spellings.setdefault(key, set()).add(name[:7])
+        base = M.normalise(name)
+        if base:
+            targets.names.setdefault(key, set()).add(base)
+            if base in M.SCHEDULER_PROBE and key not in targets.sched:
+                targets.sched[key] = set(metric)
+        if metric.get("engine_type"):
+            targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
+
+
 def _label(metric: dict[str, Any], name: str) -> str:
     v = metric.get(name, "")
     return v if isinstance(v, str) else ""
@@ -189,6 +264,9 @@ def _label(metric: dict[str, Any], name: str) -> str:
 
 def _label_sets(found: list[Any], targets: _Targets) -> list[dict[str, str]]:
     """A ``series`` answer's label sets, each a dict of strings (anything else is dropped and counted)."""
+    if (_BATCH and isinstance(found, list) and set(map(type, found)) <= {dict}
+            and set(map(type, chain.from_iterable(found))) | set(map(type, chain.from_iterable(map(dict.values, found)))) <= {str}):
+        return list(found)  # (every label set plain: checked a column at a time)
     out: list[dict[str, str]] = []
     for m in found:
         if isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
@@ -242,32 +320,81 @@ def _values(values: Any, targets: _Targets) -> tuple[np.ndarray, np.ndarray]:
 def _values_flat(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Every point of ``lists`` (one ``values`` list per series) as two flat float64 columns and each
     series' end in them, with :func:`_values_batch`'s checks; None when anything is not plain."""
-    if not all(type(v) is list for v in lists):
+    got = _converted(lists)
+    if got is None or not (np.isfinite(got[0]).all() and np.isfinite(got[1]).all()) or not _in_order(got[0], got[2]):
         return None
-    n = [len(v) for v in lists]
+    return got
+
+
+def _values_kept(lists: list[Any], targets: _Targets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_values_flat`, NaN and infinite points dropped and counted as :func:`_values` drops them
+    series by series; None (nothing counted) when a point does not convert or a series is out of order."""
+    got = _converted(lists)
+    return None if got is None else _kept(*got, targets)
+
+
+def _kept(ts: np.ndarray, vs: np.ndarray, ends: np.ndarray, targets: _Targets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Flat columns (series k ending at ``ends[k]``) less their NaN and infinite points, counted as
+    :func:`_values` counts them; None (nothing counted) when a series is out of order."""
+    good = np.isfinite(ts) & np.isfinite(vs)
+    if good.all():
+        return (ts, vs, ends) if _in_order(ts, ends) else None
+    n = np.diff(ends, prepend=0)
+    which = np.repeat(np.arange(len(n)), n)
+    kept = np.cumsum(np.bincount(which[good], minlength=len(n)), dtype=np.int64)
+    if not _in_order(ts[good], kept):
+        return None
+    _count_dropped(vs, good, which, targets)
+    return ts[good], vs[good], kept
+
+
+def _count_dropped(vs: np.ndarray, good: np.ndarray, which: np.ndarray, targets: _Targets) -> None:
+    """Count the points not ``good`` as :func:`_values` does, series by series (``which``: each point's
+    series): a NaN value as "nan", any other as "inf" (each kind first counted where its first series is)."""
+    nan = np.isnan(vs)  # (a point whose time is not finite, its value finite, counts as infinite)
+    inf = ~good & ~nan
+    first = {kind: int(which[mask].min()) for kind, mask in (("nan", nan), ("inf", inf)) if mask.any()}
+    for kind in sorted(first, key=lambda kind: (first[kind], kind != "nan")):
+        targets.drop(kind, int((nan if kind == "nan" else inf).sum()))
+
+
+def _converted(lists: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every point of ``lists`` converted as :func:`_values` converts it (``float`` of the time and of the
+    value), as flat float64 columns and each series' end in them; None when a point does not convert or a
+    ``values`` is not a list."""
+    if not set(map(type, lists)) <= {list}:
+        return None
+    n = list(map(len, lists))
     total = sum(n)
     flat = list(chain.from_iterable(lists))
     try:
         times = list(map(_first, flat))
-        if set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
+        k = n[0] if n else 0
+        grid = times[:k]
+        if k and n.count(k) == len(n) and set(map(type, grid)) <= _NUMBER and 0 not in grid and times == grid * len(n):
+            # every series on one time grid (the usual range answer): its k times converted once (equal
+            # numbers, none of them zero, so no -0.0 among them: the same floats as converting each)
+            ts = np.tile(np.array(grid, np.float64), len(n))
+        elif set(map(type, times)) <= _NUMBER:  # JSON numbers: numpy converts them as float() does, in one call
             ts = np.array(times, np.float64)
         else:
             ts = np.fromiter(map(float, times), np.float64, total)
-        del times
+        del times, grid
         vs = np.fromiter(map(float, map(_second, flat)), np.float64, total)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         return None
-    del flat
-    if not (np.isfinite(ts).all() and np.isfinite(vs).all()):
-        return None
-    ends = np.cumsum(n, dtype=np.int64)
-    if total > 1:
-        back = ts[1:] < ts[:-1]
-        inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
-        back[inner] = False
-        if bool(back.any()):
-            return None
-    return ts, vs, ends
+    return ts, vs, np.cumsum(n, dtype=np.int64)
+
+
+def _in_order(ts: np.ndarray, ends: np.ndarray) -> bool:
+    """Each series' times (series k ends at ``ends[k]``) in order (equal times too)."""
+    total = len(ts)
+    if total < 2:
+        return True
+    back = ts[1:] < ts[:-1]
+    inner = ends[:-1][(ends[:-1] > 0) & (ends[:-1] < total)] - 1  # a series' last point before the next one's first
+    back[inner] = False
+    return not bool(back.any())
 
 
 def _values_batch(lists: list[Any]) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -372,24 +499,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
     # series with a model label first: a model-less one (radix-cache, HTTP collectors) then joins its
     # instance's only model instead of making a target of its own
     found.sort(key=lambda m: not (m.get("model_name") or m.get("name")))
-    for metric in found:
-        key = targets.key_of(metric)
-        if not key[2]:
-            same = targets.by_instance.get(key[:2], [])
-            if len(same) > 1:
-                continue  # ambiguous: several models behind one instance
-            key = same[0] if same else key
-        targets.add(key)
-        targets.labels.setdefault(key, set()).update(metric)
-        name = metric.get("__name__", "")
-        targets.spellings.setdefault(key, set()).add(name[:7])
-        base = M.normalise(name)
-        if base:
-            targets.names.setdefault(key, set()).add(base)
-            if base in M.SCHEDULER_PROBE and key not in targets.sched:
-                targets.sched[key] = set(metric)
-        if metric.get("engine_type"):
-            targets.engine_types.setdefault(key, set()).add(metric["engine_type"])
+    (_discover if _BATCH else _discover_reference)(found, targets)
     if not targets.keys:
         if not _add_vllm(api, matchers, win, col, rep):  # a fleet of vLLM servers only
             rep.errors += 1
@@ -476,7 +586,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                 return
             for q, raw, err in sorted(waiting.pop(g), key=lambda r: (r[0].signal != "cache_hit_rate", r[0].priority)):
                 res = None  # (the previous answer's parsed lists are let go before this one is parsed)
-                if isinstance(raw, list):  # rows computed here (_quantiles_from_rates)
+                if isinstance(raw, list | Columns):  # rows computed here (_quantiles_from_rates)
                     res = raw
                 elif raw is not None:
                     try:
@@ -498,7 +608,7 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             timed_out = False
             if raw is not None:
                 try:
-                    rows = quantile_rows(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
+                    rows = (quantile_columns if _BATCH else quantile_rows)(api.finish(raw), tuple(sorted({sq.q for sq in sqs})))
                 except PromError as e:
                     err, timed_out = str(e), e.timeout
             elif job.signal in timed or "deadline" in err:  # (its own time, or the pass's, ran out)
@@ -550,6 +660,9 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             buckets = {}
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        # handle and _quantiles_from_rates call each other: unbound here, their cycle does not keep this
+        # pass's locals (the targets' tables, the plan) alive until the next cyclic collection
+        handle = _quantiles_from_rates = None  # type: ignore[assignment]
     if late or api.cut:
         col.fleet["pass_failed"] = (f"Prometheus at {api.shown} did not answer {len(late) + api.cut} of {len(futures) + 2} queries before the "
                                     f"pass's deadline ({PASS_QUERIES} x {api.timeout + DEADLINE_GRACE_S:g} s); their signals are missing.")
@@ -568,14 +681,28 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
             tl.set_config("served_model_name", key[2], "prometheus label model_name", override=False)
     missing_core = _missing(targets, failed)
     totals = {q.signal for q in plan if q.kind == "total"}
+    detected: dict[tuple[Any, ...], VersionRange] = {}  # what a target's names and labels tell, once per kind of target
+    versions: dict[int, VersionRange] = {}
     for key, tl in targets.keys.items():
         names = targets.names.get(key, set())
-        state = M.MetricsState(seen_names=names, label_names=targets.labels.get(key, set()),
-                               sched_labels=targets.sched.get(key), engine_types=targets.engine_types.get(key, set()),
-                               prerelease=bool(names & M.PRERELEASE_NAMES))
-        vr = M.detect_version(state)
+        labels, sched, engine_types = targets.labels.get(key, set()), targets.sched.get(key), targets.engine_types.get(key, set())
+        kind = (frozenset(names), frozenset(labels), None if sched is None else frozenset(sched), frozenset(engine_types))
+        vr = detected.get(kind) if _BATCH else None
+        if vr is None:
+            state = M.MetricsState(seen_names=names, label_names=labels, sched_labels=sched, engine_types=engine_types,
+                                   prerelease=bool(names & M.PRERELEASE_NAMES))
+            vr = detected[kind] = M.detect_version(state)
+        vr = versions[id(tl)] = VersionRange(vr.low, vr.high, vr.exact, None if vr.reasons is None else list(vr.reasons),
+                                             None if vr.conflicts is None else list(vr.conflicts))  # (each target's own: finalize narrows it)
         finalize(tl, vr)
-        bound_quantiles(tl, vr, buckets)  # a quantile past the time since the target was idle is "> its bucket's floor"
+    # a quantile past the time since the target was idle is "> its bucket's floor": the targets none of whose
+    # quantiles can be are found a time grid at a time (bounds.quiet_targets), the others each looked at
+    quiet = quiet_targets(list(targets.keys.values()), targets.rows, versions, buckets) if _BATCH else set()  # type: ignore[arg-type]
+    targets.rows.clear()
+    for key, tl in targets.keys.items():
+        vr = versions[id(tl)]
+        if id(tl) not in quiet:
+            bound_quantiles(tl, vr, buckets)
         totals_from_zero(tl, totals)  # a labelled counter that appears in the range was 0 before
         tl.meta["version_range"] = [list(vr.low), list(vr.high), list(vr.exact) if vr.exact else None]
         tl.meta["spelling"] = sorted(targets.spellings.get(key, set()))
@@ -700,11 +827,20 @@ def _pick_reference(result: list[Any], targets: _Targets, done: set[int]) -> lis
 
 def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]] | None:
     """:func:`_pick_reference` for a plain answer, the types checked once over all of it (every result a
-    dict with a ``metric`` dict of strings) and each target looked up by its key directly. None when
-    anything is not plain: the caller then takes the reference, which counts what it drops. Nothing is
-    changed here (targets are frozen while the answers are read: :meth:`_Targets.resolve` adds none)."""
+    dict with a ``metric`` dict of strings) and each target looked up by its key directly (the labels read
+    a column at a time). None when anything is not plain: the caller then takes the reference, which
+    counts what it drops. Nothing is changed here (targets are frozen while the answers are read:
+    :meth:`_Targets.resolve` adds none)."""
     if not result:
         return []
+    metrics = _plain_metrics(result)
+    if metrics is None:
+        return None
+    return _picked(metrics, list(_column(result, "values")), targets, done)
+
+
+def _plain_metrics(result: list[Any]) -> list[dict[str, str]] | None:
+    """Each result's ``metric`` when every result is a dict whose ``metric`` is a dict of strings, else None."""
     if set(map(type, result)) != {dict}:
         return None
     try:
@@ -713,73 +849,176 @@ def _pick(result: list[Any], targets: _Targets, done: set[int]) -> list[tuple[di
         return None
     if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
         return None
-    keys = targets.keys
-    resolve = targets.resolve
-    picked: list[tuple[dict[str, str], Timeline, Any]] = []
-    for r, m in zip(result, metrics, strict=True):
-        get = m.get
-        tl = keys.get((get("job", ""), get("instance", ""), get("model_name") or get("name", "")))
-        if tl is None:
-            tl = resolve(m)  # a model-less series: its instance's only model
-            if tl is None:
-                continue
-        if id(tl) in done:
-            continue
-        picked.append((m, tl, r.get("values")))
-    return picked
+    return metrics
+
+
+def _picked(metrics: list[dict[str, str]], values: list[Any], targets: _Targets, done: set[int]) -> list[tuple[dict[str, str], Timeline, Any]]:
+    """(labels, timeline, values) of each series whose target is known and not ``done`` (:func:`_pick`)."""
+    tls = _timelines(metrics, targets)
+    if all(tls) and not done:  # (a Timeline is always true)
+        return list(zip(metrics, tls, values, strict=True))
+    return [(m, tl, v) for m, tl, v in zip(metrics, tls, values, strict=True) if tl is not None and id(tl) not in done]
+
+
+def _timelines(metrics: list[dict[str, str]], targets: _Targets) -> list[Timeline | None]:
+    """:meth:`_Targets.resolve` of each label set (dicts of strings), looked up a column at a time."""
+    try:
+        keys = list(map(_job_instance_model, metrics))  # (a KeyError: some label is missing)
+        if not all(map(_third, keys)):  # an empty model_name: the pre-release `name` label
+            raise KeyError
+    except KeyError:
+        models = [m or n for m, n in zip(_column(metrics, "model_name"), _column(metrics, "name", ""), strict=True)]
+        keys = list(zip(_column(metrics, "job", ""), _column(metrics, "instance", ""), models, strict=True))
+    tls = list(map(targets.keys.get, keys))
+    if not all(tls):
+        resolve = targets.resolve
+        tls = [tl if tl is not None else resolve(m) for tl, m in zip(tls, metrics, strict=True)]  # a model-less series
+    return tls
 
 
 _metric_of = itemgetter("metric")
+_job_instance_model = itemgetter("job", "instance", "model_name")
+_third = itemgetter(2)
 
 
-def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, done: set[int]) -> int:
-    """Write one query's series into the timelines. Returns the number of series used.
+def _column(dicts: list[dict[str, Any]], key: str, default: Any = None) -> Iterator[Any]:
+    """``d.get(key, default)`` of each dict, a column at a time (map over ``dict.get``: no Python call each)."""
+    return map(dict.get, dicts, repeat(key), repeat(default))
+
+
+def _ranks(metrics: list[dict[str, str]]) -> list[str]:
+    """:func:`_rank` of each label set (one pass per label while every series is of a single scheduler)."""
+    if not any(_column(metrics, "dp_rank")) and set(_column(metrics, "pp_rank")) <= {None, "", "0"}:
+        return [""] * len(metrics)
+    return [_rank(m) for m in metrics]
+
+
+def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]] | Columns, targets: _Targets, done: set[int]) -> int:
+    """Write one query's series into the timelines (an answer's results, or quantiles computed here as
+    :class:`Columns`). Returns the number of series used.
 
     Like the direct path: series of one (target, rank) combine with the signal's rule, and only the
     lowest TP rank of each DP rank counts (with --enable-metrics-for-all-schedulers every TP rank
     exports the same numbers)."""
-    cache: dict[float, str] = {}
+    if isinstance(result, Columns):
+        return _ingest_columns(q, result, targets, done)
     picked = _pick(result, targets, done) if _BATCH else None
     if picked is None:
         picked = _pick_reference(result, targets, done)
-    arrays = _values_batch([p[2] for p in picked]) if _BATCH else None
+    flat = _values_kept([p[2] for p in picked], targets) if _BATCH else None
+    return _write(q, picked, flat, targets, done)
+
+
+def _ingest_columns(q: Q.SignalQuery, cols: Columns, targets: _Targets, done: set[int]) -> int:
+    """:func:`_ingest` of quantiles computed here (:func:`quantile_columns`), as it reads their rows
+    (:meth:`Columns.rows`): NaN and infinite points dropped and counted as :func:`_values` does, series by series."""
+    picked = _picked(cols.metrics, list(range(len(cols.metrics))), targets, done)
+    sizes = np.diff(cols.ends, prepend=0)
+    ts, vs = cols.ts, cols.vs
+    if len(picked) < len(cols.metrics):  # the points of the picked series only, in order
+        k = np.array([p[2] for p in picked], dtype=np.int64)
+        n = sizes[k]
+        ends = np.cumsum(n, dtype=np.int64)
+        take = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - n - (cols.ends[k] - n), n)
+        ts, vs = ts[take], vs[take]
+    else:
+        ends = cols.ends
+    kept = _kept(ts, vs, ends, targets)
+    if kept is None:
+        return _ingest(q, cols.rows(), targets, done)  # not in time order (never, from quantile_columns): as rows
+    ts, vs, ends = kept
+    return _write(q, picked, (ts, vs, ends), targets, done)
+
+
+class _Grids:
+    """The sources and time grids of one query's series: range results sit on the step grid, so the series
+    of one grid share its times and sources (encoded once), each holding only its values
+    (:meth:`Series.with_values`, :meth:`Series.with_rows`)."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.cache: dict[float, str] = {}
+        self.grids: dict[bytes, Series] = {}
+
+    def source(self, t: float) -> str:
+        s = self.cache.get(t)
+        if s is None:
+            s = self.cache[t] = f"prometheus@{iso(t)} {self.shown}"
+        return s
+
+    def grid(self, ts: np.ndarray) -> Series:
+        key = ts.tobytes()
+        grid = self.grids.get(key)
+        if grid is None:
+            grid = self.grids[key] = Series(ts, np.zeros(len(ts)), [self.source(t) for t in ts.tolist()])
+        return grid
+
+    def on_grid(self, ts: np.ndarray, vals: Any) -> Series:
+        return self.grid(ts).with_values(vals)
+
+
+def _write(q: Q.SignalQuery, picked: list[tuple[dict[str, str], Timeline, Any]],
+           flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None, targets: _Targets, done: set[int]) -> int:
+    """:func:`_ingest` once the series are picked: their points are the flat columns ``flat`` (see
+    :func:`_values_flat`: one pass over the answer), or, without them, each series' ``values`` read by
+    :func:`_values` (the reference, which counts what it drops)."""
+    ranks = _ranks([p[0] for p in picked]) if q.per_rank else [""] * len(picked)
+    grids = _Grids(q.shown)
+    if flat is not None and q.kind != "prefill" and len(set(zip(map(id, map(_second, picked)), ranks, strict=True))) == len(picked):
+        return _write_singles(q, [p[1] for p in picked], ranks, flat, grids, done, targets.rows)
+    if flat is not None:
+        ts_all, vs_all, ends = flat
+        size_l, end_l = np.diff(ends, prepend=0).tolist(), ends.tolist()
+
+    def points(k: Any) -> tuple[np.ndarray, np.ndarray]:
+        # a series' arrays: sliced from the flat columns (k: its index), or already read (k: the arrays)
+        if flat is None:
+            return k  # type: ignore[no-any-return]
+        a, b = end_l[k] - size_l[k], end_l[k]
+        return (ts_all[a:b], vs_all[a:b]) if b > a else (_EMPTY, _EMPTY)
+
     # (target, rank) → [timeline, its series by (TP rank, mode), or None while it has one series: then that
-    # series' arrays and labels]; one series, the common case, is written as it is (what the grouping gives)
+    # series (its index in the flat columns, or its arrays) and labels]; one series, the common case, is
+    # written as it is (what the grouping gives)
     groups: dict[tuple[int, str], list[Any]] = {}
     for k, (metric, tl, values) in enumerate(picked):
-        pts = arrays[k] if arrays is not None else _values(values, targets)
-        if not len(pts[0]):
-            continue
-        rank = _rank(metric) if q.per_rank else ""
+        if flat is not None:
+            if not size_l[k]:
+                continue
+            pts: Any = k
+        else:
+            pts = _values(values, targets)
+            if not len(pts[0]):
+                continue
+        rank = ranks[k]
         g = groups.get((id(tl), rank))
         if g is None:
             groups[(id(tl), rank)] = [tl, None, pts, metric]
             continue
         if g[1] is None:
-            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [g[2]]}
-        g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(pts)
+            g[1] = {(_tp(g[3]), _label(g[3], "mode")): [points(g[2])]}
+        g[1].setdefault((_tp(metric), _label(metric, "mode")), []).append(points(pts))
     used = 0
     fresh: set[int] = set()
-
-    def source(t: float, shown: str = q.shown) -> str:
-        s = cache.get(t)
-        if s is None:
-            s = cache[t] = f"prometheus@{iso(t)} {shown}"
-        return s
-
-    grids: dict[bytes, Series] = {}
-
-    def on_grid(ts: np.ndarray, vals: Any) -> Series:
-        # range results sit on the step grid: the series of one grid share its times and sources (encoded
-        # once), each holding only its values (Series.with_values)
-        key = ts.tobytes()
-        grid = grids.get(key)
-        if grid is None:
-            grid = grids[key] = Series(ts, np.zeros(len(ts)), [source(t) for t in ts.tolist()])
-        return grid.with_values(vals)
-
+    on_grid = grids.on_grid
+    made: list[Series | None] = []
+    if flat is not None and q.kind != "prefill":  # the single series of a target and rank: a time grid at a time
+        made, steps, _n = _made(q, [p[1] for p in picked], ranks, flat, [g[2] for g in groups.values() if g[1] is None], grids, targets.rows)
     for (tid, rank), (tl, by_tp, one, metric) in groups.items():
+        if by_tp is None and made and made[one] is not None:
+            whole, step = made[one], steps[one]
+            if q.kind == "delta":
+                if q.total:
+                    tl.series[(q.total, rank)] = whole  # type: ignore[assignment]
+                if step is None:
+                    continue
+                whole = step
+            tl.series[(q.signal, rank)] = whole  # type: ignore[assignment]
+            fresh.add(tid)
+            used += 1
+            continue
         if by_tp is None:
+            one = points(one)
             if q.kind == "prefill":  # (split by mode)
                 by_tp = {(_tp(metric), _label(metric, "mode")): [one]}
             else:
@@ -789,7 +1028,7 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
             low = min(tp for tp, _m in by_tp)
             parts = {mode: vals for (tp, mode), vals in by_tp.items() if tp == low}
             if q.kind == "prefill":
-                used += _prefill(tl, rank, q, parts, source)
+                used += _prefill(tl, rank, q, parts, grids.source)
                 fresh.add(tid)
                 continue
             lists = [v for vals in parts.values() for v in vals]
@@ -813,6 +1052,104 @@ def _ingest(q: Q.SignalQuery, result: list[dict[str, Any]], targets: _Targets, d
         used += n_used
     done.update(fresh)
     return used
+
+
+def _write_singles(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   grids: _Grids, done: set[int], rows: dict[str, list[Any]]) -> int:
+    """:func:`_write` when each picked series is the only one of its (target, rank) and the points are
+    flat columns (``q.kind`` is not "prefill"): what its grouping gives, the series of each time grid
+    written at once (:func:`_same_times`, :meth:`Series.with_rows`, the per-step counts of a "delta" query
+    from a whole matrix). The grids of rank "" are noted in ``rows`` (:attr:`_Targets.rows`)."""
+    ts_all, vs_all, ends = flat
+    delta = q.kind == "delta"
+    made, steps, filled = _made(q, tls, ranks, flat, range(len(tls)), grids, rows)
+    if not delta and filled == len(tls):  # every series on a shared grid (the usual answer)
+        keys = {rank: (q.signal, rank) for rank in set(ranks)}  # (one key per rank: fewer objects to hold)
+        for tl, rank, whole in zip(tls, ranks, made, strict=True):
+            tl.series[keys[rank]] = whole  # type: ignore[assignment]
+        done.update(map(id, tls))
+        return len(tls)
+    used = 0
+    fresh: set[int] = set()
+    a = 0
+    for k, b in enumerate(ends.tolist()):
+        tl, rank, whole, step = tls[k], ranks[k], made[k], steps[k]
+        if whole is None:  # a series no other shares its times with, or an empty one
+            if b == a:
+                continue
+            t_arr, v_arr = ts_all[a:b], vs_all[a:b]
+            whole = grids.on_grid(t_arr, v_arr)
+            if delta and b - a > 1:
+                step = grids.on_grid(t_arr[1:], np.array(deltas(v_arr.tolist())))
+        a = b
+        if delta:
+            if q.total:
+                tl.series[(q.total, rank)] = whole
+            if step is None:
+                continue
+            whole = step
+        tl.series[(q.signal, rank)] = whole
+        fresh.add(id(tl))
+        used += 1
+    done.update(fresh)
+    return used
+
+
+def _made(q: Q.SignalQuery, tls: list[Timeline], ranks: list[str], flat: tuple[np.ndarray, np.ndarray, np.ndarray],
+          which: Sequence[int], grids: _Grids, rows: dict[str, list[Any]]) -> tuple[list[Series | None], list[Series | None], int]:
+    """The series ``which`` (each the only one of its target and rank) made a time grid at a time
+    (:func:`_same_times`, :meth:`Series.with_rows`): each series (for a "delta" query its running total),
+    a "delta" query's per-step counts (None: one point; the differences of a whole matrix), and how many
+    were made; those of a grid no other series shares are left None. The grids of rank "" are noted in
+    ``rows`` (:attr:`_Targets.rows`)."""
+    ts_all, vs_all, ends = flat
+    made: list[Series | None] = [None] * len(tls)
+    steps: list[Series | None] = [None] * len(tls)
+    delta = q.kind == "delta"
+    filled = 0
+    for members, times, vals in _same_times(ts_all, vs_all, ends, which):
+        filled += len(members)
+        series = grids.grid(times).with_rows(vals)
+        for k, s in zip(members, series, strict=True):
+            made[k] = s
+        if not delta:
+            pick = list(range(len(members))) if not any(ranks) else [j for j, k in enumerate(members) if not ranks[k]]
+            if pick:
+                rows.setdefault(q.signal, []).append(([tls[members[j]] for j in pick], [series[j] for j in pick], times,
+                                                      vals if len(pick) == len(members) else vals[pick]))
+        if delta and len(times) > 1:
+            cur, prev = vals[:, 1:], vals[:, :-1]
+            for k, s in zip(members, grids.grid(times[1:]).with_rows(np.where(cur >= prev, cur - prev, cur)), strict=True):
+                steps[k] = s
+    return made, steps, filled
+
+
+def _same_times(ts: np.ndarray, vs: np.ndarray, ends: np.ndarray, which: Sequence[int]) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """The series ``which`` (indexes into the flat columns ``ts``/``vs``, series ``k`` ending at
+    ``ends[k]``) grouped by their times, compared exactly: ``(indexes, their times, their values a row
+    each)`` for each time grid two or more of them share. Empty series, and a series whose times no other
+    has, are left out."""
+    if len(which) < 2:
+        return []
+    k = np.asarray(which, dtype=np.int64)
+    size = ends[k] - np.where(k > 0, ends[k - 1], 0)
+    k, size = k[size > 0], size[size > 0]
+    start = ends[k] - size
+    first = ts[start]
+    order = np.lexsort((first, size))  # (stable: each grid's series stay in their order)
+    k, size, start, first = k[order], size[order], start[order], first[order]
+    cut = np.flatnonzero((size[1:] != size[:-1]) | (first[1:] != first[:-1])) + 1
+    out: list[tuple[list[int], np.ndarray, np.ndarray]] = []
+    for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(k)], strict=True):
+        if b - a < 2:
+            continue
+        at = start[a:b, None] + np.arange(int(size[a]))
+        times = ts[at]
+        same = (times == times[0]).all(axis=1)
+        if int(same.sum()) < 2:
+            continue
+        out.append((k[a:b][same].tolist(), times[0].copy(), vs[at[same]]))
+    return out
 
 
 def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[tuple[np.ndarray, np.ndarray]]], source: Any) -> int:
@@ -840,6 +1177,11 @@ def _prefill(tl: Timeline, rank: str, q: Q.SignalQuery, by_mode: dict[str, list[
 
 
 def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
+    facts = _config_facts(result, targets) if _BATCH else None
+    if facts is not None:
+        for tl, name, val, src in facts:
+            tl.set_config(name, val, src)
+        return
     for r in result:
         if not isinstance(r, dict) or not isinstance(r.get("metric"), dict):
             targets.drop("shape")
@@ -855,6 +1197,40 @@ def _ingest_config(result: list[dict[str, Any]], targets: _Targets) -> None:
         ts, x = float(t_arr[-1]), float(v_arr[-1])
         val: Any = int(x) if x.is_integer() else x
         tl.set_config(M.CONFIG_GAUGES[base], val, f"prometheus@{iso(ts)} sglang:{base}")
+
+
+def _config_facts(result: list[Any], targets: _Targets) -> list[tuple[Timeline, str, Any, str]] | None:
+    """The config facts :func:`_ingest_config` sets, in its order, for a plain answer (its series' labels
+    strings, every series it reads a non-empty list of finite points in time order, :func:`_values_flat`);
+    None otherwise: the caller then takes the loop, which counts what it drops."""
+    if not result:
+        return []
+    metrics = _plain_metrics(result)
+    if metrics is None:
+        return None
+    keep: list[tuple[Timeline, str]] = []
+    lists: list[Any] = []
+    names = list(_column(metrics, "__name__", ""))
+    bases = {name: M.normalise(name) for name in set(names)}
+    for r, name, tl, rank in zip(result, names, _timelines(metrics, targets), _ranks(metrics), strict=True):
+        base = bases[name]
+        if tl is None or base not in M.CONFIG_GAUGES or rank not in ("", "dp0"):
+            continue
+        keep.append((tl, base))  # type: ignore[arg-type]
+        lists.append(r.get("values"))
+    flat = _values_flat(lists)
+    if flat is None or (len(lists) and not bool((np.diff(flat[2], prepend=0) > 0).all())):
+        return None  # (an empty list: the loop reads the result's "value" instead)
+    ts, vs, ends = flat
+    last = ends - 1
+    shown: dict[float, str] = {}
+    out: list[tuple[Timeline, str, Any, str]] = []
+    for (tl, base), t, x in zip(keep, ts[last].tolist(), vs[last].tolist(), strict=True):
+        when = shown.get(t)
+        if when is None:
+            when = shown[t] = f"prometheus@{iso(t)}"
+        out.append((tl, M.CONFIG_GAUGES[base], int(x) if x.is_integer() else x, f"{when} sglang:{base}"))
+    return out
 
 
 def _missing(targets: _Targets, failed: dict[str, str]) -> list[str]:

@@ -305,6 +305,33 @@ class Series:
         out._unsorted = False
         return out
 
+    def with_rows(self, rows: np.ndarray) -> list[Series]:
+        """:meth:`with_values` for each row of ``rows`` (2-D, a row per series, as many columns as points):
+        a fleet's range query writes a whole time grid of series at once. Each series gets its own copy of
+        its row (a view would keep the whole matrix alive as long as any one of them is: a target that
+        leaves a fleet keeps its last timeline in ``serve``)."""
+        rows = np.asarray(rows, dtype=_FLOAT)
+        lo, hi = self._lo, self._hi
+        if rows.ndim != 2 or rows.shape[1] != hi - lo:
+            raise ValueError(f"a series needs as many values as times (got rows of {rows.shape[1:]} and {hi - lo})")
+        if self._unsorted or lo != 0 or hi != len(self._t):
+            return [self.with_values(v) for v in rows]
+        t, lab, line, labels, ids, live = self._t, self._lab, self._line, self._labels, self._ids, self._live_labels
+        new = Series.__new__
+        out = []
+        for v in rows:
+            s = new(Series)
+            s._t, s._v, s._lab, s._line = t, v.copy(), lab, line
+            s._lo, s._hi = 0, hi
+            s._labels, s._ids = labels, ids
+            s._owner = False  # writing to it first copies (it must never write into the shared buffers)
+            s._views = None
+            s._exposed = True
+            s._live_labels = live
+            s._unsorted = False
+            out.append(s)
+        return out
+
     @classmethod
     def _from_columns(cls, ts: np.ndarray, values: np.ndarray, labels: list[str], lab: np.ndarray, line: np.ndarray) -> Series:
         """A series owning these columns (``lab`` indexes ``labels``)."""
