@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
@@ -81,41 +81,65 @@ def evaluate(
     rules: list[type[Rule]] | None = None,
     extras: dict[str, Any] | None = None,
     workers: int | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Report:
     """Run the target rules over each timeline and the fleet rules over all of them, then check the
     suggestions and put the findings in the report's one order. ``workers``: processes to split the
-    target rules over (None: :func:`diagnoser.forkmap.workers_for`, by the CPUs and the targets; 1: here)."""
+    target rules over (None: :func:`diagnoser.forkmap.workers_for`, by the CPUs and the targets; 1: here).
+    ``meanwhile``: the caller's work that does not need the findings (the report's signal tables), run in
+    this process while the workers judge targets (always run, once)."""
     t0 = time.perf_counter()
     report = Report()
     rules = rules if rules is not None else list(REGISTRY)
     thresholds = thresholds or {}
     instances = [r() for r in rules]
     target_rules = [(rule, rule.defaults, thresholds.get(rule.name)) for rule in instances if rule.scope == "target"]
+    fleet_rules = [r for r in instances if r.scope == "fleet"]
+    fleet: list[tuple[list[Finding], list[RuleError], list[dict[str, Any]]]] = []
+
+    def here() -> None:  # this process's own work while workers judge targets: the fleet rules read only timelines
+        fleet.append(_judge_fleet(fleet_rules, timelines, thresholds, adapter))
+        if meanwhile is not None:
+            meanwhile()
+
     if target_rules and timelines:
         n = workers if workers is not None else forkmap.workers_for(len(timelines), PARALLEL_MIN_TARGETS)
         judge = partial(_judge, target_rules, adapter, extras)
-        for findings, errors, checked in forkmap.split_map(judge, timelines, n):
+        for findings, errors, checked in forkmap.split_map(judge, timelines, n, meanwhile=here):
             report.findings.extend(findings)
             report.errors.extend(errors)
             report.checked.extend(checked)
-    fleet_rules = [r for r in instances if r.scope == "fleet"]
+    else:
+        here()
+    for findings, errors, checked in fleet:  # (after the targets', as the fleet rules always came)
+        report.findings.extend(findings)
+        report.errors.extend(errors)
+        report.checked.extend(checked)
+    check_suggestions(report, timelines, extras)
+    report.findings[:] = cause_order(report.findings)
+    report.duration_s = time.perf_counter() - t0
+    return report
+
+
+def _judge_fleet(fleet_rules: list[Rule], timelines: list[Timeline], thresholds: dict[str, dict[str, Any]],
+                 adapter: Any) -> tuple[list[Finding], list[RuleError], list[dict[str, Any]]]:
+    """The fleet rules over all the timelines: (findings, errors, checked)."""
+    findings: list[Finding] = []
+    errors: list[RuleError] = []
+    checked: list[dict[str, Any]] = []
     for rule in fleet_rules:
         cfg = dict(rule.defaults)
         cfg.update(thresholds.get(rule.name, {}))
         try:
             out = rule.evaluate_fleet(timelines, cfg, adapter)  # type: ignore[attr-defined]
         except Exception as e:
-            report.errors.append(RuleError(rule.name, "fleet", f"{type(e).__name__}: {e}"))
-            report.checked.append(_checked(rule, "fleet", "error", f"the rule failed: {type(e).__name__}"))
+            errors.append(RuleError(rule.name, "fleet", f"{type(e).__name__}: {e}"))
+            checked.append(_checked(rule, "fleet", "error", f"the rule failed: {type(e).__name__}"))
             continue
-        report.checked.append(_checked(rule, "fleet", "fired" if out else "fine",
-                                       "see its finding" if out else f"over {len(timelines)} target(s), its condition did not hold"))
-        for f in out or []:
-            report.findings.append(f)
-    check_suggestions(report, timelines, extras)
-    report.findings[:] = cause_order(report.findings)
-    report.duration_s = time.perf_counter() - t0
-    return report
+        checked.append(_checked(rule, "fleet", "fired" if out else "fine",
+                                "see its finding" if out else f"over {len(timelines)} target(s), its condition did not hold"))
+        findings.extend(out or [])
+    return findings, errors, checked
 
 
 def _judge(target_rules: list[tuple[Rule, dict[str, Any], dict[str, Any] | None]], adapter: Any, extras: dict[str, Any] | None,

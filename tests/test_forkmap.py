@@ -22,7 +22,9 @@ ITEMS = list(range(1000))
 
 
 def squares(share: Sequence[int]) -> list[tuple[int, int, bool]]:
-    """Each item's square, and whether it was computed in a worker."""
+    """Each item's square, and whether it was computed in a worker (a few ms a chunk: long enough for a
+    worker to start before this process has taken every chunk)."""
+    time.sleep(0.005)
     return [(i, i * i, os.getpid() != PARENT) for i in share]
 
 
@@ -53,16 +55,37 @@ def test_shares_cover_the_items_in_order() -> None:
 def test_the_split_gives_the_serial_answer_and_uses_workers(capfd: pytest.CaptureFixture[str]) -> None:
     got = forkmap.split_map(squares, ITEMS, 3)
     assert flat(got) == [(i, i * i) for i in ITEMS]
-    assert len(got) == 3
-    assert not any(w for _, _, w in got[0]) and all(w for part in got[1:] for _, _, w in part)
+    assert len(got) == 3 * forkmap.CHUNKS_PER_WORKER  # chunks, in order, whoever computed them
+    assert any(w for part in got for _, _, w in part)
     assert forkmap.stats.forked == 2 and forkmap.stats.fell_back == 0
     assert capfd.readouterr() == ("", "")
     _no_children_left()
 
 
+def test_the_workers_take_the_chunks_while_this_process_is_busy() -> None:
+    """The queue balances the work: while this process runs ``meanwhile`` the workers take the chunks."""
+    ran: list[int] = []
+
+    def busy() -> None:
+        ran.append(os.getpid())
+        time.sleep(1.0)
+
+    def slow(share: Sequence[int]) -> list[tuple[int, int, bool]]:
+        time.sleep(0.01)
+        return squares(share)
+
+    got = forkmap.split_map(slow, ITEMS, 2, meanwhile=busy)
+    assert flat(got) == [(i, i * i) for i in ITEMS] and ran == [PARENT]
+    by_worker = sum(1 for part in got if part and part[0][2])
+    assert by_worker >= 0.75 * len(got), f"{by_worker} of {len(got)} chunks computed by the worker"
+    ran.clear()
+    assert flat(forkmap.split_map(squares, ITEMS, 1, meanwhile=busy)) == [(i, i * i) for i in ITEMS] and ran == [PARENT]
+
+
 def test_one_worker_or_one_item_runs_here() -> None:
     assert flat(forkmap.split_map(squares, ITEMS, 1)) == [(i, i * i) for i in ITEMS]
     assert flat(forkmap.split_map(squares, [5], 4)) == [(5, 25)]
+    assert forkmap.split_map(squares, [], 4) == [[]]
     assert forkmap.stats.forked == 0
 
 
@@ -107,6 +130,12 @@ def test_a_refused_fork_runs_the_share_here(monkeypatch: pytest.MonkeyPatch) -> 
     got = forkmap.split_map(squares, ITEMS, 3)
     assert flat(got) == [(i, i * i) for i in ITEMS]
     assert forkmap.stats.forked == 0 and "could not be started" in forkmap.last_problem()
+
+
+def test_without_a_queue_every_chunk_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forkmap, "_queue", lambda n: None)
+    assert flat(forkmap.split_map(squares, ITEMS, 3)) == [(i, i * i) for i in ITEMS]
+    assert forkmap.stats.forked == 0
 
 
 def test_a_worker_forked_from_a_thread_beside_a_held_lock() -> None:

@@ -345,3 +345,16 @@ def test_owned_copies_every_container_and_keeps_scalars() -> None:
     cycle: list[Any] = []
     cycle.append(cycle)
     assert owned(cycle)  # (a cycle is cut past a depth no output keeps, not followed for ever)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_parts_built_while_the_rules_run_are_the_ones_build_makes(seed: int) -> None:
+    """``prepare`` (run by ``evaluate``'s ``meanwhile`` while workers judge targets) gives the document
+    build() makes alone; parts prepared from another list of timelines are not used."""
+    col, rep = hostile_fleet(seed)
+    prepared: list[R.Prepared] = []
+    rep2 = evaluate(col.timelines, get_adapter(), workers=2, meanwhile=lambda: prepared.append(R.prepare(col)))
+    assert len(prepared) == 1
+    same(R.build(col, rep2, prepared=prepared[0]), R.build(col, rep))
+    stale = R.prepare(SimpleNamespace(timelines=col.timelines[1:]))
+    same(R.build(col, rep, prepared=stale), R.build(col, rep))

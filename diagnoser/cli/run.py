@@ -295,16 +295,18 @@ def analyse(args: argparse.Namespace, col: Any, adapter: Any) -> tuple[Any, dict
         "ignore_eos": getattr(args, "ignore_eos", None),
         "unreachable": getattr(col, "unreachable", {}),
     }
-    report = evaluate(col.timelines, adapter, thresholds, select_rules(args.select, args.ignore), extras)
+    from diagnoser.outputs.report import build, prepare
+
+    prepared = []  # the report's parts that do not wait for the findings, built while workers judge targets
+    report = evaluate(col.timelines, adapter, thresholds, select_rules(args.select, args.ignore), extras,
+                      meanwhile=lambda: prepared.append(prepare(col)))
     try:
         from diagnoser.advice import enrich
 
         enrich(report, col.timelines, extras)
     except ImportError:
         pass
-    from diagnoser.outputs.report import build
-
-    doc = build(col, report, Severity.parse(args.fail_on))
+    doc = build(col, report, Severity.parse(args.fail_on), prepared=prepared[0] if prepared else None)
     if getattr(args, "client_results", None):
         doc["client"] = client_section(args.client_results, col.timelines)
     return report, doc

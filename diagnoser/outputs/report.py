@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -294,9 +295,29 @@ def top_causes(report: Any, targets: list[str]) -> dict[str, dict[str, Any]]:
 
 
 @gcpause.paused()  # its dicts and lists hold no cycles: 1.5 s of 4.4 at 10,000 fleet targets (bench/bench_fleet.py)
-def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, engine: str = "sglang", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(slots=True)
+class Prepared:
+    """The parts of a report that do not depend on the findings (each timeline's span, signal table and
+    config table), built while the rules run (``cli/run.py analyse`` passes :func:`prepare` to
+    ``evaluate`` as its ``meanwhile``: this process builds them while worker processes judge targets)."""
+
+    timelines: list[Timeline]  # the list they were built from (build() checks it is the collection's)
+    spans: list[tuple[float | None, float | None]]
+    tables: list[dict[str, dict[str, Any]]]
+    config: dict[str, dict[str, dict[str, Any]]]
+
+
+def prepare(collection: Any) -> Prepared:
     tls: list[Timeline] = collection.timelines
-    spans = [tl.span() for tl in tls]
+    return Prepared(list(tls), [tl.span() for tl in tls], signal_tables(tls), {tl.target: config_table(tl) for tl in tls})
+
+
+def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, engine: str = "sglang", extra: dict[str, Any] | None = None,
+          prepared: Prepared | None = None) -> dict[str, Any]:
+    tls: list[Timeline] = collection.timelines
+    if prepared is None or len(prepared.timelines) != len(tls) or any(a is not b for a, b in zip(prepared.timelines, tls, strict=True)):
+        prepared = prepare(collection)
+    spans = prepared.spans
     starts = [s for s, _e in spans if s is not None]
     ends = [e for _s, e in spans if e is not None]
     version = next((tl.version for tl in tls if tl.version), None)
@@ -312,7 +333,7 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
     engines = {tl.target: getattr(tl, "engine", "sglang") for tl in tls}
     if engine == "sglang" and engines and set(engines.values()) != {"sglang"}:  # detected per input
         engine = "+".join(sorted(set(engines.values())))
-    tables = signal_tables(tls)
+    tables = prepared.tables
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "status": status,
@@ -320,7 +341,7 @@ def build(collection: Any, report: Any, fail_on: Severity = Severity.WARNING, en
         "version": version,
         "inputs": owned([i.to_dict() for i in collection.inputs]),
         "window": {"start": None if untimed else iso(min(starts)) if starts else None, "end": None if untimed else iso(max(ends)) if ends else None},
-        "config": {tl.target: config_table(tl) for tl in tls},
+        "config": prepared.config,
         "signals": None,  # (below)
         "findings": findings,
         "errors": owned([e.to_dict() for e in report.errors] + [{"source": "input", "error": m} for m in collection.errors]),
