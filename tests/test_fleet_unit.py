@@ -310,3 +310,20 @@ def test_refused_bucket_rates_fall_back_to_prometheus_quantiles() -> None:
     # each refused histogram's quantiles were asked instead (and only those: one per quantile query of the plan)
     plan = Q.plan("", 15, 60)
     assert sum(q.startswith("histogram_quantile") for q in queries) == sum(1 for q in plan if q.kind == "quantile")
+
+
+def test_answers_are_asked_uncompressed_only_on_loopback() -> None:
+    """gzip pays across a network (answers compress 50-70x); on loopback it only costs CPU on both ends."""
+    from diagnoser.fleet.promapi import PromAPI, _loopback
+
+    for url in ("http://127.0.0.1:9090", "localhost:9090", "http://[::1]:9090", "http://127.5.5.5", "http://u:pw@127.0.0.1:1/x"):
+        assert _loopback(PromAPI(url).url), url
+    for url in ("http://10.0.0.1:9090", "https://prom.example:9090", "http://localhost.example", "http://[::ffff:10.0.0.1]"):
+        assert not _loopback(PromAPI(url).url), url
+    near, far = PromAPI("http://127.0.0.1:9090"), PromAPI("https://prom.example:9090")
+    try:
+        assert near.client is not None and near.client.headers["accept-encoding"] == "identity"
+        assert far.client is not None and far.client.headers["accept-encoding"] == "gzip, deflate"
+    finally:
+        near.close()
+        far.close()

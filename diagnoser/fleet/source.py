@@ -567,14 +567,17 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         rates = Q.bucket_rates(plan, matchers, win.rate_window) if _LOCAL_QUANTILES else {}
         jobs = [q for q in plan if not (q.kind == "quantile" and q.base in rates)] + [job for job, _qs in rates.values()]
         ordered = sorted(jobs, key=lambda q: q.kind not in ("quantile", "buckets"))
-        futures = [pool.submit(run, q) for q in ordered]
-        plan_of = dict(zip(futures, ordered, strict=True))
+        slow = [q for q in ordered if q.kind in ("quantile", "buckets")]
+        futures = [pool.submit(run, q) for q in slow]
         # config gauges: a few points over the whole range (an instant query would see only the last 5 min)
         # (a step of the whole range could evaluate at the start alone: Prometheus rounds the times to ms,
-        # and start + step may land past the end)
+        # and start + step may land past the end). Sent right after the slow bucket queries, beside them: they
+        # are needed only at the end, and sent last they were the pass's last 0.6 s at 10,000 targets
         cfg_step = min(max((win.end - win.start) / 4, 1.0), 240.0)
         cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
         bkt_future = pool.submit(api.query_range, bucket_query(matchers), win.start, win.end, cfg_step)  # the bucket bounds
+        futures += [pool.submit(run, q) for q in ordered[len(slow):]]
+        plan_of = dict(zip(futures, ordered, strict=True))
         def handle(q: Q.SignalQuery, raw: Any, err: str) -> None:
             nonlocal used
             if q.kind == "buckets":
