@@ -141,12 +141,13 @@ def _quantiles_dense(q: float, bounds: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
-def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[dict[str, Any]]] | None:
-    """``{q: rows}``: the rows Prometheus answers for ``histogram_quantile(q, sum by (le, job, instance,
-    model_name, name) (X))`` given ``result``, its answer for ``X`` (a matrix), for each ``q``; each row
-    ``{"metric": {…}, "values": [[t, float], …]}``. None when the answer is not plain (see the module)."""
-    if not result:
-        return {q: [] for q in qs}
+_group_key = itemgetter(*GROUP_LABELS[:3])
+_le = itemgetter("le")
+
+
+def _plain(result: list[Any]) -> tuple[list[dict[str, str]], list[Any], list[str], dict[str, float | None]] | None:
+    """A bucket-rate answer's label sets, values, each series' ``le`` and each ``le``'s bound, when the
+    answer is plain (dicts with a metric of string labels and values, every ``le`` a bound); else None."""
     if set(map(type, result)) != {dict}:
         return None
     try:
@@ -156,7 +157,10 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
         return None
     if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
         return None
-    les_text = [m.get("le") for m in metrics]
+    try:
+        les_text: list[Any] = list(map(_le, metrics))
+    except KeyError:
+        les_text = list(map(dict.get, metrics, repeat("le")))
     bound_of: dict[str, float | None] = {}
     for le in set(les_text):
         if type(le) is not str:
@@ -164,6 +168,19 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
         bound_of[le] = parse_le(le)
         if bound_of[le] is None:
             return None
+    return metrics, series_vals, les_text, bound_of
+
+
+def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[dict[str, Any]]] | None:
+    """``{q: rows}``: the rows Prometheus answers for ``histogram_quantile(q, sum by (le, job, instance,
+    model_name, name) (X))`` given ``result``, its answer for ``X`` (a matrix), for each ``q``; each row
+    ``{"metric": {…}, "values": [[t, float], …]}``. None when the answer is not plain (see the module)."""
+    if not result:
+        return {q: [] for q in qs}
+    plain = _plain(result)
+    if plain is None:
+        return None
+    metrics, series_vals, les_text, bound_of = plain
     groups: dict[tuple[str, ...], int] = {}
     g_idx = [groups.setdefault(k, len(groups)) for k in
              [(m.get("job", ""), m.get("instance", ""), m.get("model_name", ""), m.get("name", "")) for m in metrics]]
@@ -219,35 +236,15 @@ class Columns:
         return out
 
 
-_group_key = itemgetter(*GROUP_LABELS[:3])
-_le = itemgetter("le")
-
-
 def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Columns] | None:
     """:func:`quantile_rows` as flat columns: the same groups, times and floats, without a Python list per
     point (tests/test_fleet_speed.py holds the two equal); the labels read a column at a time."""
     if not result:
         return {q: Columns([], np.zeros(0), np.zeros(0), np.zeros(0, np.int64)) for q in qs}
-    if set(map(type, result)) != {dict}:
+    plain = _plain(result)
+    if plain is None:
         return None
-    try:
-        metrics = list(map(_metric, result))
-        series_vals = list(map(_values_of, result))
-    except KeyError:
-        return None
-    if set(map(type, metrics)) != {dict} or not set(map(type, chain.from_iterable(map(dict.values, metrics)))) <= {str}:
-        return None
-    try:
-        les_text: list[Any] = list(map(_le, metrics))
-    except KeyError:
-        les_text = list(map(dict.get, metrics, repeat("le")))
-    bound_of: dict[str, float | None] = {}
-    for le in set(les_text):
-        if type(le) is not str:
-            return None
-        bound_of[le] = parse_le(le)
-        if bound_of[le] is None:
-            return None
+    metrics, series_vals, les_text, bound_of = plain
     try:  # (job, instance, model_name): in every label set, and `name` in none (the usual case)
         keys: list[tuple[str, ...]] = list(map(_group_key, metrics))
         if any(map(dict.__contains__, metrics, repeat("name"))):
