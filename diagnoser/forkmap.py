@@ -260,11 +260,13 @@ def _fork(fn: Callable[[Sequence[T]], R], items: Sequence[T], parts: list[tuple[
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
             except ValueError:
                 pass
-            done: dict[int, Any] = {}
+            # each chunk's result pickled as soon as it is computed, while other chunks are still queued: at
+            # the end only the bytes are left to send
+            done: dict[int, bytes] = {}
             try:
                 while (i := _next(queue)) is not None:
                     lo, hi = parts[i]
-                    done[i] = fn(items[lo:hi])
+                    done[i] = pickle.dumps(fn(items[lo:hi]), protocol=pickle.HIGHEST_PROTOCOL)
                 payload = pickle.dumps(("ok", done), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException as e:  # noqa: BLE001 — sent back as text with what was done; the parent computes the rest
                 payload = pickle.dumps(("error", f"{type(e).__name__}: {e}"[:300], done), protocol=pickle.HIGHEST_PROTOCOL)
@@ -326,12 +328,13 @@ def _result(c: _Child) -> dict[int, Any] | None:
     if not c.failed:
         try:
             answer = pickle.loads(c.buf)
+            frames = {i: pickle.loads(b) for i, b in answer[-1].items()}
         except Exception as e:  # noqa: BLE001 — a truncated or garbled answer
             c.failed = f"a worker process's answer could not be read ({type(e).__name__})"
         else:
             if answer[0] == "ok":
-                return answer[1]  # type: ignore[no-any-return]
-            c.failed, got = f"a worker process failed ({answer[1]})", answer[2]
+                return frames
+            c.failed, got = f"a worker process failed ({answer[1]})", frames
         finally:
             c.buf = bytearray()
     _problem(f"{c.failed}; its chunks were computed in this process")
