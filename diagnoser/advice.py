@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from diagnoser import gcpause
 from diagnoser.capacity.build import planner_for
 from diagnoser.capacity.whatif import Planner, Scenario
 from diagnoser.evaluate import Report, RuleError, check_suggestions, version_tuple, vet_suggestion
@@ -139,6 +140,7 @@ def _kv_saturation(f: Finding, planner: Planner, now: Scenario, notes: list[str]
             f.notes.append(n)
 
 
+@gcpause.paused()  # (as evaluate: after a fleet pass a cyclic collection would walk every object the pass made)
 def enrich(report: Report, timelines: list[Timeline], extras: dict[str, Any] | None = None) -> None:
     extras = dict(extras or {})
     try:
