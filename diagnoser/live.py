@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from diagnoser import gcpause
 from diagnoser.collect import finalize
 from diagnoser.engines.sglang.versions import VersionRange
 from diagnoser.evaluate import Hysteresis, Report, cause_order, evaluate
@@ -413,6 +414,7 @@ class LiveMonitor:
             return True
         return (self.tick_no + i) % self._eval_every == 0
 
+    @gcpause.paused()  # (a fleet's tick makes millions of acyclic objects: windows, findings, checks)
     def tick(self, now: float | None = None, scrape: bool = True) -> Snapshot:
         """One pass: poll (optionally), trim, evaluate the due windows, hysteresis, publish a snapshot."""
         if scrape:
