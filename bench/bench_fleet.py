@@ -245,7 +245,8 @@ def main() -> int:
               f"{ps / base_pass:6.2f} {float(passes[0]['bytes']) / 2**20:8.1f} {mem / 2**20:8.0f}M {mem / base_mem:6.2f} {per:8.1f} "
               f"{med('render'):7.2f}   CPU: collect {med('cpu_collect'):.2f} s, eval+rep {med('cpu_evaluate'):.2f} s here + "
               f"{med('cpu_workers'):.2f} s in workers, Prometheus {med('prom_cpu'):.2f} s; parent peak RSS "
-              f"{max(float(p['rss']) for p in passes) / 2**20:.0f}M")  # type: ignore[arg-type]
+              f"{max(float(p['rss']) for p in passes) / 2**20:.0f}M, summed RSS of the processes "
+              f"{max(float(p['tree_rss']) for p in passes) / 2**20:.0f}M (counts the pages they share twice)")  # type: ignore[arg-type]
         bad = [p for p in passes if p["failed"] or int(p["timelines"]) != n]  # type: ignore[call-overload]
         if bad:
             ok = False
