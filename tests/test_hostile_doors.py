@@ -236,3 +236,18 @@ def test_serve_replay_pages_answer_for_the_hostile_bundle(bundle: Path) -> None:
             proc.wait()
     err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_numbers_at_the_edge_of_float_print_no_numpy_warning(tmp_path: Path) -> None:
+    """Gauges and counters at ±1.7e308 (finite, so read) overflow in sums and rates: the arithmetic gives inf or
+    NaN, which the rules read as no number, and the terminal gets the report, not NumPy's warning lines."""
+    names = ["num_running_reqs", "num_queue_reqs", "token_usage", "generation_tokens_total", "prompt_tokens_total", "num_requests_total"]
+    files = []
+    for i, v in enumerate(("1.7e308", "-1.7e308", "1.7e308")):
+        f = tmp_path / f"m{i}.prom"
+        f.write_text("".join(f"# TYPE sglang:{n} {'counter' if n.endswith('_total') else 'gauge'}\nsglang:{n}{{model_name=\"m\"}} {v}\n"
+                             for n in names))
+        files += ["--metrics-file", str(f)]
+    p = diagnose("--once", *files)
+    check(p)
+    assert p.stderr == b"" and b"diagnoser" in p.stdout, p.stderr.decode(errors="replace")[-2000:]

@@ -8,6 +8,7 @@ import gc
 import importlib
 import os
 import sys
+import warnings
 
 # diagnoser does no linear algebra: one BLAS thread instead of one per core, which OpenBLAS would start
 # at numpy's import (about 0.1 s of CPU at every start on 2 cores). A value the user set is kept.
@@ -77,8 +78,15 @@ def resume_gc() -> None:
         gc.enable()
 
 
+# NumPy's floating-point warnings (a hostile 1.7e308 summed, a 0/0 rate): the arithmetic already gives inf or
+# NaN, which every rule reads as "no number"; printed, they would be lines of a source file on the terminal
+FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encountered"
+
+
 def main(argv: list[str] | None = None) -> int:
     _pause_gc(freeze=argv is None)  # the console script: nothing of a caller's to freeze
+    if argv is None:  # (the console script: a caller of main() keeps its own warning filters)
+        warnings.filterwarnings("ignore", message=FP_WARNINGS, category=RuntimeWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("-h", "--help"):
