@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ def test_a_failed_worker_still_gives_the_one_process_report(timelines: list[Time
     def flaky(*args: Any) -> Any:
         if os.getpid() != parent:
             raise MemoryError("the worker ran out")
+        time.sleep(0.02)  # (this process slower: the worker takes a chunk before this one has taken them all)
         return real(*args)
 
     one = _report(timelines, 1)

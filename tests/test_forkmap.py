@@ -22,10 +22,11 @@ ITEMS = list(range(1000))
 
 
 def squares(share: Sequence[int]) -> list[tuple[int, int, bool]]:
-    """Each item's square, and whether it was computed in a worker (a few ms a chunk: long enough for a
-    worker to start before this process has taken every chunk)."""
-    time.sleep(0.005)
-    return [(i, i * i, os.getpid() != PARENT) for i in share]
+    """Each item's square, and whether it was computed in a worker. A chunk takes this process 20 ms, a
+    worker 5 ms: every worker starts and takes chunks before this process has taken them all."""
+    worker = os.getpid() != PARENT
+    time.sleep(0.005 if worker else 0.02)
+    return [(i, i * i, worker) for i in share]
 
 
 def flat(results: list[list[tuple[int, int, bool]]]) -> list[tuple[int, int]]:
@@ -68,7 +69,7 @@ def test_the_workers_take_the_chunks_while_this_process_is_busy() -> None:
 
     def busy() -> None:
         ran.append(os.getpid())
-        time.sleep(1.0)
+        time.sleep(2.0)
 
     def slow(share: Sequence[int]) -> list[tuple[int, int, bool]]:
         time.sleep(0.01)
