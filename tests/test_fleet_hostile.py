@@ -307,6 +307,41 @@ def test_series_on_one_grid_share_times_and_sources_and_copy_on_write() -> None:
         grid.with_values([1.0])
 
 
+def test_every_answer_is_parsed_in_the_passs_thread_and_held_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The side queries (config gauges, bucket bounds) are read beside the others but, as they are, parsed
+    in the thread running the pass, one parse at a time: parsed in a worker, a large one was parsed beside
+    another (the 1 GB test below went over on some runs)."""
+    from tests.test_fleet_unit import FakeProm, matrix
+
+    a = {"job": "sglang", "instance": "a:30000", "model_name": "m"}
+    fake = FakeProm([{"__name__": "sglang:num_running_reqs", **a}], {"num_running_reqs": [matrix(a, [4, 4, 5, 5, 5])]},
+                    config=[{"metric": {"__name__": "sglang:max_total_num_tokens", **a}, "values": [[END - 60, "65536"], [END, "65536"]]}])
+    me = threading.get_ident()
+    lock = threading.Lock()
+    state = {"parsing": 0, "at_once": 0, "parses": 0}
+    threads: set[int] = set()
+    real_parse = PromAPI._parse
+
+    def parse(self: PromAPI, answer: Any, *a: Any, **kw: Any) -> Any:
+        with lock:
+            threads.add(threading.get_ident())
+            state["parses"] += 1
+            state["parsing"] += 1
+            state["at_once"] = max(state["at_once"], state["parsing"])
+        try:
+            time.sleep(0.01)  # (a parse takes time: another one would start beside it)
+            return real_parse(self, answer, *a, **kw)
+        finally:
+            with lock:
+                state["parsing"] -= 1
+
+    monkeypatch.setattr(PromAPI, "_parse", parse)
+    col = _collect(fake)
+    assert [tl.cfg("max_total_tokens") for tl in col.timelines] == [65536]  # the config gauges were read
+    assert threads == {me}, "an answer was parsed in a worker thread"
+    assert state["at_once"] == 1 and state["parses"] >= 3, state  # (discovery, the signals, the side queries)
+
+
 CHILD = """
 import argparse, json, resource, sys
 from diagnoser.engines import get_adapter

@@ -544,6 +544,16 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                 timed.add(q.signal)
             return [q, None, str(e), False]
 
+    def side(query: str, step: float) -> list[Any]:
+        """A side query (config gauges, bucket bounds), held as the others are: [answer, None] or [None, the error]."""
+        if not gate.acquire(timeout=max(0.0, api.pass_deadline - time.monotonic())):
+            return [None, PromError("its query was not sent before the pass's deadline")]
+        try:
+            return [api.query_range(query, win.start, win.end, step, raw=True), None]
+        except PromError as e:
+            gate.release()
+            return [None, e]
+
     def group(q: Q.SignalQuery) -> str:  # queries whose ingestion order matters go together
         return "cache_hit_rate" if q.signal in ("cache_hit_rate", Q.PREFILL) else q.signal
 
@@ -574,10 +584,29 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         # and start + step may land past the end). Sent right after the slow bucket queries, beside them: they
         # are needed only at the end, and sent last they were the pass's last 0.6 s at 10,000 targets
         cfg_step = min(max((win.end - win.start) / 4, 1.0), 240.0)
-        cfg_future = pool.submit(api.query_range, Q.config_query(matchers), win.start, win.end, cfg_step)
-        bkt_future = pool.submit(api.query_range, bucket_query(matchers), win.start, win.end, cfg_step)  # the bucket bounds
+        # Both are read unparsed and parsed here as they come in, one parse at a time with the others: parsed
+        # in a worker they could be parsed beside this thread's parse (tests/test_fleet_hostile.py's peak)
+        cfg_future = pool.submit(side, Q.config_query(matchers), cfg_step)
+        bkt_future = pool.submit(side, bucket_query(matchers), cfg_step)  # the bucket bounds
+        side_got: dict[Any, Any] = {}  # future → the parsed result, or the PromError
         futures += [pool.submit(run, q) for q in ordered[len(slow):]]
         plan_of = dict(zip(futures, ordered, strict=True))
+
+        def side_done(fut: Any) -> None:
+            box = fut.result()
+            raw, err = box
+            box.clear()
+            if err is None:
+                try:
+                    side_got[fut] = api.finish(raw)
+                except PromError as e:
+                    side_got[fut] = e
+                finally:
+                    del raw
+                    gate.release()
+            else:
+                side_got[fut] = err
+
         def handle(q: Q.SignalQuery, raw: Any, err: str) -> None:
             nonlocal used
             if q.kind == "buckets":
@@ -630,8 +659,12 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
                         handle(sq, None, str(e))
 
         done_futs: set[Any] = set()
+        sides = (cfg_future, bkt_future)
         try:  # every call ends by the pass deadline (its socket is shut then): the extra time is a safety net
-            for fut in as_completed(futures, timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0):
+            for fut in as_completed([*futures, *sides], timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0):
+                if fut in sides:
+                    side_done(fut)
+                    continue
                 done_futs.add(fut)
                 box = fut.result()
                 q, answer, err, held = box
@@ -648,19 +681,24 @@ def _collect(api: PromAPI, adapter: Any, matchers: str, win: Window, col: FleetC
         for fut in late:
             fut.cancel()
             handle(plan_of[fut], None, f"its query was not answered before the pass's deadline ({PASS_QUERIES} query timeouts)")
-        try:
-            config = cfg_future.result(timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0)
-        except PromError as e:
+        for fut in sides:  # (both are in unless the pass's deadline came first)
+            if fut not in side_got:
+                try:
+                    fut.result(timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0)
+                    side_done(fut)
+                except FuturesTimeout:
+                    side_got[fut] = None
+        got = side_got.get(cfg_future)
+        if isinstance(got, list):
+            config = got
+        else:
             rep.errors += 1
-            rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {e}")
-        except FuturesTimeout:
-            rep.errors += 1
-            rep.messages.append("Config gauges (pool size, page size, context length) are missing: their query was not answered "
+            rep.messages.append(f"Config gauges (pool size, page size, context length) are missing: {got}" if isinstance(got, PromError) else
+                                "Config gauges (pool size, page size, context length) are missing: their query was not answered "
                                 "before the pass's deadline.")
-        try:  # without them a quantile keeps Prometheus' value (TTFT: the release's default buckets)
-            buckets = shared_bounds(bkt_future.result(timeout=max(0.0, api.pass_deadline - time.monotonic()) + 2.0))
-        except (PromError, FuturesTimeout):
-            buckets = {}
+        got = side_got.get(bkt_future)  # without them a quantile keeps Prometheus' value (TTFT: the release's default buckets)
+        buckets = shared_bounds(got) if isinstance(got, list) else {}
+        side_got.clear()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         # handle and _quantiles_from_rates call each other: unbound here, their cycle does not keep this
