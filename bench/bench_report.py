@@ -19,13 +19,14 @@ import argparse
 import gc
 import math
 import pickle
-import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.bitsame import same  # noqa: E402
 
 
 def load_checkout(root: Path) -> dict[str, Any]:
@@ -51,22 +52,6 @@ def use(mods: dict[str, Any]) -> None:
     for m in [m for m in sys.modules if m == "diagnoser" or m.startswith("diagnoser.")]:
         del sys.modules[m]
     sys.modules.update(mods)
-
-
-def same(a: Any, b: Any, path: str = "$") -> None:
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)), f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys differ"
-        for k in a:
-            same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"{path}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def main() -> None:
@@ -126,7 +111,7 @@ def main() -> None:
         del inputs
     if len(docs) == 2:
         assert docs["base"] == docs["new"]
-        same(docs["base"], docs["new"])
+        same(docs["base"], docs["new"], any_nan=True)
     gc.disable()
     outs = {}
     for w in (w for w in wanted if w != "build"):

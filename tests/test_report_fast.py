@@ -15,7 +15,6 @@ import gc
 import json
 import math
 import random
-import struct
 import types
 from types import SimpleNamespace
 from typing import Any
@@ -31,28 +30,12 @@ from diagnoser.outputs import report as R
 from diagnoser.redact import redact, redact_strings
 from diagnoser.timeline import Series, Timeline
 from diagnoser.timeline.derived import window_rate
+from tests.bitsame import same
 from tests.test_fleet_unit import FakeProm, collect, matrix
 
 T0 = 1_800_000_000.0
 SRC = "prometheus@2027-01-15T08:00:00Z sglang:num_running_reqs"
 FLOOR_SRC = "prometheus@2027-01-15T08:00:00Z ttft histogram (> 100 s: in the +Inf bucket)"
-
-
-def same(a: Any, b: Any, path: str = "$") -> None:
-    """Equal with the same types, the same order of keys, and floats of the same bits."""
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b), f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in a:
-            same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"{path}: {len(a)} != {len(b)} items"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def _values(rng: random.Random, n: int, kind: str) -> list[float]:

@@ -187,14 +187,7 @@ def quantile_rows(result: list[Any], qs: tuple[float, ...]) -> dict[float, list[
     les = [bound_of[le] for le in les_text]
     if not groups:
         return {q: [] for q in qs}
-    if len(set(bound_of.values())) != len(bound_of):
-        return None  # two spellings of one bound ("1", "1.0"): Prometheus would coalesce them
-    from diagnoser.fleet.source import _values_flat  # (the same conversion as every answer)
-
-    got = _values_flat(series_vals)
-    if got is None:
-        return None
-    summed = _sum_by_group(g_idx, les, len(groups), got, qs)
+    summed = _sum_answer(g_idx, les, len(groups), series_vals, bound_of, qs)
     if summed is None:
         return None
     all_ts, gs, ss, per_q = summed
@@ -262,14 +255,7 @@ def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Co
         groups = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         g_idx = list(map(groups.__getitem__, keys))
     les = list(map(bound_of.__getitem__, les_text))
-    if len(set(bound_of.values())) != len(bound_of):
-        return None  # two spellings of one bound ("1", "1.0"): Prometheus would coalesce them
-    from diagnoser.fleet.source import _values_flat  # (the same conversion as every answer)
-
-    got = _values_flat(series_vals)
-    if got is None:
-        return None
-    summed = _sum_by_group(g_idx, les, len(groups), got, qs)
+    summed = _sum_answer(g_idx, les, len(groups), series_vals, bound_of, qs)
     if summed is None:
         return None
     all_ts, gs, ss, per_q = summed
@@ -283,6 +269,18 @@ def quantile_columns(result: list[Any], qs: tuple[float, ...]) -> dict[float, Co
     ends = np.cumsum(counts[counts > 0], dtype=np.int64)
     ts = all_ts[ss]
     return {q: Columns(metrics_out, ts, per_q[q], ends) for q in qs}
+
+
+def _sum_answer(g_idx: Any, les: list[Any], n_g: int, series_vals: list[Any], bound_of: dict[str, float | None],
+                qs: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[float, np.ndarray]] | None:
+    """:func:`_sum_by_group` of an answer's ``values`` lists, converted as every answer is; None when two
+    spellings name one bound or a value is not plain."""
+    if len(set(bound_of.values())) != len(bound_of):
+        return None  # two spellings of one bound ("1", "1.0"): Prometheus would coalesce them
+    from diagnoser.fleet.source import _values_flat  # (the same conversion as every answer)
+
+    got = _values_flat(series_vals)
+    return None if got is None else _sum_by_group(g_idx, les, n_g, got, qs)
 
 
 def _sum_by_group(g_idx: list[int], les: list[float], n_g: int, got: tuple[np.ndarray, np.ndarray, np.ndarray],
