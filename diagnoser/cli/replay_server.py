@@ -264,7 +264,7 @@ def main(cmd: str, argv: list[str]) -> int:
         raise UsageError("--speed must be greater than 0")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number (0-65535)")
-    from diagnoser.cli.serve import is_loopback
+    from diagnoser.sources.http import is_loopback
 
     if not is_loopback(args.host) and not args.insecure:
         raise UsageError(f"refusing to bind --host {args.host} (not loopback): anyone who can reach it would read the recording. "

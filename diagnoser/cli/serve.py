@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import sys
 from typing import Any
@@ -23,6 +22,7 @@ from diagnoser.cli.run import (
     load_thresholds,
     parse_duration,
 )
+from diagnoser.sources.http import is_loopback
 
 TOKEN_ENV = "DIAGNOSER_TOKEN"
 
@@ -71,15 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1)")
     p.add_argument("--loop", action="store_true", help="restart the replay when it ends")
     return p
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def extras_from(args: argparse.Namespace) -> dict[str, Any]:

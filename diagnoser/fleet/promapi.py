@@ -15,7 +15,6 @@ for the call (a ``scalar`` where a ``matrix`` was asked for, a list that is not 
 from __future__ import annotations
 
 import base64
-import ipaddress
 import re
 import time
 from collections.abc import Iterable
@@ -26,7 +25,14 @@ import httpx
 
 from diagnoser.jsonout import loads
 from diagnoser.redact import redact_text
-from diagnoser.sources.http import BodyError, DeadlineExceeded, make_client, read_bounded, tls_context
+from diagnoser.sources.http import (
+    BodyError,
+    DeadlineExceeded,
+    is_loopback,
+    make_client,
+    read_bounded,
+    tls_context,
+)
 
 MAX_SHOWN_QUERY = 160
 # One answer, as sent (after decompression). A 10,000-target pass's largest answer (series discovery)
@@ -153,17 +159,12 @@ def _maybe_file(value: str, opt: str) -> str:
 
 
 def _loopback(url: str) -> bool:
-    """Whether ``url`` names this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    """Whether ``url``'s host is this machine's loopback (:func:`diagnoser.sources.http.is_loopback`)."""
     try:
-        host = (httpx.URL(url).host or "").strip("[]").lower()
+        host = httpx.URL(url).host or ""
     except (httpx.InvalidURL, ValueError, TypeError):
         return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import http.client
+import ipaddress
 import socket
 import ssl
 import threading
@@ -100,6 +101,18 @@ class Fetched:
 
 _TLS: ssl.SSLContext | None = None
 _TLS_LOCK = threading.Lock()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback:
+    ``localhost``, 127.0.0.0/8, ``::1``."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def tls_context() -> ssl.SSLContext:

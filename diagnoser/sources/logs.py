@@ -268,11 +268,10 @@ def _size(stream: Any) -> int | None:
 
 
 def _cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. a container's share), else all."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """CPUs this process may run on (its affinity and a cgroup CPU quota: :func:`diagnoser.forkmap.cpu_count`)."""
+    from diagnoser.forkmap import cpu_count
+
+    return cpu_count()
 
 
 _WORKER: Any = None
