@@ -104,14 +104,11 @@ def evaluate(
 
     if target_rules and timelines:
         n = workers if workers is not None else forkmap.workers_for(len(timelines), PARALLEL_MIN_TARGETS)
-        judge = partial(_judge, target_rules, adapter, extras)
-        for findings, errors, checked in forkmap.split_map(judge, timelines, n, meanwhile=here):
-            report.findings.extend(findings)
-            report.errors.extend(errors)
-            report.checked.extend(checked)
+        parts = forkmap.split_map(partial(_judge, target_rules, adapter, extras), timelines, n, meanwhile=here)
     else:
         here()
-    for findings, errors, checked in fleet:  # (after the targets', as the fleet rules always came)
+        parts = []
+    for findings, errors, checked in (*parts, *fleet):  # (the fleet rules' after the targets', as they always came)
         report.findings.extend(findings)
         report.errors.extend(errors)
         report.checked.extend(checked)

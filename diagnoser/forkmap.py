@@ -45,6 +45,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -203,7 +204,7 @@ def _queue(n: int) -> int | None:
         return None
     try:
         data = struct.pack(f"<{n}I", *range(n))
-        if len(data) > 65536:  # more than a pipe holds unread: the caller makes fewer chunks
+        if len(data) > 65536:  # more than a pipe holds unread (never at MAX_WORKERS x CHUNKS_PER_WORKER chunks)
             raise OSError("too many chunks")
         view = memoryview(data)
         while view:
@@ -225,11 +226,14 @@ def _next(queue: int) -> int | None:
     return struct.unpack("<I", tok)[0] if len(tok) == 4 else None
 
 
-def _take(fn: Callable[[Sequence[T]], R], items: Sequence[T], parts: list[tuple[int, int]], queue: int) -> dict[int, R]:
-    got: dict[int, R] = {}
+def _take(fn: Callable[[Sequence[T]], Any], items: Sequence[T], parts: list[tuple[int, int]], queue: int,
+          keep: Callable[[Any], Any] | None = None, got: dict[int, Any] | None = None) -> dict[int, Any]:
+    """``fn`` of each chunk taken from the queue until it is empty, by chunk number, written into ``got`` as
+    each is computed (so that what was done survives an exception); ``keep``: what is kept of each result."""
+    got = {} if got is None else got
     while (i := _next(queue)) is not None:
         lo, hi = parts[i]
-        got[i] = fn(items[lo:hi])
+        got[i] = fn(items[lo:hi]) if keep is None else keep(fn(items[lo:hi]))
     return got
 
 
@@ -264,9 +268,7 @@ def _fork(fn: Callable[[Sequence[T]], R], items: Sequence[T], parts: list[tuple[
             # the end only the bytes are left to send
             done: dict[int, bytes] = {}
             try:
-                while (i := _next(queue)) is not None:
-                    lo, hi = parts[i]
-                    done[i] = pickle.dumps(fn(items[lo:hi]), protocol=pickle.HIGHEST_PROTOCOL)
+                _take(fn, items, parts, queue, keep=partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL), got=done)
                 payload = pickle.dumps(("ok", done), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException as e:  # noqa: BLE001 — sent back as text with what was done; the parent computes the rest
                 payload = pickle.dumps(("error", f"{type(e).__name__}: {e}"[:300], done), protocol=pickle.HIGHEST_PROTOCOL)

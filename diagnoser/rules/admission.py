@@ -359,7 +359,7 @@ def _refusal(ctx: RuleContext, a: Admission) -> tuple[str | None, Any]:
     """(the engine core, per reading its KV refusal by ``ctx.mech.kv_refusal``: the pool cannot take one more
     request of the running ones' mean size beside what admission keeps free; None on an engine without it)."""
     core = ctx.mech.engine_core(ctx.cfg, ctx.version)
-    if not getattr(ctx.mech, "has_kv_refusal", True):
+    if not ctx.mech.has_kv_refusal:
         return core, None  # (its kv_refusal answers None: no inputs to read for it)
     bs, wm = ctx.cfg("block_size"), ctx.cfg("kv_watermark")
     # per pool: the running series sums the DP ranks, the usage is their mean, and each rank admits into its own pool

@@ -425,22 +425,20 @@ DERIVED_POOL = "(#token / token usage)"  # how pool_tokens marks a pool it deriv
 def pool_tokens(ctx: RuleContext) -> tuple[int | None, str]:
     """The KV pool in tokens and its source: the config's, else derived (:data:`DERIVED_POOL`); once per pass."""
     hit = ctx.memo.get("pool")
-    if hit is not None:
-        return hit  # type: ignore[no-any-return]
-    v = ctx.cfg("max_total_tokens")
-    if isinstance(v, int | float) and v > 0:
-        hit = ctx.memo["pool"] = (int(v), ctx.timeline.cfg_source("max_total_tokens"))
-        return hit
-    # derive from #token / token usage on the same line when the pool size was not printed
-    if "pool" not in ctx.memo:
-        p = pairs(ctx, "used_tokens", "token_usage")
-        ok = np.nonzero(p.b >= 0.05)[0]
-        if len(ok):
-            k = int(ok[np.argmax(p.b[ok])])
-            ctx.memo["pool"] = (int(round(float(p.a[k] / p.b[k]), -2)), f"{p.src(k)} {DERIVED_POOL}")
-        else:
-            ctx.memo["pool"] = (None, "")
-    return ctx.memo["pool"]  # type: ignore[no-any-return]
+    if hit is None:
+        v = ctx.cfg("max_total_tokens")
+        if isinstance(v, int | float) and v > 0:
+            hit = (int(v), ctx.timeline.cfg_source("max_total_tokens"))
+        else:  # derive from #token / token usage on the same line when the pool size was not printed
+            p = pairs(ctx, "used_tokens", "token_usage")
+            ok = np.nonzero(p.b >= 0.05)[0]
+            if len(ok):
+                k = int(ok[np.argmax(p.b[ok])])
+                hit = (int(round(float(p.a[k] / p.b[k]), -2)), f"{p.src(k)} {DERIVED_POOL}")
+            else:
+                hit = (None, "")
+        ctx.memo["pool"] = hit
+    return hit  # type: ignore[no-any-return]
 
 
 def pool_phrase(pool: int, source: str) -> str:
